@@ -1,0 +1,188 @@
+// Collectives on typed buffers, independent of the transport underneath.
+//
+//   std::unique_ptr<accel::Communicator> comm = ...;  // see registry.h
+//   std::vector<float> mine = {1, 2, 3}, all(3 * comm->size());
+//   comm->allgather(mine.data(), all.data(), 3, accel::DType::kFloat32);
+//   comm->allreduce(mine.data(), 3, accel::DType::kFloat32,
+//                   accel::ReduceOp::kSum);
+//   auto work = comm->allreduce_async(grads, n, accel::DType::kFloat32,
+//                                     accel::ReduceOp::kSum);
+//   ... overlap other work ...
+//   work->wait();  // Throws the operation's error, if any.
+//
+// Every rank must call the same collectives in the same order. Operations
+// run one at a time, in call order, on a worker thread per communicator; the
+// blocking forms start the operation and wait for it. After a timeout or a
+// peer failure the communicator is broken: later calls fail at once with
+// the first error rather than hang on a dead peer.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "accel/dtype.h"
+#include "accel/store.h"
+
+namespace accel {
+
+// Per-call options.
+struct CollectiveOptions {
+  // Zero means the communicator's default (CommunicatorOptions::timeout).
+  std::chrono::milliseconds timeout{0};
+};
+
+struct CommunicatorOptions {
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+};
+
+// A started operation. wait() blocks until it finishes and throws its error.
+class Work {
+ public:
+  explicit Work(std::shared_future<void> done) : done_(std::move(done)) {}
+  void wait() const { done_.get(); }
+  bool is_completed() const {
+    return done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  }
+
+ private:
+  std::shared_future<void> done_;
+};
+
+// What a backend needs to join a job. Built by rendezvous.h or by tests.
+struct BackendContext {
+  int rank = 0;
+  int size = 1;
+  // Shared by all ranks; the backend may use it under its own prefix.
+  std::shared_ptr<Store> store;
+  // Address this process's data connections listen on, reachable by peers.
+  std::string host = "127.0.0.1";
+  // Local device index (GPU backends).
+  int local_rank = 0;
+  CommunicatorOptions options;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  virtual std::string backend_name() const = 0;
+  std::chrono::milliseconds default_timeout() const { return timeout_; }
+
+  // output[r * count ...] = input of rank r. Same count on every rank.
+  std::shared_ptr<Work> allgather_async(const void* input, void* output,
+                                        size_t count, DType dtype,
+                                        const CollectiveOptions& options = {});
+  // counts[r] elements from rank r, concatenated in rank order into output;
+  // this rank contributes counts[rank()] elements. Counts may be 0.
+  std::shared_ptr<Work> allgatherv_async(const void* input, void* output,
+                                         std::vector<size_t> counts,
+                                         DType dtype,
+                                         const CollectiveOptions& options = {});
+  // In place: buffer = op over every rank's buffer.
+  std::shared_ptr<Work> allreduce_async(void* buffer, size_t count, DType dtype,
+                                        ReduceOp op,
+                                        const CollectiveOptions& options = {});
+  // In place: every rank's buffer = root's buffer.
+  std::shared_ptr<Work> broadcast_async(void* buffer, size_t count, DType dtype,
+                                        int root,
+                                        const CollectiveOptions& options = {});
+  std::shared_ptr<Work> barrier_async(const CollectiveOptions& options = {});
+
+  void allgather(const void* input, void* output, size_t count, DType dtype,
+                 const CollectiveOptions& options = {}) {
+    allgather_async(input, output, count, dtype, options)->wait();
+  }
+  void allgatherv(const void* input, void* output, std::vector<size_t> counts,
+                  DType dtype, const CollectiveOptions& options = {}) {
+    allgatherv_async(input, output, std::move(counts), dtype, options)->wait();
+  }
+  void allreduce(void* buffer, size_t count, DType dtype, ReduceOp op,
+                 const CollectiveOptions& options = {}) {
+    allreduce_async(buffer, count, dtype, op, options)->wait();
+  }
+  void broadcast(void* buffer, size_t count, DType dtype, int root,
+                 const CollectiveOptions& options = {}) {
+    broadcast_async(buffer, count, dtype, root, options)->wait();
+  }
+  void barrier(const CollectiveOptions& options = {}) {
+    barrier_async(options)->wait();
+  }
+
+ protected:
+  // What a backend's Run* method knows about the operation it runs.
+  struct Op {
+    const char* name;
+    uint64_t sequence;  // 1 for the first collective, same on every rank.
+    std::chrono::milliseconds timeout;
+  };
+
+  explicit Communicator(const BackendContext& context);
+
+  // Transport work, called on the worker thread one at a time with
+  // validated arguments. Throw TimeoutError or PeerError for those failures;
+  // the base adds the backend, operation and rank to the message.
+  virtual void RunAllgather(const Op& op, const void* input, void* output,
+                            size_t count, DType dtype) = 0;
+  virtual void RunAllgatherv(const Op& op, const void* input, void* output,
+                             const std::vector<size_t>& counts,
+                             DType dtype) = 0;
+  virtual void RunAllreduce(const Op& op, void* buffer, size_t count,
+                            DType dtype, ReduceOp reduce_op) = 0;
+  virtual void RunBroadcast(const Op& op, void* buffer, size_t count,
+                            DType dtype, int root) = 0;
+  virtual void RunBarrier(const Op& op) = 0;
+
+  // Derived destructors call this first, so that no Run* call is in flight
+  // while their members are destroyed. Queued operations fail.
+  void StopWorker();
+
+  // "[gloo] rank 1/2: ", the prefix of every message about this rank.
+  std::string Where() const;
+
+  // Throws UsageError "<where><operation>: <message>".
+  [[noreturn]] void FailUsage(const char* operation,
+                              const std::string& message) const;
+
+ private:
+  using Task = std::function<void(const Op&)>;
+  struct Job {
+    Op op;
+    Task task;
+    std::promise<void> done;
+  };
+
+  std::shared_ptr<Work> Enqueue(const char* name,
+                                const CollectiveOptions& options, Task task);
+  void WorkerLoop();
+  void Execute(Job& job);
+  // The rank whose process left the job, when the store saw one leave.
+  std::string DescribeDepartures(int* failed_rank);
+
+  const int rank_;
+  const int size_;
+  const std::chrono::milliseconds timeout_;
+  std::shared_ptr<Store> store_;
+
+  std::mutex mutex_;
+  std::condition_variable work_available_;
+  std::deque<std::unique_ptr<Job>> queue_;
+  uint64_t next_sequence_ = 1;
+  bool stopping_ = false;
+  std::exception_ptr broken_;  // The first timeout or peer failure.
+  std::thread worker_;
+};
+
+}  // namespace accel

@@ -1,0 +1,48 @@
+// Joins this process to its job: reads the launch environment, meets the
+// other ranks at rank 0's store, and creates the communicator by name.
+//
+//   auto group = accel::ProcessGroup::Join("gloo");   // from RANK etc.
+//   accel::Communicator& comm = group->communicator();
+//   comm.barrier();
+//
+// Rank 0 hosts the store at MASTER_ADDR:MASTER_PORT; the others connect to
+// it, retrying until the timeout. Data connections listen on the address
+// that routes toward MASTER_ADDR, so the same code works across hosts.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "accel/communicator.h"
+#include "accel/environment.h"
+#include "accel/store.h"
+
+namespace accel {
+
+struct ProcessGroupOptions {
+  std::string backend = "gloo";
+  CommunicatorOptions communicator;
+  // How long ranks wait for each other to arrive at the store.
+  std::chrono::milliseconds rendezvous_timeout = std::chrono::seconds(60);
+};
+
+class ProcessGroup {
+ public:
+  static std::unique_ptr<ProcessGroup> Join(const DistributedEnvironment& env,
+                                            const ProcessGroupOptions& options);
+  static std::unique_ptr<ProcessGroup> Join(const std::string& backend);
+  ~ProcessGroup();
+
+  const DistributedEnvironment& environment() const { return env_; }
+  Communicator& communicator() { return *communicator_; }
+  Store& store() { return *store_; }
+  std::shared_ptr<Store> shared_store() { return store_; }
+
+ private:
+  ProcessGroup() = default;
+  DistributedEnvironment env_;
+  std::shared_ptr<Store> store_;
+  std::unique_ptr<Communicator> communicator_;
+};
+
+}  // namespace accel

@@ -1,0 +1,60 @@
+#include "accel/registry.h"
+
+#include <map>
+#include <mutex>
+
+#include "accel/errors.h"
+
+namespace accel {
+namespace {
+
+struct Registry {
+  std::mutex mutex;
+  std::map<std::string, BackendFactory> factories;
+};
+
+Registry& GetRegistry() {
+  static Registry* registry = new Registry();  // Never destroyed: see static
+                                               // registration order.
+  return *registry;
+}
+
+}  // namespace
+
+void RegisterBackend(const std::string& name, BackendFactory factory) {
+  Registry& registry = GetRegistry();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  if (!registry.factories.emplace(name, std::move(factory)).second) {
+    throw UsageError("backend '" + name + "' is registered twice");
+  }
+}
+
+std::vector<std::string> RegisteredBackends() {
+  Registry& registry = GetRegistry();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  std::vector<std::string> names;
+  for (const auto& entry : registry.factories) names.push_back(entry.first);
+  return names;
+}
+
+std::unique_ptr<Communicator> CreateCommunicator(
+    const std::string& name, const BackendContext& context) {
+  BackendFactory factory;
+  {
+    Registry& registry = GetRegistry();
+    std::lock_guard<std::mutex> lock(registry.mutex);
+    auto it = registry.factories.find(name);
+    if (it != registry.factories.end()) factory = it->second;
+  }
+  if (!factory) {
+    std::string available;
+    for (const auto& known : RegisteredBackends()) {
+      available += (available.empty() ? "" : ", ") + known;
+    }
+    throw UsageError("unknown backend '" + name + "'; available backends: " +
+                     (available.empty() ? "(none linked)" : available));
+  }
+  return factory(context);
+}
+
+}  // namespace accel

@@ -1,0 +1,209 @@
+#include "backends/gloo/gloo_communicator.h"
+
+#include <gloo/allgather.h>
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <cstring>
+
+#include "accel/errors.h"
+#include "accel/registry.h"
+
+namespace accel {
+namespace {
+
+// Lets Gloo's full-mesh connection run over accel's store.
+class GlooStoreAdapter : public gloo::rendezvous::Store {
+ public:
+  GlooStoreAdapter(std::shared_ptr<accel::Store> store,
+                   std::chrono::milliseconds timeout)
+      : store_(std::move(store)), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_->set(key, std::string(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    const std::string value = store_->get(key, timeout_);
+    return std::vector<char>(value.begin(), value.end());
+  }
+  void wait(const std::vector<std::string>& keys) override {
+    store_->wait(keys, timeout_);
+  }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    store_->wait(keys, timeout);
+  }
+
+ private:
+  std::shared_ptr<accel::Store> store_;
+  std::chrono::milliseconds timeout_;
+};
+
+// Gloo's typed setters only need the element size; reductions are ours.
+template <typename Fn>
+void WithElementType(DType dtype, Fn&& fn) {
+  switch (ElementSize(dtype)) {
+    case 1:
+      return fn(uint8_t{});
+    case 2:
+      return fn(uint16_t{});
+    case 4:
+      return fn(uint32_t{});
+    default:
+      return fn(uint64_t{});
+  }
+}
+
+// Runs a Gloo call, translating its exceptions into accel's.
+template <typename Fn>
+void Translate(Fn&& fn) {
+  try {
+    fn();
+  } catch (const gloo::IoException& e) {
+    const std::string message = e.what();
+    if (message.find("Timed out") != std::string::npos) {
+      throw TimeoutError(message);
+    }
+    throw PeerError(message);
+  } catch (const gloo::Exception& e) {
+    throw PeerError(e.what());
+  } catch (const gloo::EnforceNotMet& e) {
+    throw Error(std::string("gloo check failed: ") + e.what());
+  }
+}
+
+// Gloo matches messages by tag; the sequence number is the same on every
+// rank for the same collective.
+uint32_t Tag(uint64_t sequence) { return static_cast<uint32_t>(sequence); }
+
+const BackendRegistration kRegistration(
+    "gloo", [](const BackendContext& context) -> std::unique_ptr<Communicator> {
+      return std::make_unique<GlooCommunicator>(context);
+    });
+
+}  // namespace
+
+GlooCommunicator::GlooCommunicator(const BackendContext& context)
+    : Communicator(context) {
+  try {
+    Translate([&] {
+      gloo::transport::tcp::attr attr;
+      attr.hostname = context.host;
+      auto device = gloo::transport::tcp::CreateDevice(attr);
+      auto gloo_context = std::make_shared<gloo::rendezvous::Context>(
+          context.rank, context.size);
+      gloo_context->setTimeout(context.options.timeout);
+      GlooStoreAdapter store(context.store, context.options.timeout);
+      gloo_context->connectFullMesh(store, device);
+      context_ = std::move(gloo_context);
+    });
+  } catch (const Error& e) {
+    StopWorker();
+    const std::string message =
+        Where() + "connecting to the other ranks failed: " + e.what();
+    if (dynamic_cast<const TimeoutError*>(&e)) throw TimeoutError(message);
+    throw PeerError(message);
+  }
+}
+
+GlooCommunicator::~GlooCommunicator() { StopWorker(); }
+
+void GlooCommunicator::RunAllgather(const Op& op, const void* input,
+                                    void* output, size_t count, DType dtype) {
+  if (count == 0) return;
+  const size_t bytes = count * ElementSize(dtype);
+  if (size() == 1) {
+    std::memmove(output, input, bytes);
+    return;
+  }
+  Translate([&] {
+    gloo::AllgatherOptions options(context_);
+    options.setInput(static_cast<uint8_t*>(const_cast<void*>(input)), bytes);
+    options.setOutput(static_cast<uint8_t*>(output), bytes * size());
+    options.setTag(Tag(op.sequence));
+    options.setTimeout(op.timeout);
+    gloo::allgather(options);
+  });
+}
+
+void GlooCommunicator::RunAllgatherv(const Op& op, const void* input,
+                                     void* output,
+                                     const std::vector<size_t>& counts,
+                                     DType dtype) {
+  const size_t element = ElementSize(dtype);
+  std::vector<size_t> bytes(counts.size());
+  size_t total = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    bytes[r] = counts[r] * element;
+    total += bytes[r];
+  }
+  if (total == 0) return;
+  if (size() == 1) {
+    std::memmove(output, input, total);
+    return;
+  }
+  Translate([&] {
+    gloo::AllgathervOptions options(context_);
+    // Gloo wants a valid pointer even for an empty contribution.
+    uint8_t empty = 0;
+    auto* in = bytes[rank()] == 0
+                   ? &empty
+                   : static_cast<uint8_t*>(const_cast<void*>(input));
+    options.setInput(in, bytes[rank()]);
+    options.setOutput(static_cast<uint8_t*>(output), bytes);
+    options.setTag(Tag(op.sequence));
+    options.setTimeout(op.timeout);
+    gloo::allgatherv(options);
+  });
+}
+
+void GlooCommunicator::RunAllreduce(const Op& op, void* buffer, size_t count,
+                                    DType dtype, ReduceOp reduce_op) {
+  if (count == 0 || size() == 1) return;
+  Translate([&] {
+    gloo::AllreduceOptions options(context_);
+    WithElementType(dtype, [&](auto placeholder) {
+      using T = decltype(placeholder);
+      options.setOutput(static_cast<T*>(buffer), count);
+    });
+    options.setReduceFunction(
+        [dtype, reduce_op](void* out, const void* a, const void* b, size_t n) {
+          Reduce(dtype, reduce_op, out, a, b, n);
+        });
+    options.setTag(Tag(op.sequence));
+    options.setTimeout(op.timeout);
+    gloo::allreduce(options);
+  });
+}
+
+void GlooCommunicator::RunBroadcast(const Op& op, void* buffer, size_t count,
+                                    DType dtype, int root) {
+  if (count == 0 || size() == 1) return;
+  Translate([&] {
+    gloo::BroadcastOptions options(context_);
+    options.setOutput(static_cast<uint8_t*>(buffer),
+                      count * ElementSize(dtype));
+    options.setRoot(root);
+    options.setTag(Tag(op.sequence));
+    options.setTimeout(op.timeout);
+    gloo::broadcast(options);
+  });
+}
+
+void GlooCommunicator::RunBarrier(const Op& op) {
+  if (size() == 1) return;
+  Translate([&] {
+    gloo::BarrierOptions options(context_);
+    options.setTag(Tag(op.sequence));
+    options.setTimeout(op.timeout);
+    gloo::barrier(options);
+  });
+}
+
+}  // namespace accel

@@ -1,0 +1,4 @@
+// Runs the backend conformance suite (tests/conformance.cc) on Gloo.
+#include "tests/conformance.h"
+
+const char* accel::testing::ConformanceBackend() { return "gloo"; }

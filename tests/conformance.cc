@@ -1,0 +1,363 @@
+#include "tests/conformance.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "accel/dtype.h"
+#include "accel/errors.h"
+#include "tests/thread_ranks.h"
+
+namespace accel::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr size_t kCounts[] = {0, 1, 3, 1000, 1 << 20};
+
+// Writes `value` (an integer that `dtype` represents exactly) at index i.
+void Put(DType dtype, void* buffer, size_t i, double value) {
+  switch (dtype) {
+    case DType::kFloat32:
+      static_cast<float*>(buffer)[i] = static_cast<float>(value);
+      return;
+    case DType::kFloat64:
+      static_cast<double*>(buffer)[i] = value;
+      return;
+    case DType::kFloat16:
+      static_cast<uint16_t*>(buffer)[i] = FloatToHalf(static_cast<float>(value));
+      return;
+    case DType::kBFloat16:
+      static_cast<uint16_t*>(buffer)[i] =
+          FloatToBFloat16(static_cast<float>(value));
+      return;
+    case DType::kInt8:
+      static_cast<int8_t*>(buffer)[i] = static_cast<int8_t>(value);
+      return;
+    case DType::kUInt8:
+    case DType::kBool:
+      static_cast<uint8_t*>(buffer)[i] = static_cast<uint8_t>(value);
+      return;
+    case DType::kInt32:
+      static_cast<int32_t*>(buffer)[i] = static_cast<int32_t>(value);
+      return;
+    case DType::kInt64:
+      static_cast<int64_t*>(buffer)[i] = static_cast<int64_t>(value);
+      return;
+  }
+}
+
+double Get(DType dtype, const void* buffer, size_t i) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return static_cast<const float*>(buffer)[i];
+    case DType::kFloat64:
+      return static_cast<const double*>(buffer)[i];
+    case DType::kFloat16:
+      return HalfToFloat(static_cast<const uint16_t*>(buffer)[i]);
+    case DType::kBFloat16:
+      return BFloat16ToFloat(static_cast<const uint16_t*>(buffer)[i]);
+    case DType::kInt8:
+      return static_cast<const int8_t*>(buffer)[i];
+    case DType::kUInt8:
+    case DType::kBool:
+      return static_cast<const uint8_t*>(buffer)[i];
+    case DType::kInt32:
+      return static_cast<const int32_t*>(buffer)[i];
+    case DType::kInt64:
+      return static_cast<const double>(static_cast<const int64_t*>(buffer)[i]);
+  }
+  return 0;
+}
+
+// A value per (rank, index) that every dtype holds exactly and whose sums
+// over 4 ranks, and products for kProduct, stay exact too.
+double Value(DType dtype, int rank, size_t i, ReduceOp op = ReduceOp::kSum) {
+  if (dtype == DType::kBool) return static_cast<double>((rank + i) % 2);
+  if (op == ReduceOp::kProduct) return static_cast<double>(1 + (rank + i) % 3);
+  return static_cast<double>((rank * 7 + i) % 31);
+}
+
+double Combine(ReduceOp op, double a, double b) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return a + b;
+    case ReduceOp::kProduct:
+      return a * b;
+    case ReduceOp::kMin:
+      return std::min(a, b);
+    case ReduceOp::kMax:
+      return std::max(a, b);
+  }
+  return 0;
+}
+
+class Buffer {
+ public:
+  Buffer(DType dtype, size_t count)
+      : dtype_(dtype), bytes_(count * ElementSize(dtype) + 1, 0) {}
+  void* data() { return bytes_.data(); }
+  void Set(size_t i, double v) { Put(dtype_, bytes_.data(), i, v); }
+  double At(size_t i) const { return Get(dtype_, bytes_.data(), i); }
+
+ private:
+  DType dtype_;
+  std::vector<char> bytes_;
+};
+
+// Checks the first mismatch only, so a wrong 1M-element buffer prints once.
+#define EXPECT_VALUES(n, actual, expected, what)                          \
+  for (size_t i_ = 0; i_ < (n); ++i_) {                                  \
+    const double a_ = (actual), e_ = (expected);                         \
+    if (a_ != e_) {                                                      \
+      ADD_FAILURE() << what << ": element " << i_ << " is " << a_        \
+                    << ", expected " << e_;                              \
+      break;                                                             \
+    }                                                                    \
+  }
+
+class ConformanceTest : public ::testing::TestWithParam<int> {
+ protected:
+  int world_size() const { return GetParam(); }
+  void Run(const std::function<void(Communicator&)>& body) {
+    RunRanks(ConformanceBackend(), world_size(), body);
+  }
+};
+
+std::string Label(const char* op, DType dtype, size_t count, int rank) {
+  return std::string(op) + " " + DTypeName(dtype) + " count " +
+         std::to_string(count) + " on rank " + std::to_string(rank);
+}
+
+TEST_P(ConformanceTest, Allgather) {
+  Run([&](Communicator& comm) {
+    const int n = comm.size();
+    for (DType dtype : kAllDTypes) {
+      for (size_t count : kCounts) {
+        Buffer input(dtype, count);
+        for (size_t i = 0; i < count; ++i) input.Set(i, Value(dtype, comm.rank(), i));
+        Buffer output(dtype, count * n);
+        comm.allgather(input.data(), output.data(), count, dtype);
+        EXPECT_VALUES(count * n, output.At(i_),
+                      Value(dtype, static_cast<int>(i_ / count), i_ % count),
+                      Label("allgather", dtype, count, comm.rank()));
+      }
+    }
+  });
+}
+
+TEST_P(ConformanceTest, AllgathervWithUnequalAndZeroCounts) {
+  Run([&](Communicator& comm) {
+    const int n = comm.size();
+    for (DType dtype : kAllDTypes) {
+      for (size_t count : kCounts) {
+        // Rank 1 sends nothing, odd ranks send half, the others `count`.
+        std::vector<size_t> counts(n);
+        std::vector<size_t> offsets(n);
+        size_t total = 0;
+        for (int r = 0; r < n; ++r) {
+          counts[r] = r == 1 ? 0 : (r % 2 ? count / 2 : count);
+          offsets[r] = total;
+          total += counts[r];
+        }
+        Buffer input(dtype, counts[comm.rank()]);
+        for (size_t i = 0; i < counts[comm.rank()]; ++i) {
+          input.Set(i, Value(dtype, comm.rank(), i));
+        }
+        Buffer output(dtype, total);
+        comm.allgatherv(input.data(), output.data(), counts, dtype);
+        for (int r = 0; r < n; ++r) {
+          EXPECT_VALUES(counts[r], output.At(offsets[r] + i_),
+                        Value(dtype, r, i_),
+                        Label("allgatherv", dtype, count, comm.rank()) +
+                            " from rank " + std::to_string(r));
+        }
+      }
+    }
+  });
+}
+
+TEST_P(ConformanceTest, AllreduceEveryOperation) {
+  Run([&](Communicator& comm) {
+    const int n = comm.size();
+    for (DType dtype : kAllDTypes) {
+      for (ReduceOp op : kAllReduceOps) {
+        if (!SupportsReduction(dtype, op)) continue;
+        for (size_t count : kCounts) {
+          Buffer buffer(dtype, count);
+          for (size_t i = 0; i < count; ++i) {
+            buffer.Set(i, Value(dtype, comm.rank(), i, op));
+          }
+          comm.allreduce(buffer.data(), count, dtype, op);
+          auto expected = [&](size_t i) {
+            double result = Value(dtype, 0, i, op);
+            for (int r = 1; r < n; ++r) {
+              result = Combine(op, result, Value(dtype, r, i, op));
+            }
+            return result;
+          };
+          EXPECT_VALUES(count, buffer.At(i_), expected(i_),
+                        Label("allreduce", dtype, count, comm.rank()) + " " +
+                            ReduceOpName(op));
+        }
+      }
+    }
+  });
+}
+
+TEST_P(ConformanceTest, BroadcastFromEveryRoot) {
+  Run([&](Communicator& comm) {
+    for (DType dtype : kAllDTypes) {
+      for (size_t count : kCounts) {
+        // The largest count from one root only, to keep the suite fast.
+        const int roots = count > 1000 ? 1 : comm.size();
+        for (int root = comm.size() - 1; root >= comm.size() - roots; --root) {
+          Buffer buffer(dtype, count);
+          for (size_t i = 0; i < count; ++i) {
+            buffer.Set(i, Value(dtype, comm.rank(), i));
+          }
+          comm.broadcast(buffer.data(), count, dtype, root);
+          EXPECT_VALUES(count, buffer.At(i_), Value(dtype, root, i_),
+                        Label("broadcast", dtype, count, comm.rank()) +
+                            " from root " + std::to_string(root));
+        }
+      }
+    }
+  });
+}
+
+TEST_P(ConformanceTest, BarrierWaitsForTheSlowestRank) {
+  Run([&](Communicator& comm) {
+    const auto start = std::chrono::steady_clock::now();
+    if (comm.rank() == comm.size() - 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    comm.barrier();
+    if (comm.size() > 1) {
+      EXPECT_GE(std::chrono::steady_clock::now() - start,
+                std::chrono::milliseconds(190));
+    }
+  });
+}
+
+TEST_P(ConformanceTest, ManyAsyncOperationsInFlightCompleteInOrder) {
+  Run([&](Communicator& comm) {
+    constexpr int kOps = 16;
+    constexpr size_t kCount = 4096;
+    std::vector<std::vector<int64_t>> buffers(kOps,
+                                              std::vector<int64_t>(kCount));
+    std::vector<std::vector<int64_t>> gathered(
+        kOps, std::vector<int64_t>(kCount * comm.size()));
+    std::vector<std::shared_ptr<Work>> works;
+    for (int k = 0; k < kOps; ++k) {
+      for (size_t i = 0; i < kCount; ++i) {
+        buffers[k][i] = k * 1000 + comm.rank() + static_cast<int64_t>(i);
+      }
+      // Alternate kinds so that a reordering would mix them up.
+      if (k % 2 == 0) {
+        works.push_back(comm.allreduce_async(buffers[k].data(), kCount,
+                                             DType::kInt64, ReduceOp::kSum));
+      } else {
+        works.push_back(comm.allgather_async(buffers[k].data(),
+                                             gathered[k].data(), kCount,
+                                             DType::kInt64));
+      }
+    }
+    for (int k = kOps - 1; k >= 0; --k) works[k]->wait();
+    const int n = comm.size();
+    for (int k = 0; k < kOps; ++k) {
+      for (size_t i = 0; i < kCount; ++i) {
+        if (k % 2 == 0) {
+          const int64_t expected =
+              n * (k * 1000 + static_cast<int64_t>(i)) + n * (n - 1) / 2;
+          ASSERT_EQ(buffers[k][i], expected) << "op " << k << " index " << i;
+        } else {
+          for (int r = 0; r < n; ++r) {
+            ASSERT_EQ(gathered[k][r * kCount + i],
+                      k * 1000 + r + static_cast<int64_t>(i))
+                << "op " << k << " index " << i << " from rank " << r;
+          }
+        }
+      }
+    }
+    for (const auto& work : works) EXPECT_TRUE(work->is_completed());
+  });
+}
+
+TEST_P(ConformanceTest, InvalidArgumentsAreUsageErrorsNamingTheOperation) {
+  Run([&](Communicator& comm) {
+    int32_t value = 1;
+    try {
+      comm.broadcast(&value, 1, DType::kInt32, comm.size());
+      ADD_FAILURE() << "broadcast from a root out of range did not throw";
+    } catch (const UsageError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("broadcast"));
+      EXPECT_THAT(e.what(), HasSubstr("root must be a rank in [0, " +
+                                      std::to_string(comm.size()) + ")"));
+      EXPECT_THAT(e.what(), HasSubstr("rank " + std::to_string(comm.rank())));
+      EXPECT_THAT(e.what(), HasSubstr(comm.backend_name()));
+    }
+    std::vector<size_t> wrong_counts(comm.size() + 1, 1);
+    EXPECT_THROW(comm.allgatherv(&value, &value, wrong_counts, DType::kInt32),
+                 UsageError);
+    bool flag = true;
+    try {
+      comm.allreduce(&flag, 1, DType::kBool, ReduceOp::kSum);
+      ADD_FAILURE() << "sum of bool did not throw";
+    } catch (const UsageError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("'sum' is not defined for dtype bool"));
+    }
+    EXPECT_THROW(comm.barrier({std::chrono::milliseconds(-1)}), UsageError);
+    // Usage errors are caught before anything is sent: the group still works.
+    comm.allreduce(&value, 1, DType::kInt32, ReduceOp::kSum);
+    EXPECT_EQ(value, comm.size());
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, ConformanceTest,
+                         ::testing::Values(1, 2, 3, 4),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return "world" + std::to_string(info.param);
+                         });
+
+TEST(ConformanceFailures, MissingRankTimesOutNamingOperationAndRank) {
+  RankOptions options;
+  options.timeout = std::chrono::milliseconds(500);
+  RunRanks(
+      ConformanceBackend(), 2,
+      [](Communicator& comm) {
+        if (comm.rank() == 1) {
+          // Skips the barrier, then waits until rank 0 has given up.
+          std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+          return;
+        }
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          comm.barrier({std::chrono::milliseconds(300)});
+          ADD_FAILURE() << "barrier without rank 1 did not fail";
+        } catch (const TimeoutError& e) {
+          EXPECT_THAT(e.what(), HasSubstr("rank 0/2"));
+          EXPECT_THAT(e.what(), HasSubstr("barrier #1"));
+          EXPECT_THAT(e.what(), HasSubstr("timed out after 300 ms"));
+        }
+        EXPECT_LT(std::chrono::steady_clock::now() - start,
+                  std::chrono::seconds(3));
+        // The communicator is broken now: later calls fail at once.
+        int32_t value = 0;
+        try {
+          comm.allreduce(&value, 1, DType::kInt32, ReduceOp::kSum);
+          ADD_FAILURE() << "allreduce after a timeout did not fail";
+        } catch (const PeerError& e) {
+          EXPECT_THAT(e.what(), HasSubstr("allreduce #2"));
+          EXPECT_THAT(e.what(),
+                      HasSubstr("not run because an earlier collective failed"));
+        }
+      },
+      options);
+}
+
+}  // namespace
+}  // namespace accel::testing

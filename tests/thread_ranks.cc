@@ -1,0 +1,47 @@
+#include "tests/thread_ranks.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <exception>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "accel/registry.h"
+#include "accel/store.h"
+
+namespace accel::testing {
+
+void RunRanks(const std::string& backend, int world_size,
+              const std::function<void(Communicator&)>& body,
+              const RankOptions& options) {
+  // A fresh namespace per call, so that tests never see each other's keys.
+  static std::atomic<int> generation{0};
+  auto store = std::make_shared<PrefixStore>(
+      "run" + std::to_string(generation++), std::make_shared<InMemoryStore>());
+  std::vector<std::string> failures(world_size);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world_size; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        BackendContext context;
+        context.rank = rank;
+        context.size = world_size;
+        context.store = store;
+        context.options.timeout = options.timeout;
+        std::unique_ptr<Communicator> comm =
+            CreateCommunicator(backend, context);
+        body(*comm);
+      } catch (const std::exception& e) {
+        failures[rank] = e.what();
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (int rank = 0; rank < world_size; ++rank) {
+    EXPECT_EQ(failures[rank], "") << "rank " << rank << " of " << world_size;
+  }
+}
+
+}  // namespace accel::testing

@@ -1,0 +1,27 @@
+// Runs one function per rank, each rank a thread with its own communicator,
+// all meeting over one in-memory store: fast collective tests in one process.
+//
+//   accel::testing::RunRanks("gloo", 3, [](accel::Communicator& comm) {
+//     comm.barrier();
+//   });
+//
+// A failure on any rank fails the test with that rank's message.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <string>
+
+#include "accel/communicator.h"
+
+namespace accel::testing {
+
+struct RankOptions {
+  std::chrono::milliseconds timeout = std::chrono::seconds(30);
+};
+
+void RunRanks(const std::string& backend, int world_size,
+              const std::function<void(Communicator&)>& body,
+              const RankOptions& options = {});
+
+}  // namespace accel::testing

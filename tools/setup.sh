@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs everything accel needs to build, test and run on Debian bookworm.
+# Idempotent: on a machine that already has the packages it only checks them.
+#
+# Usage (as root):  tools/setup.sh
+set -euo pipefail
+
+readonly PACKAGES=(
+  bazel-bootstrap
+  g++
+  libtorch-dev
+  libgloo-dev
+  libgoogle-glog-dev
+  libgflags-dev
+  libgtest-dev
+  libopenblas0-pthread
+  python3-torch
+)
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$pkg")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#PACKAGES[@]} packages already installed"
+  exit 0
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "setup: missing packages: ${missing[*]}" >&2
+  echo "setup: run this script as root (for example: sudo tools/setup.sh)" >&2
+  exit 1
+fi
+
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q
+apt-get install -y -q --no-install-recommends "${missing[@]}"
+echo "setup: done"
