@@ -1,0 +1,42 @@
+// Starts the ranks of a job on this machine and watches them, like
+// `accelerate launch` / torchrun.
+//
+//   accel::LaunchOptions options;
+//   options.num_processes = 2;
+//   int exit_code = accel::Launch(options, {"/path/to/program", "--flag"});
+//
+// Each rank gets torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
+// LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
+// TORCHELASTIC_RESTART_COUNT), a per-run ACCEL_RUN_SECRET, and
+// OMP_NUM_THREADS. Each rank runs in its own process group: when a rank
+// fails, or the launcher gets SIGINT/SIGTERM, every rank's whole group gets
+// SIGTERM and, after a grace period, SIGKILL, so that nothing is left behind.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace accel {
+
+struct LaunchOptions {
+  int num_processes = 1;  // In total, over all machines (as in Accelerate).
+  int num_machines = 1;
+  int machine_rank = 0;
+  std::string main_process_ip = "127.0.0.1";
+  int main_process_port = 29500;  // 0 picks a free port (one machine only).
+  std::string backend;            // When set, passed on as --backend=NAME.
+  int threads_per_process = 1;    // OMP_NUM_THREADS unless already set.
+  // After a rank fails, how long the others get to notice and report it
+  // themselves (naming the failed rank) before they are stopped.
+  std::chrono::milliseconds report_grace = std::chrono::seconds(4);
+  // How long a rank may take to exit after SIGTERM before SIGKILL.
+  std::chrono::milliseconds grace = std::chrono::seconds(5);
+};
+
+// Runs `command` as this machine's ranks and returns the launcher's exit
+// code: 0 when every rank exited 0; otherwise the first failure's exit code
+// (128 + signal for a signal). Throws UsageError for invalid options.
+int Launch(const LaunchOptions& options, const std::vector<std::string>& command);
+
+}  // namespace accel

@@ -1,0 +1,61 @@
+#include "accel/program.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "accel/environment.h"
+#include "accel/errors.h"
+
+DEFINE_int32(num_processes, 1,
+             "Total number of processes (ranks) to run, over all machines.");
+DEFINE_int32(num_machines, 1, "Number of machines taking part.");
+DEFINE_int32(machine_rank, 0, "This machine's index in [0, num_machines).");
+DEFINE_string(main_process_ip, "127.0.0.1",
+              "Address of the machine that runs rank 0.");
+DEFINE_int32(main_process_port, 29500,
+             "Port of rank 0's rendezvous store; 0 picks a free port.");
+DEFINE_string(backend, "gloo", "Communication backend: gloo or nccl.");
+DEFINE_int32(num_threads, 1,
+             "Intra-op threads per rank (OMP_NUM_THREADS, unless set).");
+
+namespace accel {
+
+LaunchOptions LaunchOptionsFromFlags() {
+  LaunchOptions options;
+  options.num_processes = FLAGS_num_processes;
+  options.num_machines = FLAGS_num_machines;
+  options.machine_rank = FLAGS_machine_rank;
+  options.main_process_ip = FLAGS_main_process_ip;
+  options.main_process_port = FLAGS_main_process_port;
+  options.threads_per_process = FLAGS_num_threads;
+  return options;
+}
+
+void InitProgram(int* argc, char*** argv) {
+  // Keep the original arguments: the ranks get exactly what we got.
+  std::vector<std::string> command(*argv, *argv + *argc);
+  gflags::ParseCommandLineFlags(argc, argv, /*remove_flags=*/true);
+  if (FLAGS_num_processes <= 1 && FLAGS_num_machines <= 1) return;
+  if (DistributedEnvironment::FromProcess().launched) return;
+  command[0] = "/proc/self/exe";
+  try {
+    std::exit(Launch(LaunchOptionsFromFlags(), command));
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    std::exit(2);
+  }
+}
+
+int RunAndReportErrors(int (*body)(int, char**), int argc, char** argv) {
+  try {
+    return body(argc, argv);
+  } catch (const Error& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace accel
