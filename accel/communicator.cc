@@ -46,19 +46,46 @@ void Communicator::FailUsage(const char* operation,
 std::shared_ptr<Work> Communicator::allgather_async(
     const void* input, void* output, size_t count, DType dtype,
     const CollectiveOptions& options) {
+  return StartAllgather(input, output, count, dtype, options, Mode::kAsync);
+}
+
+void Communicator::allgather(const void* input, void* output, size_t count,
+                             DType dtype, const CollectiveOptions& options) {
+  StartAllgather(input, output, count, dtype, options, Mode::kBlocking)->wait();
+}
+
+std::shared_ptr<Work> Communicator::StartAllgather(
+    const void* input, void* output, size_t count, DType dtype,
+    const CollectiveOptions& options, Mode mode) {
   if (count > 0 && (input == nullptr || output == nullptr)) {
-    FailUsage("allgather", "null buffer for " + std::to_string(count) +
-                               " elements");
+    FailUsage("allgather",
+              "null buffer for " + std::to_string(count) + " elements");
   }
   ElementSize(dtype);  // Rejects an out-of-range dtype value.
-  return Enqueue("allgather", options, [=](const Op& op) {
-    RunAllgather(op, input, output, count, dtype);
-  });
+  return Start(
+      "allgather", options,
+      [=](const Op& op) { RunAllgather(op, input, output, count, dtype); },
+      mode);
 }
 
 std::shared_ptr<Work> Communicator::allgatherv_async(
     const void* input, void* output, std::vector<size_t> counts, DType dtype,
     const CollectiveOptions& options) {
+  return StartAllgatherv(input, output, std::move(counts), dtype, options,
+                         Mode::kAsync);
+}
+
+void Communicator::allgatherv(const void* input, void* output,
+                              std::vector<size_t> counts, DType dtype,
+                              const CollectiveOptions& options) {
+  StartAllgatherv(input, output, std::move(counts), dtype, options,
+                  Mode::kBlocking)
+      ->wait();
+}
+
+std::shared_ptr<Work> Communicator::StartAllgatherv(
+    const void* input, void* output, std::vector<size_t> counts, DType dtype,
+    const CollectiveOptions& options, Mode mode) {
   if (counts.size() != static_cast<size_t>(size_)) {
     FailUsage("allgatherv", "expected " + std::to_string(size_) +
                                 " counts (one per rank), found " +
@@ -71,58 +98,93 @@ std::shared_ptr<Work> Communicator::allgatherv_async(
     FailUsage("allgatherv", "null buffer with non-zero counts");
   }
   ElementSize(dtype);
-  return Enqueue("allgatherv", options,
-                 [=, counts = std::move(counts)](const Op& op) {
-                   RunAllgatherv(op, input, output, counts, dtype);
-                 });
+  return Start(
+      "allgatherv", options,
+      [=, counts = std::move(counts)](const Op& op) {
+        RunAllgatherv(op, input, output, counts, dtype);
+      },
+      mode);
 }
 
 std::shared_ptr<Work> Communicator::allreduce_async(
     void* buffer, size_t count, DType dtype, ReduceOp reduce_op,
     const CollectiveOptions& options) {
+  return StartAllreduce(buffer, count, dtype, reduce_op, options, Mode::kAsync);
+}
+
+void Communicator::allreduce(void* buffer, size_t count, DType dtype,
+                             ReduceOp reduce_op,
+                             const CollectiveOptions& options) {
+  StartAllreduce(buffer, count, dtype, reduce_op, options, Mode::kBlocking)
+      ->wait();
+}
+
+std::shared_ptr<Work> Communicator::StartAllreduce(
+    void* buffer, size_t count, DType dtype, ReduceOp reduce_op,
+    const CollectiveOptions& options, Mode mode) {
   if (count > 0 && buffer == nullptr) {
-    FailUsage("allreduce", "null buffer for " + std::to_string(count) +
-                               " elements");
+    FailUsage("allreduce",
+              "null buffer for " + std::to_string(count) + " elements");
   }
   if (!SupportsReduction(dtype, reduce_op)) {
-    FailUsage("allreduce", std::string("reduction '") +
-                               ReduceOpName(reduce_op) +
-                               "' is not defined for dtype " +
-                               DTypeName(dtype) +
-                               "; use 'max' (logical or) or 'min' (logical "
-                               "and)");
+    FailUsage("allreduce",
+              std::string("reduction '") + ReduceOpName(reduce_op) +
+                  "' is not defined for dtype " + DTypeName(dtype) +
+                  "; use 'max' (logical or) or 'min' (logical "
+                  "and)");
   }
-  return Enqueue("allreduce", options, [=](const Op& op) {
-    RunAllreduce(op, buffer, count, dtype, reduce_op);
-  });
+  return Start(
+      "allreduce", options,
+      [=](const Op& op) { RunAllreduce(op, buffer, count, dtype, reduce_op); },
+      mode);
 }
 
 std::shared_ptr<Work> Communicator::broadcast_async(
     void* buffer, size_t count, DType dtype, int root,
     const CollectiveOptions& options) {
+  return StartBroadcast(buffer, count, dtype, root, options, Mode::kAsync);
+}
+
+void Communicator::broadcast(void* buffer, size_t count, DType dtype, int root,
+                             const CollectiveOptions& options) {
+  StartBroadcast(buffer, count, dtype, root, options, Mode::kBlocking)->wait();
+}
+
+std::shared_ptr<Work> Communicator::StartBroadcast(
+    void* buffer, size_t count, DType dtype, int root,
+    const CollectiveOptions& options, Mode mode) {
   if (root < 0 || root >= size_) {
     FailUsage("broadcast", "root must be a rank in [0, " +
                                std::to_string(size_) + "), found " +
                                std::to_string(root));
   }
   if (count > 0 && buffer == nullptr) {
-    FailUsage("broadcast", "null buffer for " + std::to_string(count) +
-                               " elements");
+    FailUsage("broadcast",
+              "null buffer for " + std::to_string(count) + " elements");
   }
   ElementSize(dtype);
-  return Enqueue("broadcast", options, [=](const Op& op) {
-    RunBroadcast(op, buffer, count, dtype, root);
-  });
+  return Start(
+      "broadcast", options,
+      [=](const Op& op) { RunBroadcast(op, buffer, count, dtype, root); },
+      mode);
 }
 
 std::shared_ptr<Work> Communicator::barrier_async(
     const CollectiveOptions& options) {
-  return Enqueue("barrier", options, [=](const Op& op) { RunBarrier(op); });
+  return Start(
+      "barrier", options, [=](const Op& op) { RunBarrier(op); }, Mode::kAsync);
 }
 
-std::shared_ptr<Work> Communicator::Enqueue(const char* name,
-                                            const CollectiveOptions& options,
-                                            Task task) {
+void Communicator::barrier(const CollectiveOptions& options) {
+  Start(
+      "barrier", options, [=](const Op& op) { RunBarrier(op); },
+      Mode::kBlocking)
+      ->wait();
+}
+
+std::shared_ptr<Work> Communicator::Start(const char* name,
+                                          const CollectiveOptions& options,
+                                          Task task, Mode mode) {
   if (options.timeout.count() < 0) {
     FailUsage(name, "timeout must not be negative, found " +
                         std::to_string(options.timeout.count()) + " ms");
@@ -136,8 +198,23 @@ std::shared_ptr<Work> Communicator::Enqueue(const char* name,
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) FailUsage(name, "communicator is shutting down");
     job->op.sequence = next_sequence_++;
-    queue_.push_back(std::move(job));
+    const bool idle = queue_.empty() && !executing_;
+    if (mode == Mode::kAsync || !idle) {
+      queue_.push_back(std::move(job));
+    } else {
+      executing_ = true;
+    }
   }
+  if (job == nullptr) {
+    work_available_.notify_one();
+    return work;
+  }
+  Execute(*job);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    executing_ = false;
+  }
+  // Async work queued meanwhile waited for this call to finish.
   work_available_.notify_one();
   return work;
 }
@@ -147,7 +224,8 @@ void Communicator::WorkerLoop() {
     std::unique_ptr<Job> job;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      work_available_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      work_available_.wait(
+          lock, [&] { return (stopping_ || !queue_.empty()) && !executing_; });
       if (queue_.empty()) return;
       job = std::move(queue_.front());
       queue_.pop_front();
@@ -157,8 +235,14 @@ void Communicator::WorkerLoop() {
             ": communicator was destroyed before the operation ran")));
         continue;
       }
+      executing_ = true;
     }
     Execute(*job);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      executing_ = false;
+    }
+    work_available_.notify_all();
   }
 }
 
@@ -189,8 +273,8 @@ std::string Communicator::DescribeDepartures(int* failed_rank) {
 }
 
 void Communicator::Execute(Job& job) {
-  const std::string what = Where() + job.op.name + " #" +
-                           std::to_string(job.op.sequence) + ": ";
+  const std::string what =
+      Where() + job.op.name + " #" + std::to_string(job.op.sequence) + ": ";
   if (broken_) {
     std::string cause = "unknown error";
     try {
@@ -207,7 +291,8 @@ void Communicator::Execute(Job& job) {
     job.done.set_value();
     return;
   } catch (const UsageError& e) {
-    job.done.set_exception(std::make_exception_ptr(UsageError(what + e.what())));
+    job.done.set_exception(
+        std::make_exception_ptr(UsageError(what + e.what())));
     return;
   } catch (const TimeoutError& e) {
     int failed_rank = -1;
@@ -223,10 +308,10 @@ void Communicator::Execute(Job& job) {
   } catch (const PeerError& e) {
     int failed_rank = e.failed_rank();
     const std::string departed = DescribeDepartures(&failed_rank);
-    broken_ = std::make_exception_ptr(PeerError(
-        what + (departed.empty() ? "a peer failed" : departed) + ": " +
-            e.what(),
-        failed_rank));
+    broken_ = std::make_exception_ptr(
+        PeerError(what + (departed.empty() ? "a peer failed" : departed) +
+                      ": " + e.what(),
+                  failed_rank));
   } catch (const std::exception& e) {
     broken_ = std::make_exception_ptr(Error(what + e.what()));
   }

@@ -101,25 +101,17 @@ class Communicator {
                                         const CollectiveOptions& options = {});
   std::shared_ptr<Work> barrier_async(const CollectiveOptions& options = {});
 
+  // Blocking forms. When nothing is queued they run on the calling thread,
+  // which saves a thread hand-off per call on latency-bound collectives.
   void allgather(const void* input, void* output, size_t count, DType dtype,
-                 const CollectiveOptions& options = {}) {
-    allgather_async(input, output, count, dtype, options)->wait();
-  }
+                 const CollectiveOptions& options = {});
   void allgatherv(const void* input, void* output, std::vector<size_t> counts,
-                  DType dtype, const CollectiveOptions& options = {}) {
-    allgatherv_async(input, output, std::move(counts), dtype, options)->wait();
-  }
+                  DType dtype, const CollectiveOptions& options = {});
   void allreduce(void* buffer, size_t count, DType dtype, ReduceOp op,
-                 const CollectiveOptions& options = {}) {
-    allreduce_async(buffer, count, dtype, op, options)->wait();
-  }
+                 const CollectiveOptions& options = {});
   void broadcast(void* buffer, size_t count, DType dtype, int root,
-                 const CollectiveOptions& options = {}) {
-    broadcast_async(buffer, count, dtype, root, options)->wait();
-  }
-  void barrier(const CollectiveOptions& options = {}) {
-    barrier_async(options)->wait();
-  }
+                 const CollectiveOptions& options = {});
+  void barrier(const CollectiveOptions& options = {});
 
  protected:
   // What a backend's Run* method knows about the operation it runs.
@@ -164,8 +156,29 @@ class Communicator {
     std::promise<void> done;
   };
 
-  std::shared_ptr<Work> Enqueue(const char* name,
-                                const CollectiveOptions& options, Task task);
+  enum class Mode { kAsync, kBlocking };
+  // Validated operations come here. kBlocking runs `task` on the calling
+  // thread when the worker is idle, else queues it like kAsync.
+  std::shared_ptr<Work> Start(const char* name,
+                              const CollectiveOptions& options, Task task,
+                              Mode mode);
+  // Each public operation validates its arguments once, then starts.
+  std::shared_ptr<Work> StartAllgather(const void* input, void* output,
+                                       size_t count, DType dtype,
+                                       const CollectiveOptions& options,
+                                       Mode mode);
+  std::shared_ptr<Work> StartAllgatherv(const void* input, void* output,
+                                        std::vector<size_t> counts, DType dtype,
+                                        const CollectiveOptions& options,
+                                        Mode mode);
+  std::shared_ptr<Work> StartAllreduce(void* buffer, size_t count, DType dtype,
+                                       ReduceOp op,
+                                       const CollectiveOptions& options,
+                                       Mode mode);
+  std::shared_ptr<Work> StartBroadcast(void* buffer, size_t count, DType dtype,
+                                       int root,
+                                       const CollectiveOptions& options,
+                                       Mode mode);
   void WorkerLoop();
   void Execute(Job& job);
   // The rank whose process left the job, when the store saw one leave.
@@ -181,6 +194,7 @@ class Communicator {
   std::deque<std::unique_ptr<Job>> queue_;
   uint64_t next_sequence_ = 1;
   bool stopping_ = false;
+  bool executing_ = false;     // A job runs now, on the worker or a caller.
   std::exception_ptr broken_;  // The first timeout or peer failure.
   std::thread worker_;
 };

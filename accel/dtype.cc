@@ -28,7 +28,8 @@ template <typename T>
 T WrappingAdd(T a, T b) {
   if constexpr (std::is_integral_v<T>) {
     using U = std::make_unsigned_t<T>;
-    return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+    return static_cast<T>(
+        static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
   } else {
     return a + b;
   }
@@ -162,8 +163,7 @@ void Reduce(DType dtype, ReduceOp op, void* out, const void* a, const void* b,
     case DType::kFloat16:
       return ReduceHalf<HalfToFloat, FloatToHalf>(op, out, a, b, count);
     case DType::kBFloat16:
-      return ReduceHalf<BFloat16ToFloat, FloatToBFloat16>(op, out, a, b,
-                                                           count);
+      return ReduceHalf<BFloat16ToFloat, FloatToBFloat16>(op, out, a, b, count);
     case DType::kInt8:
       return ReduceTyped<int8_t>(op, out, a, b, count);
     case DType::kUInt8:

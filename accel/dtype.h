@@ -26,9 +26,9 @@ enum class DType {
 };
 
 inline constexpr DType kAllDTypes[] = {
-    DType::kFloat32, DType::kFloat64, DType::kFloat16,
-    DType::kBFloat16, DType::kInt8,   DType::kUInt8,
-    DType::kInt32,   DType::kInt64,   DType::kBool,
+    DType::kFloat32,  DType::kFloat64, DType::kFloat16,
+    DType::kBFloat16, DType::kInt8,    DType::kUInt8,
+    DType::kInt32,    DType::kInt64,   DType::kBool,
 };
 
 enum class ReduceOp { kSum, kProduct, kMin, kMax };

@@ -34,11 +34,10 @@ DistributedEnvironment DistributedEnvironment::Parse(const Lookup& getenv) {
   const char* world_size = getenv("WORLD_SIZE");
   if (rank == nullptr && world_size == nullptr) return env;
   if (rank == nullptr || world_size == nullptr) {
-    throw UsageError(std::string("environment variable ") +
-                     (rank == nullptr ? "RANK" : "WORLD_SIZE") +
-                     " is missing while " +
-                     (rank == nullptr ? "WORLD_SIZE" : "RANK") + " is set" +
-                     kHint);
+    throw UsageError(
+        std::string("environment variable ") +
+        (rank == nullptr ? "RANK" : "WORLD_SIZE") + " is missing while " +
+        (rank == nullptr ? "WORLD_SIZE" : "RANK") + " is set" + kHint);
   }
   env.launched = true;
   env.world_size = ParseInt("WORLD_SIZE", world_size);
@@ -71,11 +70,11 @@ DistributedEnvironment DistributedEnvironment::Parse(const Lookup& getenv) {
   const char* addr = getenv("MASTER_ADDR");
   const char* port = getenv("MASTER_PORT");
   if (env.world_size > 1 && (addr == nullptr || port == nullptr)) {
-    throw UsageError(std::string("environment variable ") +
-                     (addr == nullptr ? "MASTER_ADDR" : "MASTER_PORT") +
-                     " is missing; with WORLD_SIZE=" +
-                     std::to_string(env.world_size) +
-                     " rank 0's address and port are required" + kHint);
+    throw UsageError(
+        std::string("environment variable ") +
+        (addr == nullptr ? "MASTER_ADDR" : "MASTER_PORT") +
+        " is missing; with WORLD_SIZE=" + std::to_string(env.world_size) +
+        " rank 0's address and port are required" + kHint);
   }
   if (addr != nullptr) {
     env.master_addr = addr;

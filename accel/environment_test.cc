@@ -13,7 +13,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-DistributedEnvironment ParseFrom(const std::map<std::string, std::string>& vars) {
+DistributedEnvironment ParseFrom(
+    const std::map<std::string, std::string>& vars) {
   return DistributedEnvironment::Parse([&](const char* name) -> const char* {
     auto it = vars.find(name);
     return it == vars.end() ? nullptr : it->second.c_str();
@@ -58,9 +59,10 @@ TEST(EnvironmentTest, ReadsTorchrunVariables) {
 }
 
 TEST(EnvironmentTest, LocalValuesDefaultToGlobalOnes) {
-  const DistributedEnvironment env = ParseFrom(
-      {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"},
-       {"MASTER_PORT", "5"}});
+  const DistributedEnvironment env = ParseFrom({{"RANK", "1"},
+                                                {"WORLD_SIZE", "2"},
+                                                {"MASTER_ADDR", "h"},
+                                                {"MASTER_PORT", "5"}});
   EXPECT_EQ(env.local_rank, 1);
   EXPECT_EQ(env.local_world_size, 2);
 }
@@ -79,16 +81,20 @@ TEST(EnvironmentTest, MissingOrMalformedVariablesAreNamed) {
               HasSubstr("RANK is missing while WORLD_SIZE is set"));
   EXPECT_THAT(ErrorFrom({{"RANK", "0"}, {"WORLD_SIZE", "2"}}),
               HasSubstr("MASTER_ADDR is missing"));
-  EXPECT_THAT(ErrorFrom({{"RANK", "0"}, {"WORLD_SIZE", "2"},
-                         {"MASTER_ADDR", "h"}}),
-              HasSubstr("MASTER_PORT is missing"));
+  EXPECT_THAT(
+      ErrorFrom({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}}),
+      HasSubstr("MASTER_PORT is missing"));
   EXPECT_EQ(ErrorFrom({{"RANK", "one"}, {"WORLD_SIZE", "2"}}),
             "environment variable RANK must be an integer, found 'one'");
-  EXPECT_EQ(ErrorFrom({{"RANK", "0"}, {"WORLD_SIZE", "2"},
-                       {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}}),
+  EXPECT_EQ(ErrorFrom({{"RANK", "0"},
+                       {"WORLD_SIZE", "2"},
+                       {"MASTER_ADDR", "h"},
+                       {"MASTER_PORT", "70000"}}),
             "MASTER_PORT must be in [1, 65535], found 70000");
-  EXPECT_THAT(ErrorFrom({{"RANK", "0"}, {"WORLD_SIZE", "2"},
-                         {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}}),
+  EXPECT_THAT(ErrorFrom({{"RANK", "0"},
+                         {"WORLD_SIZE", "2"},
+                         {"LOCAL_RANK", "2"},
+                         {"LOCAL_WORLD_SIZE", "2"}}),
               HasSubstr("LOCAL_RANK must be in [0, LOCAL_WORLD_SIZE)"));
 }
 

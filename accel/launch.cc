@@ -100,7 +100,8 @@ pid_t StartRank(const std::vector<std::string>& command,
     throw Error(std::string("launch: pipe failed: ") + std::strerror(errno));
   }
   std::vector<char*> argv;
-  for (const auto& arg : command) argv.push_back(const_cast<char*>(arg.c_str()));
+  for (const auto& arg : command)
+    argv.push_back(const_cast<char*>(arg.c_str()));
   argv.push_back(nullptr);
   const pid_t parent = getpid();
   const pid_t pid = fork();
@@ -128,8 +129,8 @@ pid_t StartRank(const std::vector<std::string>& command,
   close(report[0]);
   if (n == sizeof(error)) {
     waitpid(pid, nullptr, 0);
-    throw UsageError("cannot run '" + command[0] + "': " +
-                     std::strerror(error));
+    throw UsageError("cannot run '" + command[0] +
+                     "': " + std::strerror(error));
   }
   return pid;
 }
@@ -201,7 +202,8 @@ int Launch(const LaunchOptions& options,
   struct sigaction action {};
   action.sa_handler = RecordSignal;
   sigemptyset(&action.sa_mask);
-  struct sigaction old_int {}, old_term {};
+  struct sigaction old_int {
+  }, old_term{};
   sigaction(SIGINT, &action, &old_int);
   sigaction(SIGTERM, &action, &old_term);
   auto restore_signals = [&] {

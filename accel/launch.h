@@ -37,6 +37,7 @@ struct LaunchOptions {
 // Runs `command` as this machine's ranks and returns the launcher's exit
 // code: 0 when every rank exited 0; otherwise the first failure's exit code
 // (128 + signal for a signal). Throws UsageError for invalid options.
-int Launch(const LaunchOptions& options, const std::vector<std::string>& command);
+int Launch(const LaunchOptions& options,
+           const std::vector<std::string>& command);
 
 }  // namespace accel

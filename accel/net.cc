@@ -59,8 +59,8 @@ int Listen(const std::string& host, int port, int* bound_port) {
   AddrInfoPtr info = Resolve(host, port, /*passive=*/true);
   int last_errno = 0;
   for (addrinfo* ai = info.get(); ai != nullptr; ai = ai->ai_next) {
-    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC,
-                    ai->ai_protocol);
+    int fd =
+        socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
     if (fd < 0) {
       last_errno = errno;
       continue;
@@ -125,8 +125,8 @@ int Connect(const std::string& host, int port,
   }
   throw TimeoutError("could not connect to the " + what + " at " +
                      Endpoint(host, port) + " within " +
-                     std::to_string(timeout.count()) + " ms (last error: " +
-                     last_error +
+                     std::to_string(timeout.count()) +
+                     " ms (last error: " + last_error +
                      "); check that MASTER_ADDR/MASTER_PORT point at rank 0 "
                      "and that rank 0 is running");
 }
@@ -153,8 +153,9 @@ RecvStatus RecvAll(int fd, void* data, size_t size,
         deadline - Clock::now());
     if (left.count() <= 0) return RecvStatus::kTimedOut;
     pollfd pfd{fd, POLLIN, 0};
-    const int ready = poll(&pfd, 1, static_cast<int>(std::min<int64_t>(
-                                        left.count() + 1, 1 << 30)));
+    const int ready =
+        poll(&pfd, 1,
+             static_cast<int>(std::min<int64_t>(left.count() + 1, 1 << 30)));
     if (ready < 0 && errno == EINTR) continue;
     if (ready == 0) continue;
     const ssize_t n = recv(fd, p, size, 0);

@@ -42,7 +42,8 @@ std::unique_ptr<ProcessGroup> ProcessGroup::Join(
   group->env_ = env;
   // Validate the backend name before anyone waits on the network.
   bool known = false;
-  for (const auto& name : RegisteredBackends()) known |= name == options.backend;
+  for (const auto& name : RegisteredBackends())
+    known |= name == options.backend;
   if (!known) CreateCommunicator(options.backend, BackendContext{});
 
   const std::string where = "rank " + std::to_string(env.rank) + "/" +
@@ -59,8 +60,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::Join(
   context.size = env.world_size;
   context.local_rank = env.local_rank;
   context.store = std::make_shared<PrefixStore>(
-      options.backend + "/" + std::to_string(env.restart_count),
-      group->store_);
+      options.backend + "/" + std::to_string(env.restart_count), group->store_);
   context.host = net::LocalAddressToward(env.master_addr);
   context.options = options.communicator;
   group->communicator_ = CreateCommunicator(options.backend, context);

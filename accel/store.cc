@@ -51,8 +51,8 @@ void InMemoryStore::wait(const std::vector<std::string>& keys,
     if (values_.count(key) == 0) missing.push_back(key);
   }
   throw TimeoutError("store: timed out after " +
-                     std::to_string(timeout.count()) +
-                     " ms waiting for keys " + JoinKeys(missing));
+                     std::to_string(timeout.count()) + " ms waiting for keys " +
+                     JoinKeys(missing));
 }
 
 int64_t InMemoryStore::add(const std::string& key, int64_t delta) {

@@ -1,3 +1,5 @@
+#include "accel/store.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
@@ -7,14 +9,13 @@
 
 #include "accel/errors.h"
 #include "accel/net.h"
-#include "accel/store.h"
 #include "accel/tcp_store.h"
 
 namespace accel {
 namespace {
 
-using ::testing::HasSubstr;
 using std::chrono::milliseconds;
+using ::testing::HasSubstr;
 
 // The same behaviour is required of every Store implementation.
 void ExpectStoreSemantics(Store& a, Store& b) {
@@ -101,16 +102,16 @@ TEST(TcpStoreTest, DeparturesNameCrashedAndExitedRanks) {
     leaving.set("x", "y");
   }
   // A "crash": the connection drops without a goodbye.
-  const int raw = net::Connect("127.0.0.1", server.port(), milliseconds(1000),
-                               "test");
+  const int raw =
+      net::Connect("127.0.0.1", server.port(), milliseconds(1000), "test");
   const char hello[] = {
       // length 17: op 1 (hello), secret length 0 (8 bytes), rank 2 (8 bytes)
       17, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0};
   net::SendAll(raw, hello, sizeof(hello), "test");
   char reply[5];
-  ASSERT_EQ(net::RecvAll(raw, reply, 5,
-                         net::Clock::now() + std::chrono::seconds(2)),
-            net::RecvStatus::kOk);
+  ASSERT_EQ(
+      net::RecvAll(raw, reply, 5, net::Clock::now() + std::chrono::seconds(2)),
+      net::RecvStatus::kOk);
   close(raw);
   std::map<int, std::string> departed;
   for (int i = 0; i < 100 && departed.size() < 2; ++i) {
@@ -132,8 +133,8 @@ TEST(TcpStoreTest, GarbageAndOversizedMessagesCostOnlyTheSender) {
       std::string("\x02\x00\x00", 3),              // truncated length
   };
   for (const auto& attack : attacks) {
-    const int fd = net::Connect("127.0.0.1", server.port(), milliseconds(1000),
-                                "test");
+    const int fd =
+        net::Connect("127.0.0.1", server.port(), milliseconds(1000), "test");
     net::SendAll(fd, attack.data(), attack.size(), "test");
     shutdown(fd, SHUT_WR);
     char byte;

@@ -40,7 +40,8 @@ class Writer {
     return *this;
   }
   Writer& U64(uint64_t v) {
-    for (int i = 0; i < 8; ++i) bytes_.push_back(static_cast<char>(v >> (8 * i)));
+    for (int i = 0; i < 8; ++i)
+      bytes_.push_back(static_cast<char>(v >> (8 * i)));
     return *this;
   }
   Writer& Str(const std::string& s) {
@@ -214,7 +215,8 @@ struct TcpStoreServer::State {
         const uint64_t count = reader.U64();
         if (count > message.size()) throw std::length_error("bad key count");
         Waiter waiter{fd, {}, {}};
-        for (uint64_t i = 0; i < count; ++i) waiter.keys.push_back(reader.Str());
+        for (uint64_t i = 0; i < count; ++i)
+          waiter.keys.push_back(reader.Str());
         const auto timeout = std::chrono::milliseconds(
             std::min<uint64_t>(reader.U64(), uint64_t{1} << 40));
         waiter.deadline = Clock::now() + timeout;
@@ -309,28 +311,28 @@ void TcpStoreServer::Serve() {
     fds.push_back({wake_pipe_[0], POLLIN, 0});
     fds.push_back({listen_fd_, POLLIN, 0});
     for (const auto& [fd, conn] : state.connections) {
-      const short events = static_cast<short>(
-          (conn.close_after_flush ? 0 : POLLIN) |
-          (conn.out.empty() ? 0 : POLLOUT));
+      const short events =
+          static_cast<short>((conn.close_after_flush ? 0 : POLLIN) |
+                             (conn.out.empty() ? 0 : POLLOUT));
       fds.push_back({fd, events, 0});
     }
     int timeout_ms = -1;
     const auto now = Clock::now();
     for (const auto& w : state.waiters) {
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(w.deadline -
-                                                                now)
-              .count() +
-          1;
-      const int bounded = static_cast<int>(std::clamp<int64_t>(left, 0, 1000000));
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            w.deadline - now)
+                            .count() +
+                        1;
+      const int bounded =
+          static_cast<int>(std::clamp<int64_t>(left, 0, 1000000));
       timeout_ms = timeout_ms < 0 ? bounded : std::min(timeout_ms, bounded);
     }
     if (poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) break;
     if (fds[0].revents != 0) break;
     if (fds[1].revents & POLLIN) {
       while (true) {
-        const int fd = accept4(listen_fd_, nullptr, nullptr,
-                               SOCK_NONBLOCK | SOCK_CLOEXEC);
+        const int fd =
+            accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) break;
         state.connections[fd];
       }
@@ -439,8 +441,7 @@ std::string TcpStore::Call(const std::string& request,
                            std::chrono::milliseconds extra_wait) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (fd_ < 0) {
-    throw PeerError("the connection to the " + Describe() +
-                    " was lost earlier",
+    throw PeerError("the connection to the " + Describe() + " was lost earlier",
                     0);
   }
   auto lost = [&](const std::string& why) {
@@ -470,10 +471,10 @@ std::string TcpStore::Call(const std::string& request,
   if (status == net::RecvStatus::kTimedOut) {
     close(fd_);
     fd_ = -1;
-    throw TimeoutError("the " + Describe() + " did not answer within " +
-                       std::to_string((options_.request_timeout + extra_wait)
-                                          .count()) +
-                       " ms");
+    throw TimeoutError(
+        "the " + Describe() + " did not answer within " +
+        std::to_string((options_.request_timeout + extra_wait).count()) +
+        " ms");
   }
   return body;
 }
@@ -484,9 +485,9 @@ void TcpStore::set(const std::string& key, const std::string& value) {
 }
 
 std::optional<std::string> TcpStore::try_get(const std::string& key) {
-  const std::string reply = Call(
-      Writer().U8(static_cast<uint8_t>(Op::kGet)).Str(key).Framed(),
-      std::chrono::milliseconds(0));
+  const std::string reply =
+      Call(Writer().U8(static_cast<uint8_t>(Op::kGet)).Str(key).Framed(),
+           std::chrono::milliseconds(0));
   Reader reader(reply);
   if (static_cast<Status>(reader.U8()) != Status::kOk) return std::nullopt;
   return reader.Str();
@@ -504,18 +505,17 @@ void TcpStore::wait(const std::vector<std::string>& keys,
   std::vector<std::string> missing(reader.U64());
   for (auto& key : missing) key = reader.Str();
   throw TimeoutError("store: timed out after " +
-                     std::to_string(timeout.count()) +
-                     " ms waiting for keys " + JoinKeys(missing));
+                     std::to_string(timeout.count()) + " ms waiting for keys " +
+                     JoinKeys(missing));
 }
 
 int64_t TcpStore::add(const std::string& key, int64_t delta) {
-  const std::string reply =
-      Call(Writer()
-               .U8(static_cast<uint8_t>(Op::kAdd))
-               .Str(key)
-               .U64(static_cast<uint64_t>(delta))
-               .Framed(),
-           std::chrono::milliseconds(0));
+  const std::string reply = Call(Writer()
+                                     .U8(static_cast<uint8_t>(Op::kAdd))
+                                     .Str(key)
+                                     .U64(static_cast<uint64_t>(delta))
+                                     .Framed(),
+                                 std::chrono::milliseconds(0));
   Reader reader(reply);
   reader.U8();
   return static_cast<int64_t>(reader.U64());

@@ -28,7 +28,8 @@ void Put(DType dtype, void* buffer, size_t i, double value) {
       static_cast<double*>(buffer)[i] = value;
       return;
     case DType::kFloat16:
-      static_cast<uint16_t*>(buffer)[i] = FloatToHalf(static_cast<float>(value));
+      static_cast<uint16_t*>(buffer)[i] =
+          FloatToHalf(static_cast<float>(value));
       return;
     case DType::kBFloat16:
       static_cast<uint16_t*>(buffer)[i] =
@@ -109,14 +110,14 @@ class Buffer {
 };
 
 // Checks the first mismatch only, so a wrong 1M-element buffer prints once.
-#define EXPECT_VALUES(n, actual, expected, what)                          \
-  for (size_t i_ = 0; i_ < (n); ++i_) {                                  \
-    const double a_ = (actual), e_ = (expected);                         \
-    if (a_ != e_) {                                                      \
-      ADD_FAILURE() << what << ": element " << i_ << " is " << a_        \
-                    << ", expected " << e_;                              \
-      break;                                                             \
-    }                                                                    \
+#define EXPECT_VALUES(n, actual, expected, what)                  \
+  for (size_t i_ = 0; i_ < (n); ++i_) {                           \
+    const double a_ = (actual), e_ = (expected);                  \
+    if (a_ != e_) {                                               \
+      ADD_FAILURE() << what << ": element " << i_ << " is " << a_ \
+                    << ", expected " << e_;                       \
+      break;                                                      \
+    }                                                             \
   }
 
 class ConformanceTest : public ::testing::TestWithParam<int> {
@@ -138,7 +139,8 @@ TEST_P(ConformanceTest, Allgather) {
     for (DType dtype : kAllDTypes) {
       for (size_t count : kCounts) {
         Buffer input(dtype, count);
-        for (size_t i = 0; i < count; ++i) input.Set(i, Value(dtype, comm.rank(), i));
+        for (size_t i = 0; i < count; ++i)
+          input.Set(i, Value(dtype, comm.rank(), i));
         Buffer output(dtype, count * n);
         comm.allgather(input.data(), output.data(), count, dtype);
         EXPECT_VALUES(count * n, output.At(i_),
@@ -261,9 +263,8 @@ TEST_P(ConformanceTest, ManyAsyncOperationsInFlightCompleteInOrder) {
         works.push_back(comm.allreduce_async(buffers[k].data(), kCount,
                                              DType::kInt64, ReduceOp::kSum));
       } else {
-        works.push_back(comm.allgather_async(buffers[k].data(),
-                                             gathered[k].data(), kCount,
-                                             DType::kInt64));
+        works.push_back(comm.allgather_async(
+            buffers[k].data(), gathered[k].data(), kCount, DType::kInt64));
       }
     }
     for (int k = kOps - 1; k >= 0; --k) works[k]->wait();
@@ -352,8 +353,9 @@ TEST(ConformanceFailures, MissingRankTimesOutNamingOperationAndRank) {
           ADD_FAILURE() << "allreduce after a timeout did not fail";
         } catch (const PeerError& e) {
           EXPECT_THAT(e.what(), HasSubstr("allreduce #2"));
-          EXPECT_THAT(e.what(),
-                      HasSubstr("not run because an earlier collective failed"));
+          EXPECT_THAT(
+              e.what(),
+              HasSubstr("not run because an earlier collective failed"));
         }
       },
       options);

@@ -10,8 +10,8 @@
 namespace accel::testing {
 namespace {
 
-using ::testing::HasSubstr;
 using std::chrono::seconds;
+using ::testing::HasSubstr;
 
 const auto kTimeout = seconds(60);
 
@@ -51,9 +51,8 @@ TEST_P(LaunchTest, RanksRunEveryCollective) {
 INSTANTIATE_TEST_SUITE_P(WorldSizes, LaunchTest, ::testing::Values(1, 2, 3));
 
 TEST(LaunchTest, ProgramLaunchesItselfWithNumProcesses) {
-  const ProcessResult r =
-      RunProcess({Worker(), "--num_processes=2", "--main_process_port=0"}, {},
-                 kTimeout);
+  const ProcessResult r = RunProcess(
+      {Worker(), "--num_processes=2", "--main_process_port=0"}, {}, kTimeout);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("rank 0/2 ok"));
   EXPECT_THAT(r.output, HasSubstr("rank 1/2 ok"));
@@ -62,16 +61,16 @@ TEST(LaunchTest, ProgramLaunchesItselfWithNumProcesses) {
 TEST(LaunchTest, RankKilledMidCollectiveIsNamedByEveryoneAndNothingSurvives) {
   const std::string pid_dir = MakeTempDir("die");
   const ProcessResult r = RunProcess(
-      {Launcher(), "--num_processes=3", "--main_process_port=0", "--",
-       Worker(), "--scenario=die", "--die_rank=1", "--pid_dir=" + pid_dir},
+      {Launcher(), "--num_processes=3", "--main_process_port=0", "--", Worker(),
+       "--scenario=die", "--die_rank=1", "--pid_dir=" + pid_dir},
       {}, kTimeout);
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("accel launch: rank 1 (pid"));
   EXPECT_THAT(r.output, HasSubstr("killed by signal 9"));
   // Both survivors report the dead rank themselves, as peer errors.
   for (const char* survivor : {"rank 0/3", "rank 2/3"}) {
-    EXPECT_THAT(r.output, HasSubstr(std::string("[gloo] ") + survivor +
-                                    ": allreduce #"))
+    EXPECT_THAT(r.output,
+                HasSubstr(std::string("[gloo] ") + survivor + ": allreduce #"))
         << r.output;
   }
   EXPECT_THAT(r.output, HasSubstr("rank 1 crashed (its process left the job)"));
@@ -82,8 +81,8 @@ TEST(LaunchTest, RankKilledMidCollectiveIsNamedByEveryoneAndNothingSurvives) {
 TEST(LaunchTest, SigtermToTheLauncherReachesEveryRankAndGrandchild) {
   const std::string pid_dir = MakeTempDir("term");
   const ProcessResult r = RunProcess(
-      {Launcher(), "--num_processes=2", "--main_process_port=0", "--",
-       Worker(), "--scenario=sleep", "--pid_dir=" + pid_dir},
+      {Launcher(), "--num_processes=2", "--main_process_port=0", "--", Worker(),
+       "--scenario=sleep", "--pid_dir=" + pid_dir},
       {}, kTimeout, [&](pid_t launcher) {
         // Wait until both ranks have written their pids, then stop the job.
         for (int i = 0; i < 1000 && ReadPidFiles(pid_dir).size() < 4; ++i) {
@@ -98,10 +97,10 @@ TEST(LaunchTest, SigtermToTheLauncherReachesEveryRankAndGrandchild) {
 }
 
 TEST(LaunchTest, UnknownBackendListsTheAvailableOnes) {
-  const ProcessResult r = RunProcess(
-      {Launcher(), "--num_processes=2", "--main_process_port=0",
-       "--backend=nope", "--", Worker()},
-      {}, kTimeout);
+  const ProcessResult r =
+      RunProcess({Launcher(), "--num_processes=2", "--main_process_port=0",
+                  "--backend=nope", "--", Worker()},
+                 {}, kTimeout);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output,
               HasSubstr("unknown backend 'nope'; available backends: gloo"));
@@ -109,20 +108,21 @@ TEST(LaunchTest, UnknownBackendListsTheAvailableOnes) {
 }
 
 TEST(LaunchTest, MissingProgramIsAClearError) {
-  const ProcessResult r = RunProcess(
-      {Launcher(), "--num_processes=2", "--", "/no/such/program"}, {},
-      kTimeout);
+  const ProcessResult r =
+      RunProcess({Launcher(), "--num_processes=2", "--", "/no/such/program"},
+                 {}, kTimeout);
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr("cannot run '/no/such/program': No such file "
                                   "or directory"));
 }
 
 TEST(LaunchTest, BadEnvironmentIsAClearErrorNotAHang) {
-  const ProcessResult r = RunProcess(
-      {Worker()},
-      {{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
-       {"MASTER_PORT", "29500"}},
-      kTimeout);
+  const ProcessResult r = RunProcess({Worker()},
+                                     {{"RANK", "2"},
+                                      {"WORLD_SIZE", "2"},
+                                      {"MASTER_ADDR", "127.0.0.1"},
+                                      {"MASTER_PORT", "29500"}},
+                                     kTimeout);
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.output,
               HasSubstr("error: RANK must be in [0, WORLD_SIZE) = [0, 2), "
@@ -131,11 +131,12 @@ TEST(LaunchTest, BadEnvironmentIsAClearErrorNotAHang) {
 
 TEST(LaunchTest, MissingRankTimesOutNamingTheRendezvous) {
   // Rank 1 of 2 alone: rank 0 never comes, so the store is unreachable.
-  const ProcessResult r = RunProcess(
-      {Worker(), "--timeout_ms=1500"},
-      {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
-       {"MASTER_PORT", "1"}},
-      kTimeout);
+  const ProcessResult r = RunProcess({Worker(), "--timeout_ms=1500"},
+                                     {{"RANK", "1"},
+                                      {"WORLD_SIZE", "2"},
+                                      {"MASTER_ADDR", "127.0.0.1"},
+                                      {"MASTER_PORT", "1"}},
+                                     kTimeout);
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.output, HasSubstr("rank 1/2: rendezvous failed: could not "
                                   "connect to the rendezvous store at "

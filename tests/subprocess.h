@@ -7,13 +7,13 @@
 //   EXPECT_EQ(r.exit_code, 0) << r.output;
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <functional>
 #include <map>
 #include <string>
 #include <vector>
-
-#include <sys/types.h>
 
 namespace accel::testing {
 

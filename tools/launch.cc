@@ -24,8 +24,7 @@ int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, /*remove_flags=*/true);
   std::vector<std::string> command(argv + 1, argv + argc);
   if (command.empty()) {
-    std::fprintf(stderr,
-                 "error: no program given\nusage: %s\n",
+    std::fprintf(stderr, "error: no program given\nusage: %s\n",
                  gflags::ProgramUsage());
     return 2;
   }

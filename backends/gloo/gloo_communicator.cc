@@ -78,6 +78,10 @@ void Translate(Fn&& fn) {
   }
 }
 
+// Up to this many bytes in total, allreduce is an allgather plus a local
+// reduction: latency matters more than bandwidth there.
+constexpr size_t kSmallAllreduceBytes = 64 << 10;
+
 // Gloo matches messages by tag; the sequence number is the same on every
 // rank for the same collective.
 uint32_t Tag(uint64_t sequence) { return static_cast<uint32_t>(sequence); }
@@ -166,6 +170,22 @@ void GlooCommunicator::RunAllgatherv(const Op& op, const void* input,
 void GlooCommunicator::RunAllreduce(const Op& op, void* buffer, size_t count,
                                     DType dtype, ReduceOp reduce_op) {
   if (count == 0 || size() == 1) return;
+  const size_t bytes = count * ElementSize(dtype);
+  if (count >= static_cast<size_t>(size()) &&
+      bytes * size() <= kSmallAllreduceBytes) {
+    // One exchange instead of the ring's 2 (size - 1) steps (measured with
+    // //tools/bench:collectives; below one element per rank Gloo's ring is
+    // faster still). Every rank reduces the same data in rank order, so all
+    // get identical results.
+    std::vector<char> gathered(bytes * size());
+    RunAllgather(op, buffer, gathered.data(), count, dtype);
+    std::memcpy(buffer, gathered.data(), bytes);
+    for (int r = 1; r < size(); ++r) {
+      Reduce(dtype, reduce_op, buffer, buffer, gathered.data() + r * bytes,
+             count);
+    }
+    return;
+  }
   Translate([&] {
     gloo::AllreduceOptions options(context_);
     WithElementType(dtype, [&](auto placeholder) {

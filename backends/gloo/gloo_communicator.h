@@ -27,8 +27,8 @@ class GlooCommunicator : public Communicator {
   std::string backend_name() const override { return "gloo"; }
 
  protected:
-  void RunAllgather(const Op& op, const void* input, void* output,
-                    size_t count, DType dtype) override;
+  void RunAllgather(const Op& op, const void* input, void* output, size_t count,
+                    DType dtype) override;
   void RunAllgatherv(const Op& op, const void* input, void* output,
                      const std::vector<size_t>& counts, DType dtype) override;
   void RunAllreduce(const Op& op, void* buffer, size_t count, DType dtype,
