@@ -40,11 +40,11 @@ std::unique_ptr<ProcessGroup> ProcessGroup::Join(
     const DistributedEnvironment& env, const ProcessGroupOptions& options) {
   std::unique_ptr<ProcessGroup> group(new ProcessGroup());
   group->env_ = env;
+  const std::string backend = ResolveBackend(options.backend);
   // Validate the backend name before anyone waits on the network.
   bool known = false;
-  for (const auto& name : RegisteredBackends())
-    known |= name == options.backend;
-  if (!known) CreateCommunicator(options.backend, BackendContext{});
+  for (const auto& name : RegisteredBackends()) known |= name == backend;
+  if (!known) CreateCommunicator(backend, BackendContext{});
 
   const std::string where = "rank " + std::to_string(env.rank) + "/" +
                             std::to_string(env.world_size) + ": ";
@@ -60,10 +60,10 @@ std::unique_ptr<ProcessGroup> ProcessGroup::Join(
   context.size = env.world_size;
   context.local_rank = env.local_rank;
   context.store = std::make_shared<PrefixStore>(
-      options.backend + "/" + std::to_string(env.restart_count), group->store_);
+      backend + "/" + std::to_string(env.restart_count), group->store_);
   context.host = net::LocalAddressToward(env.master_addr);
   context.options = options.communicator;
-  group->communicator_ = CreateCommunicator(options.backend, context);
+  group->communicator_ = CreateCommunicator(backend, context);
   return group;
 }
 

@@ -20,7 +20,7 @@
 namespace accel {
 
 struct ProcessGroupOptions {
-  std::string backend = "gloo";
+  std::string backend = "auto";  // See ResolveBackend (registry.h).
   CommunicatorOptions communicator;
   // How long ranks wait for each other to arrive at the store.
   std::chrono::milliseconds rendezvous_timeout = std::chrono::seconds(60);

@@ -16,7 +16,13 @@ DEFINE_string(main_process_ip, "127.0.0.1",
               "Address of the machine that runs rank 0.");
 DEFINE_int32(main_process_port, 29500,
              "Port of rank 0's rendezvous store; 0 picks a free port.");
-DEFINE_string(backend, "gloo", "Communication backend: gloo or nccl.");
+DEFINE_string(backend, "auto",
+              "Communication backend: gloo, nccl, or auto (nccl when a GPU "
+              "is visible, else gloo).");
+DEFINE_int32(timeout_s, 300,
+             "Default timeout of each collective and of the rendezvous, in "
+             "seconds.");
+DEFINE_int64(seed, -1, "Random seed for every rank (-1: leave unseeded).");
 DEFINE_int32(num_threads, 1,
              "Intra-op threads per rank (OMP_NUM_THREADS, unless set).");
 

@@ -11,6 +11,7 @@ namespace {
 struct Registry {
   std::mutex mutex;
   std::map<std::string, BackendFactory> factories;
+  std::map<std::string, BackendProbe> probes;
 };
 
 Registry& GetRegistry() {
@@ -21,12 +22,29 @@ Registry& GetRegistry() {
 
 }  // namespace
 
-void RegisterBackend(const std::string& name, BackendFactory factory) {
+void RegisterBackend(const std::string& name, BackendFactory factory,
+                     BackendProbe usable) {
   Registry& registry = GetRegistry();
   std::lock_guard<std::mutex> lock(registry.mutex);
   if (!registry.factories.emplace(name, std::move(factory)).second) {
     throw UsageError("backend '" + name + "' is registered twice");
   }
+  registry.probes[name] = std::move(usable);
+}
+
+std::string ResolveBackend(const std::string& name) {
+  if (name != "auto") return name;
+  for (const char* candidate : {"nccl", "gloo"}) {
+    BackendProbe probe;
+    {
+      Registry& registry = GetRegistry();
+      std::lock_guard<std::mutex> lock(registry.mutex);
+      auto it = registry.probes.find(candidate);
+      if (it != registry.probes.end()) probe = it->second;
+    }
+    if (probe && probe()) return candidate;
+  }
+  return "gloo";
 }
 
 std::vector<std::string> RegisteredBackends() {

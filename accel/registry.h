@@ -22,8 +22,16 @@ namespace accel {
 
 using BackendFactory =
     std::function<std::unique_ptr<Communicator>(const BackendContext&)>;
+// Whether the backend can run on this machine (e.g. a GPU is visible).
+using BackendProbe = std::function<bool()>;
 
-void RegisterBackend(const std::string& name, BackendFactory factory);
+void RegisterBackend(
+    const std::string& name, BackendFactory factory,
+    BackendProbe usable = [] { return true; });
+
+// "auto" becomes the first usable of "nccl", "gloo"; other names are
+// returned as they are (CreateCommunicator checks them).
+std::string ResolveBackend(const std::string& name);
 
 // Throws UsageError listing the registered names when `name` is unknown.
 std::unique_ptr<Communicator> CreateCommunicator(const std::string& name,
@@ -32,8 +40,10 @@ std::unique_ptr<Communicator> CreateCommunicator(const std::string& name,
 std::vector<std::string> RegisteredBackends();
 
 struct BackendRegistration {
-  BackendRegistration(const std::string& name, BackendFactory factory) {
-    RegisterBackend(name, std::move(factory));
+  BackendRegistration(
+      const std::string& name, BackendFactory factory,
+      BackendProbe usable = [] { return true; }) {
+    RegisterBackend(name, std::move(factory), std::move(usable));
   }
 };
 

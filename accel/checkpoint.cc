@@ -1,0 +1,357 @@
+#include "accel/checkpoint.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <sstream>
+
+#include "accel/errors.h"
+
+namespace accel {
+namespace {
+
+constexpr int64_t kFormat = 1;
+
+std::string Join(const std::string& dir, const std::string& file) {
+  return dir + "/" + file;
+}
+
+void MakeDirs(const std::string& dir) {
+  std::string path;
+  std::stringstream parts(dir);
+  std::string part;
+  if (!dir.empty() && dir[0] == '/') path = "/";
+  while (std::getline(parts, part, '/')) {
+    if (part.empty()) continue;
+    path += part + "/";
+    if (mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
+      throw CheckpointError("cannot create checkpoint folder '" + path +
+                            "': " + std::strerror(errno));
+    }
+  }
+}
+
+void SyncPath(const std::string& path, int flags) {
+  const int fd = open(path.c_str(), flags | O_CLOEXEC);
+  if (fd < 0) return;
+  fsync(fd);
+  close(fd);
+}
+
+// Writes `archive` to `path` so that readers see the old file or the new
+// one, never a mix: temporary file, fsync, rename, fsync of the folder.
+void WriteAtomically(torch::serialize::OutputArchive& archive,
+                     const std::string& dir, const std::string& file) {
+  const std::string path = Join(dir, file);
+  const std::string temporary = path + ".partial." + std::to_string(getpid());
+  try {
+    archive.save_to(temporary);
+  } catch (const c10::Error& e) {
+    std::remove(temporary.c_str());
+    throw CheckpointError("cannot write '" + temporary +
+                          "': " + e.what_without_backtrace());
+  }
+  SyncPath(temporary, O_RDONLY);
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    const std::string error = std::strerror(errno);
+    std::remove(temporary.c_str());
+    throw CheckpointError("cannot rename '" + temporary + "' to '" + path +
+                          "': " + error);
+  }
+  SyncPath(dir, O_RDONLY | O_DIRECTORY);
+}
+
+bool Exists(const std::string& path) {
+  struct stat info;
+  return stat(path.c_str(), &info) == 0;
+}
+
+void ReadArchive(torch::serialize::InputArchive& archive,
+                 const std::string& path) {
+  try {
+    archive.load_from(path);
+  } catch (const c10::Error& e) {
+    std::string reason = e.what_without_backtrace();
+    reason = reason.substr(0, reason.find('\n'));
+    throw CheckpointError("'" + path +
+                          "' is corrupt or not an accel checkpoint file (" +
+                          reason + ")");
+  }
+}
+
+c10::IValue ReadValue(torch::serialize::InputArchive& archive,
+                      const std::string& key, const std::string& path) {
+  c10::IValue value;
+  if (!archive.try_read(key, value)) {
+    throw CheckpointError("'" + path + "' has no entry '" + key +
+                          "': it is not a complete accel checkpoint");
+  }
+  return value;
+}
+
+int64_t ReadInt(torch::serialize::InputArchive& archive, const std::string& key,
+                const std::string& path) {
+  c10::IValue value = ReadValue(archive, key, path);
+  if (!value.isInt()) {
+    throw CheckpointError("'" + path + "': entry '" + key +
+                          "' is not an integer");
+  }
+  return value.toInt();
+}
+
+// Parameters then buffers, by their full dotted names.
+std::vector<std::pair<std::string, torch::Tensor>> NamedState(
+    torch::nn::Module& module) {
+  std::vector<std::pair<std::string, torch::Tensor>> state;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    state.emplace_back("parameter " + item.key(), item.value());
+  }
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
+    state.emplace_back("buffer " + item.key(), item.value());
+  }
+  return state;
+}
+
+std::string ShapeText(const torch::Tensor& t) {
+  std::ostringstream out;
+  out << t.sizes() << " " << c10::toString(t.scalar_type());
+  return out.str();
+}
+
+torch::serialize::OutputArchive SaveModel(torch::nn::Module& module) {
+  torch::serialize::OutputArchive archive;
+  c10::List<std::string> names;
+  int64_t index = 0;
+  for (const auto& [name, tensor] : NamedState(module)) {
+    names.push_back(name);
+    archive.write("t" + std::to_string(index++), tensor.detach().cpu());
+  }
+  archive.write("names", c10::IValue(names));
+  return archive;
+}
+
+// Reads and checks model `index` fully, returning the tensors to copy in.
+std::vector<torch::Tensor> ReadModel(torch::serialize::InputArchive& state,
+                                     int64_t index, torch::nn::Module& module,
+                                     const std::string& path) {
+  const std::string key = "model_" + std::to_string(index);
+  torch::serialize::InputArchive archive;
+  if (!state.try_read(key, archive)) {
+    throw CheckpointError("'" + path + "' has no " + key);
+  }
+  c10::IValue names_value = ReadValue(archive, "names", path);
+  if (!names_value.isList()) {
+    throw CheckpointError("'" + path + "': " + key + " has no name list");
+  }
+  std::vector<std::string> names;
+  for (const auto& name : names_value.toListRef()) {
+    names.push_back(name.toStringRef());
+  }
+  const auto expected = NamedState(module);
+  std::vector<torch::Tensor> values(expected.size());
+  std::vector<bool> found(expected.size(), false);
+  for (size_t i = 0; i < names.size(); ++i) {
+    size_t match = expected.size();
+    for (size_t j = 0; j < expected.size(); ++j) {
+      if (expected[j].first == names[i]) match = j;
+    }
+    if (match == expected.size()) {
+      throw CheckpointError("'" + path + "': " + key + " has " + names[i] +
+                            ", which the model does not have: the "
+                            "checkpoint belongs to another model");
+    }
+    torch::Tensor value;
+    archive.read("t" + std::to_string(i), value);
+    const torch::Tensor& target = expected[match].second;
+    if (!value.defined() || value.sizes() != target.sizes() ||
+        value.scalar_type() != target.scalar_type()) {
+      throw CheckpointError(
+          "'" + path + "': " + key + " " + names[i] + " is " +
+          (value.defined() ? ShapeText(value) : std::string("missing")) +
+          " in the checkpoint but " + ShapeText(target) + " in the model");
+    }
+    values[match] = value;
+    found[match] = true;
+  }
+  for (size_t j = 0; j < expected.size(); ++j) {
+    if (!found[j]) {
+      throw CheckpointError("'" + path + "': " + key + " lacks " +
+                            expected[j].first + " of the model");
+    }
+  }
+  return values;
+}
+
+void Note(const std::string& message) {
+  std::fprintf(stderr, "accel: note: %s\n", message.c_str());
+}
+
+}  // namespace
+
+std::string RandomStatesFile(int rank) {
+  return "random_states_" + std::to_string(rank) + ".pt";
+}
+
+void SaveCheckpoint(const std::string& dir, int rank, int world_size,
+                    bool write_shared, const CheckpointContents& contents) {
+  MakeDirs(dir);
+  if (write_shared) {
+    torch::serialize::OutputArchive state;
+    state.write("format", c10::IValue(kFormat));
+    state.write("step", c10::IValue(contents.step));
+    state.write("num_processes", c10::IValue(int64_t{world_size}));
+    state.write("num_models", c10::IValue(int64_t(contents.models.size())));
+    for (size_t i = 0; i < contents.models.size(); ++i) {
+      auto model = SaveModel(*contents.models[i]);
+      state.write("model_" + std::to_string(i), model);
+    }
+    state.write("num_optimizers",
+                c10::IValue(int64_t(contents.optimizers.size())));
+    for (size_t i = 0; i < contents.optimizers.size(); ++i) {
+      torch::serialize::OutputArchive optimizer;
+      contents.optimizers[i]->save(optimizer);
+      state.write("optimizer_" + std::to_string(i), optimizer);
+    }
+    c10::List<int64_t> epochs;
+    for (const auto& loader : contents.loaders) epochs.push_back(loader->epoch);
+    state.write("loader_epochs", c10::IValue(epochs));
+    WriteAtomically(state, dir, kStateFile);
+  }
+  torch::serialize::OutputArchive random;
+  random.write("format", c10::IValue(kFormat));
+  random.write("step", c10::IValue(contents.step));
+  {
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    random.write("cpu_rng", generator.get_state());
+  }
+  WriteAtomically(random, dir, RandomStatesFile(rank));
+}
+
+void LoadCheckpoint(const std::string& dir, int rank, int world_size,
+                    CheckpointContents& contents) {
+  struct stat info;
+  if (stat(dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
+    throw CheckpointError("checkpoint folder '" + dir + "' does not exist");
+  }
+  const std::string path = Join(dir, kStateFile);
+  if (!Exists(path)) {
+    throw CheckpointError("'" + path + "' is missing: '" + dir +
+                          "' is not a complete accel checkpoint");
+  }
+  torch::serialize::InputArchive state;
+  ReadArchive(state, path);
+  const int64_t format = ReadInt(state, "format", path);
+  if (format != kFormat) {
+    throw CheckpointError("'" + path + "' has format " +
+                          std::to_string(format) + ", this accel reads " +
+                          std::to_string(kFormat));
+  }
+  const int64_t num_models = ReadInt(state, "num_models", path);
+  const int64_t num_optimizers = ReadInt(state, "num_optimizers", path);
+  if (num_models != static_cast<int64_t>(contents.models.size()) ||
+      num_optimizers != static_cast<int64_t>(contents.optimizers.size())) {
+    throw CheckpointError("'" + path + "' holds " + std::to_string(num_models) +
+                          " model(s) and " + std::to_string(num_optimizers) +
+                          " optimizer(s), but this program "
+                          "prepared " +
+                          std::to_string(contents.models.size()) + " and " +
+                          std::to_string(contents.optimizers.size()));
+  }
+  c10::IValue epochs_value = ReadValue(state, "loader_epochs", path);
+  std::vector<int64_t> epochs;
+  for (const auto& e : epochs_value.toListRef()) epochs.push_back(e.toInt());
+  if (epochs.size() != contents.loaders.size()) {
+    throw CheckpointError("'" + path + "' holds " +
+                          std::to_string(epochs.size()) +
+                          " data loader(s), but this program prepared " +
+                          std::to_string(contents.loaders.size()));
+  }
+  // Check everything before changing anything.
+  std::vector<std::vector<torch::Tensor>> model_values;
+  for (int64_t i = 0; i < num_models; ++i) {
+    model_values.push_back(ReadModel(state, i, *contents.models[i], path));
+  }
+  std::vector<torch::serialize::InputArchive> optimizer_archives(
+      num_optimizers);
+  for (int64_t i = 0; i < num_optimizers; ++i) {
+    if (!state.try_read("optimizer_" + std::to_string(i),
+                        optimizer_archives[i])) {
+      throw CheckpointError("'" + path + "' has no optimizer_" +
+                            std::to_string(i));
+    }
+  }
+  const int64_t step = ReadInt(state, "step", path);
+  const int64_t saved_world = ReadInt(state, "num_processes", path);
+
+  const std::string random_path = Join(dir, RandomStatesFile(rank));
+  torch::Tensor rng_state;
+  if (Exists(random_path)) {
+    torch::serialize::InputArchive random;
+    ReadArchive(random, random_path);
+    const int64_t random_step = ReadInt(random, "step", random_path);
+    if (random_step != step) {
+      Note("'" + random_path + "' is from step " + std::to_string(random_step) +
+           " but the checkpoint is step " + std::to_string(step) +
+           "; RNG state not restored");
+    } else if (!random.try_read("cpu_rng", rng_state)) {
+      throw CheckpointError("'" + random_path + "' has no cpu_rng entry");
+    }
+  } else if (saved_world == world_size) {
+    Note("'" + random_path + "' is missing (rank " + std::to_string(rank) +
+         " did not call save_state); its RNG state is not restored");
+  }
+
+  // Optimizers first: they are the only part whose load can still fail.
+  std::vector<std::string> backups(num_optimizers);
+  for (int64_t i = 0; i < num_optimizers; ++i) {
+    torch::serialize::OutputArchive backup;
+    contents.optimizers[i]->save(backup);
+    std::ostringstream bytes;
+    backup.save_to(bytes);
+    backups[i] = bytes.str();
+  }
+  for (int64_t i = 0; i < num_optimizers; ++i) {
+    try {
+      contents.optimizers[i]->load(optimizer_archives[i]);
+    } catch (const c10::Error& e) {
+      for (int64_t j = 0; j <= i; ++j) {
+        std::istringstream bytes(backups[j]);
+        torch::serialize::InputArchive restore;
+        restore.load_from(bytes);
+        contents.optimizers[j]->load(restore);
+      }
+      std::string reason = e.what_without_backtrace();
+      throw CheckpointError("'" + path + "': optimizer_" + std::to_string(i) +
+                            " does not match this optimizer (" +
+                            reason.substr(0, reason.find('\n')) + ")");
+    }
+  }
+  torch::NoGradGuard no_grad;
+  for (int64_t i = 0; i < num_models; ++i) {
+    const auto targets = NamedState(*contents.models[i]);
+    for (size_t j = 0; j < targets.size(); ++j) {
+      torch::Tensor target = targets[j].second;
+      target.copy_(model_values[i][j]);
+    }
+  }
+  for (size_t i = 0; i < epochs.size(); ++i)
+    contents.loaders[i]->epoch = epochs[i];
+  contents.step = step;
+  if (rng_state.defined()) {
+    // A Generator is a handle: the copy shares torch's default generator.
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(rng_state);
+  }
+}
+
+}  // namespace accel

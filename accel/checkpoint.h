@@ -1,0 +1,54 @@
+// save_state / load_state: the checkpoint format behind Accelerator.
+//
+//   accel::CheckpointContents contents{models, optimizers, loaders, step};
+//   accel::SaveCheckpoint("trained_model", rank, world_size, is_main,
+//   contents); accel::LoadCheckpoint("trained_model", rank, world_size,
+//   contents);
+//
+// Layout of a checkpoint folder (LibTorch archives, torch::serialize):
+//   accelerator_state.pt    written by the main process: format version,
+//                           step, num_processes, every model's parameters and
+//                           buffers by name (model_0, model_1, ...), every
+//                           optimizer's state (optimizer_0, ...), and every
+//                           prepared data loader's epoch.
+//   random_states_<r>.pt    written by rank r when it calls save_state: the
+//                           step and that rank's RNG state (CPU generator).
+// Each file is written beside its final name, flushed to disk, then renamed
+// over it, so a crash mid-save leaves the previous file whole. Loading
+// checks everything (names, shapes, dtypes, counts) before changing anything
+// and raises CheckpointError naming the file and the mismatch. As in
+// Accelerate, a missing random_states file is only reported: ranks that did
+// not call save_state (the seed's `if (is_main_process) save_state(...)`)
+// have none.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "accel/data_loader.h"
+
+namespace accel {
+
+struct CheckpointContents {
+  std::vector<std::shared_ptr<torch::nn::Module>> models;
+  std::vector<torch::optim::Optimizer*> optimizers;
+  std::vector<std::shared_ptr<DataLoaderState>> loaders;
+  int64_t step = 0;
+};
+
+inline constexpr const char* kStateFile = "accelerator_state.pt";
+std::string RandomStatesFile(int rank);
+
+// Writes the shared file when `write_shared`, and this rank's RNG file.
+void SaveCheckpoint(const std::string& dir, int rank, int world_size,
+                    bool write_shared, const CheckpointContents& contents);
+
+// Restores `contents` (and this rank's RNG) from `dir`.
+void LoadCheckpoint(const std::string& dir, int rank, int world_size,
+                    CheckpointContents& contents);
+
+}  // namespace accel

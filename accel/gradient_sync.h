@@ -1,0 +1,57 @@
+// Data-parallel gradient averaging in the manner of torch's DDP: gradients
+// are grouped into buckets, and each bucket's allreduce starts as soon as
+// all of its gradients have been accumulated during backward, overlapping
+// the rest of backward. Buckets are reduced in the same order on every rank.
+//
+//   accel::GradientSynchronizer sync(comm, model->parameters(), {});
+//   loss.backward();     // hooks start bucket allreduces as grads arrive
+//   sync.finish();       // waits for them; .grad now holds the average
+//
+// A parameter that got no gradient in a step (unused in the forward pass)
+// contributes zeros; its bucket is launched when finish() runs, so a step
+// never hangs on it. A parameter that none of the ranks used ends the step
+// with a zero gradient rather than none.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "accel/communicator.h"
+
+namespace accel {
+
+struct GradientSyncOptions {
+  // As torch DDP: a small first bucket so that communication starts early,
+  // then buckets of up to bucket_cap_bytes.
+  size_t first_bucket_bytes = 1 << 20;
+  size_t bucket_cap_bytes = 25 << 20;
+};
+
+class GradientSynchronizer {
+ public:
+  GradientSynchronizer(Communicator& comm,
+                       const std::vector<torch::Tensor>& parameters,
+                       const GradientSyncOptions& options);
+  ~GradientSynchronizer();
+
+  // Completes the step's reduction: launches buckets whose gradients never
+  // all arrived, waits for every bucket, and writes the averages to .grad.
+  void finish();
+
+  // While disabled (no_sync / gradient accumulation), backward leaves the
+  // local gradients alone and finish() does nothing.
+  void set_enabled(bool enabled);
+  bool enabled() const;
+
+  size_t num_buckets() const;
+
+  struct State;  // Shared with the autograd hooks.
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace accel

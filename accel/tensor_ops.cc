@@ -1,0 +1,191 @@
+#include "accel/tensor_ops.h"
+
+#include <sstream>
+
+#include "accel/errors.h"
+
+namespace accel {
+namespace {
+
+// Shape and dtype of one rank's tensor, exchanged as fixed-size int64s so
+// that one allgather checks every rank: [dtype, ndim, size_0 .. size_7].
+constexpr int kMaxDims = 8;
+constexpr int kMetaWords = 2 + kMaxDims;
+
+std::vector<int64_t> Meta(const torch::Tensor& tensor, const char* operation) {
+  if (tensor.dim() > kMaxDims) {
+    throw UsageError(std::string(operation) + ": tensors of more than " +
+                     std::to_string(kMaxDims) +
+                     " dimensions are not supported, "
+                     "found " +
+                     std::to_string(tensor.dim()));
+  }
+  std::vector<int64_t> meta(kMetaWords, 0);
+  meta[0] = static_cast<int64_t>(tensor.scalar_type());
+  meta[1] = tensor.dim();
+  for (int64_t d = 0; d < tensor.dim(); ++d) meta[2 + d] = tensor.size(d);
+  return meta;
+}
+
+std::string DescribeMeta(const int64_t* meta) {
+  std::ostringstream out;
+  out << "shape [";
+  for (int64_t d = 0; d < meta[1]; ++d) out << (d ? ", " : "") << meta[2 + d];
+  out << "] " << c10::toString(static_cast<torch::ScalarType>(meta[0]));
+  return out.str();
+}
+
+// Gathers every rank's metadata; with `must_match`, throws on every rank the
+// same UsageError when they differ.
+std::vector<int64_t> ExchangeMeta(Communicator& comm,
+                                  const torch::Tensor& tensor,
+                                  const char* operation, const char* needs) {
+  const std::vector<int64_t> mine = Meta(tensor, operation);
+  std::vector<int64_t> all(kMetaWords * comm.size());
+  comm.allgather(mine.data(), all.data(), kMetaWords, DType::kInt64);
+  bool same = true;
+  for (int r = 1; r < comm.size(); ++r) {
+    same &= std::equal(all.begin(), all.begin() + kMetaWords,
+                       all.begin() + r * kMetaWords);
+  }
+  if (!same) {
+    std::ostringstream message;
+    message << "[" << comm.backend_name() << "] rank " << comm.rank() << "/"
+            << comm.size() << ": " << operation
+            << ": tensors differ across ranks (";
+    for (int r = 0; r < comm.size(); ++r) {
+      message << (r ? "; " : "") << "rank " << r << ": "
+              << DescribeMeta(all.data() + r * kMetaWords);
+    }
+    message << "); " << needs;
+    throw UsageError(message.str());
+  }
+  return all;
+}
+
+torch::Tensor ContiguousCpu(const torch::Tensor& tensor) {
+  return tensor.to(torch::kCPU).contiguous();
+}
+
+}  // namespace
+
+DType ToDType(torch::ScalarType type) {
+  switch (type) {
+    case torch::kFloat32:
+      return DType::kFloat32;
+    case torch::kFloat64:
+      return DType::kFloat64;
+    case torch::kFloat16:
+      return DType::kFloat16;
+    case torch::kBFloat16:
+      return DType::kBFloat16;
+    case torch::kInt8:
+      return DType::kInt8;
+    case torch::kUInt8:
+      return DType::kUInt8;
+    case torch::kInt32:
+      return DType::kInt32;
+    case torch::kInt64:
+      return DType::kInt64;
+    case torch::kBool:
+      return DType::kBool;
+    default:
+      throw UsageError(std::string("tensors of dtype ") + c10::toString(type) +
+                       " are not supported by collectives; supported: "
+                       "float32, float64, float16, bfloat16, int8, uint8, "
+                       "int32, int64, bool");
+  }
+}
+
+torch::Tensor OnDeviceOf(const torch::Tensor& result,
+                         const torch::Tensor& like) {
+  return result.device() == like.device() ? result : result.to(like.device());
+}
+
+torch::Tensor Gather(Communicator& comm, const torch::Tensor& tensor) {
+  const DType dtype = ToDType(tensor.scalar_type());
+  torch::Tensor input =
+      ContiguousCpu(tensor.dim() == 0 ? tensor.reshape({1}) : tensor);
+  ExchangeMeta(comm, input, "gather",
+               "gather needs the same shape and dtype on every rank (use "
+               "pad_across_processes for sizes that differ along one "
+               "dimension)");
+  std::vector<int64_t> shape = input.sizes().vec();
+  shape[0] *= comm.size();
+  torch::Tensor output = torch::empty(shape, input.options());
+  comm.allgather(input.data_ptr(), output.data_ptr(),
+                 static_cast<size_t>(input.numel()), dtype);
+  return OnDeviceOf(output, tensor);
+}
+
+torch::Tensor ReduceTensor(Communicator& comm, const torch::Tensor& tensor,
+                           const std::string& reduction) {
+  ReduceOp op;
+  if (reduction == "sum" || reduction == "mean") {
+    op = ReduceOp::kSum;
+  } else if (reduction == "max") {
+    op = ReduceOp::kMax;
+  } else if (reduction == "min") {
+    op = ReduceOp::kMin;
+  } else {
+    throw UsageError("reduce: unknown reduction '" + reduction +
+                     "'; use \"sum\", \"mean\", \"max\" or \"min\"");
+  }
+  const DType dtype = ToDType(tensor.scalar_type());
+  if (reduction == "mean" && !torch::isFloatingType(tensor.scalar_type())) {
+    throw UsageError(std::string("reduce: \"mean\" needs a floating-point "
+                                 "tensor, found ") +
+                     c10::toString(tensor.scalar_type()) +
+                     "; convert it first, e.g. tensor.to(torch::kFloat32)");
+  }
+  if (!SupportsReduction(dtype, op)) {
+    throw UsageError("reduce: reduction '" + reduction +
+                     "' is not defined for bool tensors; use \"max\" (any) "
+                     "or \"min\" (all)");
+  }
+  // clone(): the input is never modified, as in Accelerate.
+  torch::Tensor result = ContiguousCpu(tensor).clone();
+  ExchangeMeta(comm, result, "reduce",
+               "reduce needs the same shape and dtype on every rank");
+  comm.allreduce(result.data_ptr(), static_cast<size_t>(result.numel()), dtype,
+                 op);
+  if (reduction == "mean") result.div_(comm.size());
+  return OnDeviceOf(result, tensor);
+}
+
+torch::Tensor BroadcastTensor(Communicator& comm, const torch::Tensor& tensor,
+                              int from_process) {
+  if (from_process < 0 || from_process >= comm.size()) {
+    throw UsageError("broadcast: from_process must be in [0, " +
+                     std::to_string(comm.size()) + "), found " +
+                     std::to_string(from_process));
+  }
+  const DType dtype = ToDType(tensor.scalar_type());
+  torch::Tensor result = ContiguousCpu(tensor).clone();
+  ExchangeMeta(comm, result, "broadcast",
+               "every rank must pass a tensor of the sender's shape and "
+               "dtype");
+  comm.broadcast(result.data_ptr(), static_cast<size_t>(result.numel()), dtype,
+                 from_process);
+  return OnDeviceOf(result, tensor);
+}
+
+torch::Tensor PadAcrossProcesses(Communicator& comm,
+                                 const torch::Tensor& tensor, int64_t dim,
+                                 double pad_index, bool pad_first) {
+  const int64_t ndim = tensor.dim();
+  if (dim < 0) dim += ndim;
+  // Every rank decides alike as long as ranks agree on the tensor's rank.
+  if (dim < 0 || dim >= ndim) return tensor;
+  int64_t size = tensor.size(dim);
+  comm.allreduce(&size, 1, DType::kInt64, ReduceOp::kMax);
+  if (size == tensor.size(dim)) return tensor;
+  std::vector<int64_t> shape = tensor.sizes().vec();
+  shape[dim] = size;
+  torch::Tensor padded = torch::full(shape, pad_index, tensor.options());
+  const int64_t offset = pad_first ? size - tensor.size(dim) : 0;
+  padded.narrow(dim, offset, tensor.size(dim)).copy_(tensor);
+  return padded;
+}
+
+}  // namespace accel

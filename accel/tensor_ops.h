@@ -1,0 +1,50 @@
+// Accelerate's tensor collectives on top of a Communicator.
+//
+//   accel::Communicator& comm = ...;
+//   torch::Tensor all = accel::Gather(comm, preds);          // [N * b]
+//   torch::Tensor mean = accel::ReduceTensor(comm, loss, "mean");
+//   torch::Tensor padded = accel::PadAcrossProcesses(comm, seq, /*dim=*/1);
+//
+// Every rank must call the same function in the same order. Unlike
+// Accelerate, Gather, ReduceTensor and BroadcastTensor always check that
+// shapes and dtypes agree across ranks (one small allgather of metadata) and
+// fail on every rank with one message listing each rank's shape and dtype,
+// instead of hanging or returning garbage.
+#pragma once
+
+#include <torch/types.h>
+
+#include <string>
+#include <vector>
+
+#include "accel/communicator.h"
+#include "accel/dtype.h"
+
+namespace accel {
+
+// The accel dtype of a torch dtype; UsageError names unsupported ones.
+DType ToDType(torch::ScalarType type);
+
+// Concatenation along dim 0, in rank order, on every rank. 0-d tensors
+// count as shape [1].
+torch::Tensor Gather(Communicator& comm, const torch::Tensor& tensor);
+
+// A reduced copy: "sum", "mean" (sum / num_processes), "max" or "min".
+torch::Tensor ReduceTensor(Communicator& comm, const torch::Tensor& tensor,
+                           const std::string& reduction);
+
+// `from_process`'s values, on every rank.
+torch::Tensor BroadcastTensor(Communicator& comm, const torch::Tensor& tensor,
+                              int from_process);
+
+// Pads `dim` up to the largest size over all ranks with `pad_index`; data
+// first unless `pad_first`. A dim beyond the tensor's rank returns it as is.
+torch::Tensor PadAcrossProcesses(Communicator& comm,
+                                 const torch::Tensor& tensor, int64_t dim,
+                                 double pad_index, bool pad_first);
+
+// Moves a CPU result of a collective onto `like`'s device, keeping dtype.
+torch::Tensor OnDeviceOf(const torch::Tensor& result,
+                         const torch::Tensor& like);
+
+}  // namespace accel

@@ -1,0 +1,139 @@
+// The seed's training demo: a small classifier trained data-parallel on one
+// process or many, with the same results for any process count that
+// divides the data (the global batch is split across processes).
+//
+//   bazel run //examples:train_demo -- --num_processes=2
+//   bazel run //examples:train_demo -- --resume_from=trained_model --epochs=4
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adamw.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "accel/accelerator.h"
+#include "accel/program.h"
+
+DEFINE_int32(epochs, 3, "Epochs to train (in total, when resuming).");
+DEFINE_int32(batch_size, 8, "Global batch size, split across processes.");
+DEFINE_string(output_dir, "trained_model", "Where save_state writes.");
+DEFINE_string(resume_from, "", "A checkpoint folder to continue from.");
+DEFINE_bool(progress, true, "Show a progress bar on the local main process.");
+
+namespace {
+
+constexpr int64_t kSamples = 64;
+constexpr int64_t kFeatures = 10;
+constexpr int64_t kClasses = 2;
+
+// 64 random samples with random labels, the same on every rank.
+class RandomDataset : public torch::data::datasets::Dataset<RandomDataset> {
+ public:
+  explicit RandomDataset(uint64_t seed) {
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
+    inputs_ = torch::randn({kSamples, kFeatures}, generator);
+    labels_ = torch::randint(0, kClasses, {kSamples}, generator, torch::kLong);
+  }
+  torch::data::Example<> get(size_t index) override {
+    return {inputs_[index], labels_[index]};
+  }
+  torch::optional<size_t> size() const override { return kSamples; }
+
+ private:
+  torch::Tensor inputs_;
+  torch::Tensor labels_;
+};
+
+void ShowProgress(int epoch, size_t step, size_t steps, double loss,
+                  double rate) {
+  std::fprintf(stderr, "\rEpoch %d/%d [%zu/%zu] loss %.4f %.1f it/s", epoch,
+               FLAGS_epochs, step, steps, loss, rate);
+  if (step == steps) std::fprintf(stderr, "\n");
+  std::fflush(stderr);
+}
+
+int Main(int argc, char** argv) {
+  const auto start = std::chrono::steady_clock::now();
+  accel::AcceleratorOptions options = accel::AcceleratorOptions::FromFlags();
+  if (!options.seed) options.seed = 42;
+  accel::Accelerator accelerator(options);
+
+  torch::nn::Sequential model(torch::nn::Linear(kFeatures, 32),
+                              torch::nn::ReLU(),
+                              torch::nn::Linear(32, kClasses));
+  torch::optim::AdamW optimizer(model->parameters(),
+                                torch::optim::AdamWOptions(3e-4));
+  accel::DataLoaderOptions loader_options;
+  loader_options.batch_size = FLAGS_batch_size;
+  loader_options.split_batches = true;
+  loader_options.shuffle = true;
+  loader_options.seed = *options.seed;
+  accel::DataLoader<RandomDataset> data(RandomDataset(*options.seed),
+                                        loader_options);
+
+  auto [prepared_model, prepared_optimizer, loader] =
+      accelerator.prepare(model, optimizer, data);
+  if (!FLAGS_resume_from.empty()) {
+    accelerator.load_state(FLAGS_resume_from);
+    accelerator.print("Resumed from", FLAGS_resume_from, "at epoch",
+                      loader.epoch());
+  }
+
+  const bool show_progress =
+      FLAGS_progress && accelerator.is_local_main_process();
+  for (int epoch = static_cast<int>(loader.epoch()); epoch < FLAGS_epochs;
+       ++epoch) {
+    int64_t correct = 0;
+    int64_t total = 0;
+    size_t step = 0;
+    const auto epoch_start = std::chrono::steady_clock::now();
+    for (auto& batch : loader) {
+      torch::Tensor outputs = prepared_model->forward(batch.data);
+      torch::Tensor loss =
+          torch::nn::functional::cross_entropy(outputs, batch.target);
+      accelerator.backward(loss);
+      prepared_optimizer.step();
+      prepared_optimizer.zero_grad();
+      torch::Tensor predictions = accelerator.gather(outputs.argmax(-1));
+      torch::Tensor labels = accelerator.gather(batch.target);
+      correct += predictions.eq(labels).sum().item<int64_t>();
+      total += labels.numel();
+      ++step;
+      if (show_progress) {
+        const double seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                          epoch_start)
+                .count();
+        ShowProgress(epoch + 1, step, loader.size(), loss.item<double>(),
+                     step / std::max(seconds, 1e-9));
+      }
+    }
+    accelerator.wait_for_everyone();
+    if (accelerator.is_main_process()) {
+      std::printf("Epoch %d - Accuracy: %.4f\n", epoch + 1,
+                  static_cast<double>(correct) / static_cast<double>(total));
+      std::fflush(stdout);
+    }
+  }
+  accelerator.wait_for_everyone();
+  if (accelerator.is_main_process()) {
+    accelerator.save_state(FLAGS_output_dir);
+    std::printf(
+        "Trained in %.2f s on %d process(es) (%s); saved the training state "
+        "to %s\n",
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count(),
+        accelerator.num_processes(), accelerator.backend().c_str(),
+        FLAGS_output_dir.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  accel::InitProgram(&argc, &argv);
+  return accel::RunAndReportErrors(Main, argc, argv);
+}
