@@ -171,6 +171,11 @@ size_t GradientSynchronizer::num_buckets() const {
   return state_->buckets.size();
 }
 
+size_t GradientSynchronizer::buckets_launched() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->next_to_launch;
+}
+
 void GradientSynchronizer::finish() {
   State& s = *state_;
   {

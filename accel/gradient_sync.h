@@ -47,6 +47,9 @@ class GradientSynchronizer {
   bool enabled() const;
 
   size_t num_buckets() const;
+  // Buckets whose allreduce has started in the current step (all of them
+  // by the end of a backward in which every parameter got a gradient).
+  size_t buckets_launched() const;
 
   struct State;  // Shared with the autograd hooks.
 

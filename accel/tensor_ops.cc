@@ -31,7 +31,7 @@ std::string DescribeMeta(const int64_t* meta) {
   std::ostringstream out;
   out << "shape [";
   for (int64_t d = 0; d < meta[1]; ++d) out << (d ? ", " : "") << meta[2 + d];
-  out << "] " << c10::toString(static_cast<torch::ScalarType>(meta[0]));
+  out << "] " << DTypeName(ToDType(static_cast<torch::ScalarType>(meta[0])));
   return out.str();
 }
 

@@ -46,6 +46,19 @@ class RandomDataset : public torch::data::datasets::Dataset<RandomDataset> {
   torch::Tensor labels_;
 };
 
+// FNV-1a over the bytes of every parameter.
+uint64_t Fingerprint(torch::nn::Module& module) {
+  uint64_t hash = 1469598103934665603ull;
+  for (const auto& parameter : module.parameters()) {
+    torch::Tensor data = parameter.detach().cpu().contiguous();
+    const auto* bytes = static_cast<const unsigned char*>(data.data_ptr());
+    for (int64_t i = 0; i < data.numel() * data.element_size(); ++i) {
+      hash = (hash ^ bytes[i]) * 1099511628211ull;
+    }
+  }
+  return hash;
+}
+
 void ShowProgress(int epoch, size_t step, size_t steps, double loss,
                   double rate) {
   std::fprintf(stderr, "\rEpoch %d/%d [%zu/%zu] loss %.4f %.1f it/s", epoch,

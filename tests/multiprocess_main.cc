@@ -1,0 +1,71 @@
+#include "tests/multiprocess_main.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "accel/environment.h"
+#include "accel/launch.h"
+
+namespace accel::testing {
+namespace {
+
+Accelerator* g_accelerator = nullptr;
+
+std::vector<int> WorldSizes() {
+  const char* text = std::getenv("ACCEL_TEST_WORLD_SIZES");
+  std::stringstream in(text ? text : "1,2,3");
+  std::vector<int> sizes;
+  std::string item;
+  while (std::getline(in, item, ',')) sizes.push_back(std::stoi(item));
+  return sizes;
+}
+
+}  // namespace
+
+Accelerator& SharedAccelerator() { return *g_accelerator; }
+
+}  // namespace accel::testing
+
+int main(int argc, char** argv) {
+  std::vector<std::string> command(argv, argv + argc);
+  ::testing::InitGoogleTest(&argc, argv);
+  const accel::DistributedEnvironment env =
+      accel::DistributedEnvironment::FromProcess();
+  if (!env.launched) {
+    command[0] = "/proc/self/exe";
+    // Bazel's per-test files are the launcher's: ranks must not race on them.
+    for (const char* name :
+         {"TEST_PREMATURE_EXIT_FILE", "XML_OUTPUT_FILE", "GTEST_OUTPUT"}) {
+      unsetenv(name);
+    }
+    int failures = 0;
+    for (int world_size : accel::testing::WorldSizes()) {
+      std::printf("=== %d process(es) ===\n", world_size);
+      std::fflush(stdout);
+      accel::LaunchOptions options;
+      options.num_processes = world_size;
+      options.main_process_port = 0;
+      const int code = accel::Launch(options, command);
+      if (code != 0) {
+        std::printf("=== %d process(es): FAILED (exit code %d) ===\n",
+                    world_size, code);
+        ++failures;
+      }
+    }
+    return failures == 0 ? 0 : 1;
+  }
+  if (env.rank != 0) ::testing::GTEST_FLAG(brief) = true;
+  accel::AcceleratorOptions options;
+  options.backend = "gloo";
+  options.timeout = std::chrono::seconds(20);
+  options.seed = 1234;
+  accel::testing::g_accelerator = new accel::Accelerator(options);
+  const int result = RUN_ALL_TESTS();
+  delete accel::testing::g_accelerator;
+  return result;
+}
