@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "accel/errors.h"
+#include "accel/tensor_ops.h"
 
 namespace accel {
 namespace {
@@ -122,7 +123,12 @@ std::vector<std::pair<std::string, torch::Tensor>> NamedState(
 
 std::string ShapeText(const torch::Tensor& t) {
   std::ostringstream out;
-  out << t.sizes() << " " << c10::toString(t.scalar_type());
+  out << t.sizes() << " ";
+  try {
+    out << DTypeName(ToDType(t.scalar_type()));
+  } catch (const UsageError&) {
+    out << c10::toString(t.scalar_type());
+  }
   return out.str();
 }
 

@@ -133,6 +133,10 @@ int Main(int argc, char** argv) {
   accelerator.wait_for_everyone();
   if (accelerator.is_main_process()) {
     accelerator.save_state(FLAGS_output_dir);
+    // Lets runs be compared bit for bit, e.g. a resumed run with an
+    // uninterrupted one.
+    std::printf("Parameter fingerprint: %016llx\n",
+                static_cast<unsigned long long>(Fingerprint(*prepared_model)));
     std::printf(
         "Trained in %.2f s on %d process(es) (%s); saved the training state "
         "to %s\n",

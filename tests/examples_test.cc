@@ -1,0 +1,120 @@
+// The examples, end to end through self-launch (--num_processes).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <regex>
+
+#include "tests/subprocess.h"
+
+namespace accel::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+const auto kTimeout = std::chrono::seconds(120);
+
+ProcessResult RunExample(const std::string& name,
+                         std::vector<std::string> args) {
+  args.insert(args.begin(), Runfile("examples/" + name));
+  args.push_back("--main_process_port=0");
+  return RunProcess(args, {}, kTimeout);
+}
+
+std::vector<std::string> Matches(const std::string& text,
+                                 const std::string& pattern) {
+  std::vector<std::string> found;
+  const std::regex re(pattern);
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), re);
+       it != std::sregex_iterator(); ++it) {
+    found.push_back(it->str());
+  }
+  return found;
+}
+
+std::string Fingerprint(const ProcessResult& r) {
+  const auto found = Matches(r.output, "Parameter fingerprint: [0-9a-f]+");
+  return found.size() == 1 ? found[0] : "missing in:\n" + r.output;
+}
+
+bool Exists(const std::string& path) {
+  struct stat info;
+  return stat(path.c_str(), &info) == 0;
+}
+
+TEST(ExamplesTest, TrainDemoPrintsTheSameAccuraciesOnceForAnyProcessCount) {
+  std::vector<std::string> reference;
+  for (int n : {1, 2, 4}) {
+    const std::string out = MakeTempDir("train") + "/trained_model";
+    const ProcessResult r = RunExample(
+        "train_demo",
+        {"--num_processes=" + std::to_string(n), "--output_dir=" + out});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto lines = Matches(r.output, "Epoch [0-9] - Accuracy: [0-9.]+");
+    ASSERT_EQ(lines.size(), 3u) << r.output;  // From the main process only.
+    EXPECT_EQ(lines[0].substr(0, 19), "Epoch 1 - Accuracy:");
+    EXPECT_EQ(lines[2].substr(0, 19), "Epoch 3 - Accuracy:");
+    if (reference.empty()) reference = lines;
+    EXPECT_EQ(lines, reference) << n << " processes";
+    // The progress bar comes from the local main process only.
+    EXPECT_EQ(Matches(r.output, "Epoch 1/3 \\[1/[0-9]+\\]").size(), 1u);
+    EXPECT_TRUE(Exists(out + "/accelerator_state.pt")) << r.output;
+    EXPECT_TRUE(Exists(out + "/random_states_0.pt"));
+  }
+}
+
+TEST(ExamplesTest, ResumedTrainingEqualsUninterruptedTrainingBitForBit) {
+  const std::string dir = MakeTempDir("resume");
+  const ProcessResult straight = RunExample(
+      "train_demo",
+      {"--num_processes=2", "--epochs=3", "--output_dir=" + dir + "/straight"});
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  const ProcessResult first = RunExample(
+      "train_demo",
+      {"--num_processes=2", "--epochs=2", "--output_dir=" + dir + "/first"});
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const ProcessResult resumed =
+      RunExample("train_demo", {"--num_processes=2", "--epochs=3",
+                                "--resume_from=" + dir + "/first",
+                                "--output_dir=" + dir + "/resumed"});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_THAT(resumed.output,
+              HasSubstr("Resumed from " + dir + "/first at epoch 2"));
+  EXPECT_EQ(Matches(resumed.output, "Epoch [0-9] - Accuracy").size(), 1u);
+  EXPECT_EQ(Fingerprint(resumed), Fingerprint(straight));
+  EXPECT_NE(Fingerprint(first), Fingerprint(straight));
+}
+
+TEST(ExamplesTest, GatherDemoGathersOnEveryProcess) {
+  const ProcessResult r = RunExample("gather_demo", {"--num_processes=2"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output,
+              HasSubstr("Process 0 gathered [6]: [1, 2, 3, 1, 2, 3]"));
+  EXPECT_THAT(r.output,
+              HasSubstr("Process 1 gathered [6]: [1, 2, 3, 1, 2, 3]"));
+}
+
+TEST(ExamplesTest, BarrierDemoReleasesEveryoneTogether) {
+  const ProcessResult r = RunExample("barrier_demo", {"--num_processes=2"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("Process 0 reached the barrier after 0.0 s"));
+  EXPECT_THAT(r.output, HasSubstr("Process 1 reached the barrier after 1.0 s"));
+  const auto passed = Matches(r.output, "passed the barrier after 1\\.[0-9] s");
+  EXPECT_EQ(passed.size(), 2u) << r.output;
+}
+
+TEST(ExamplesTest, UnknownBackendIsAClearErrorOnEveryRank) {
+  const ProcessResult r =
+      RunExample("train_demo", {"--num_processes=2", "--backend=mpi"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(Matches(r.output,
+                    "error: unknown backend 'mpi'; available "
+                    "backends: gloo")
+                .size(),
+            2u)
+      << r.output;
+  EXPECT_LT(r.elapsed, std::chrono::seconds(20));
+}
+
+}  // namespace
+}  // namespace accel::testing
