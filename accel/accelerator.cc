@@ -50,9 +50,8 @@ Accelerator::Accelerator(AcceleratorOptions options)
   group_options.communicator.timeout = options_.timeout;
   group_options.rendezvous_timeout = options_.timeout;
   group_ = ProcessGroup::Join(env_, group_options);
-  if (backend_ == "nccl") {
-    device_ = torch::Device(torch::kCUDA, env_.local_rank);
-  }
+  const int gpu = group_->communicator().device_index();
+  if (gpu >= 0) device_ = torch::Device(torch::kCUDA, gpu);
   if (options_.seed) set_seed(*options_.seed);
 }
 

@@ -272,6 +272,25 @@ std::string Communicator::DescribeDepartures(int* failed_rank) {
   }
 }
 
+void Communicator::ThrowIfPeerDeparted() {
+  if (store_ == nullptr) return;
+  std::map<int, std::string> departed;
+  try {
+    departed = store_->departures();
+  } catch (const Error&) {
+    throw PeerError(
+        "rank 0 is unreachable (it hosts the rendezvous store, so "
+        "it crashed or exited)",
+        0);
+  }
+  departed.erase(rank_);
+  if (departed.empty()) return;
+  const auto& [rank, how] = *departed.begin();
+  throw PeerError("rank " + std::to_string(rank) + " " + how +
+                      " (its process left the job)",
+                  rank);
+}
+
 void Communicator::Execute(Job& job) {
   const std::string what =
       Where() + job.op.name + " #" + std::to_string(job.op.sequence) + ": ";

@@ -79,6 +79,8 @@ class Communicator {
   int rank() const { return rank_; }
   int size() const { return size_; }
   virtual std::string backend_name() const = 0;
+  // The GPU whose memory buffers must be in, or -1 for host memory.
+  virtual int device_index() const { return -1; }
   std::chrono::milliseconds default_timeout() const { return timeout_; }
 
   // output[r * count ...] = input of rank r. Same count on every rank.
@@ -140,6 +142,11 @@ class Communicator {
   // Derived destructors call this first, so that no Run* call is in flight
   // while their members are destroyed. Queued operations fail.
   void StopWorker();
+
+  // Throws PeerError naming a rank whose process has left the job, if the
+  // store saw one leave. Backends whose transport cannot notice a dead peer
+  // by itself call this while they wait.
+  void ThrowIfPeerDeparted();
 
   // "[gloo] rank 1/2: ", the prefix of every message about this rank.
   std::string Where() const;

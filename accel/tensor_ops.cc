@@ -35,14 +35,41 @@ std::string DescribeMeta(const int64_t* meta) {
   return out.str();
 }
 
+// Where `comm` needs buffers: the tensor's GPU for device backends (which
+// must then get CUDA tensors), host memory otherwise.
+torch::Device CommDevice(Communicator& comm, const torch::Tensor& like,
+                         const char* operation) {
+  if (comm.device_index() < 0) return torch::kCPU;
+  if (!like.is_cuda()) {
+    throw UsageError(std::string(operation) + ": the " + comm.backend_name() +
+                     " backend works on CUDA tensors, found a tensor on " +
+                     like.device().str() +
+                     "; move it with .to(accelerator.device())");
+  }
+  return like.device();
+}
+
+torch::Tensor ForComm(Communicator& comm, const torch::Tensor& tensor,
+                      const char* operation) {
+  return tensor.to(CommDevice(comm, tensor, operation)).contiguous();
+}
+
 // Gathers every rank's metadata; with `must_match`, throws on every rank the
 // same UsageError when they differ.
 std::vector<int64_t> ExchangeMeta(Communicator& comm,
                                   const torch::Tensor& tensor,
                                   const char* operation, const char* needs) {
-  const std::vector<int64_t> mine = Meta(tensor, operation);
-  std::vector<int64_t> all(kMetaWords * comm.size());
-  comm.allgather(mine.data(), all.data(), kMetaWords, DType::kInt64);
+  const torch::Device device = CommDevice(comm, tensor, operation);
+  const torch::Tensor mine =
+      torch::tensor(Meta(tensor, operation), torch::kInt64).to(device);
+  torch::Tensor gathered =
+      torch::empty({kMetaWords * comm.size()}, mine.options());
+  comm.allgather(mine.data_ptr(), gathered.data_ptr(), kMetaWords,
+                 DType::kInt64);
+  gathered = gathered.cpu();
+  const std::vector<int64_t> all(
+      gathered.data_ptr<int64_t>(),
+      gathered.data_ptr<int64_t>() + gathered.numel());
   bool same = true;
   for (int r = 1; r < comm.size(); ++r) {
     same &= std::equal(all.begin(), all.begin() + kMetaWords,
@@ -61,10 +88,6 @@ std::vector<int64_t> ExchangeMeta(Communicator& comm,
     throw UsageError(message.str());
   }
   return all;
-}
-
-torch::Tensor ContiguousCpu(const torch::Tensor& tensor) {
-  return tensor.to(torch::kCPU).contiguous();
 }
 
 }  // namespace
@@ -105,7 +128,7 @@ torch::Tensor OnDeviceOf(const torch::Tensor& result,
 torch::Tensor Gather(Communicator& comm, const torch::Tensor& tensor) {
   const DType dtype = ToDType(tensor.scalar_type());
   torch::Tensor input =
-      ContiguousCpu(tensor.dim() == 0 ? tensor.reshape({1}) : tensor);
+      ForComm(comm, tensor.dim() == 0 ? tensor.reshape({1}) : tensor, "gather");
   ExchangeMeta(comm, input, "gather",
                "gather needs the same shape and dtype on every rank (use "
                "pad_across_processes for sizes that differ along one "
@@ -144,7 +167,7 @@ torch::Tensor ReduceTensor(Communicator& comm, const torch::Tensor& tensor,
                      "or \"min\" (all)");
   }
   // clone(): the input is never modified, as in Accelerate.
-  torch::Tensor result = ContiguousCpu(tensor).clone();
+  torch::Tensor result = ForComm(comm, tensor, "reduce").clone();
   ExchangeMeta(comm, result, "reduce",
                "reduce needs the same shape and dtype on every rank");
   comm.allreduce(result.data_ptr(), static_cast<size_t>(result.numel()), dtype,
@@ -161,7 +184,7 @@ torch::Tensor BroadcastTensor(Communicator& comm, const torch::Tensor& tensor,
                      std::to_string(from_process));
   }
   const DType dtype = ToDType(tensor.scalar_type());
-  torch::Tensor result = ContiguousCpu(tensor).clone();
+  torch::Tensor result = ForComm(comm, tensor, "broadcast").clone();
   ExchangeMeta(comm, result, "broadcast",
                "every rank must pass a tensor of the sender's shape and "
                "dtype");
@@ -177,8 +200,11 @@ torch::Tensor PadAcrossProcesses(Communicator& comm,
   if (dim < 0) dim += ndim;
   // Every rank decides alike as long as ranks agree on the tensor's rank.
   if (dim < 0 || dim >= ndim) return tensor;
-  int64_t size = tensor.size(dim);
-  comm.allreduce(&size, 1, DType::kInt64, ReduceOp::kMax);
+  torch::Tensor longest =
+      torch::tensor({tensor.size(dim)}, torch::kInt64)
+          .to(CommDevice(comm, tensor, "pad_across_processes"));
+  comm.allreduce(longest.data_ptr(), 1, DType::kInt64, ReduceOp::kMax);
+  const int64_t size = longest.item<int64_t>();
   if (size == tensor.size(dim)) return tensor;
   std::vector<int64_t> shape = tensor.sizes().vec();
   shape[dim] = size;

@@ -13,6 +13,9 @@ namespace {
 using ::testing::HasSubstr;
 
 const auto kTimeout = std::chrono::seconds(120);
+// Failures must end the job long before any collective timeout (300 s);
+// generous, because CI runs other tests (and sanitizers) beside this one.
+const auto kFailFast = std::chrono::seconds(30);
 
 ProcessResult RunExample(const std::string& name,
                          std::vector<std::string> args) {
@@ -113,7 +116,26 @@ TEST(ExamplesTest, UnknownBackendIsAClearErrorOnEveryRank) {
                 .size(),
             2u)
       << r.output;
-  EXPECT_LT(r.elapsed, std::chrono::seconds(20));
+  EXPECT_LT(r.elapsed, kFailFast);
+}
+
+TEST(ExamplesTest, NcclWithoutGpuFailsFastOnEveryRankAndAutoPicksGloo) {
+  const ProcessResult nccl =
+      RunExample("train_demo", {"--num_processes=2", "--backend=nccl"});
+  if (nccl.exit_code == 0) GTEST_SKIP() << "a GPU is visible here";
+  const auto errors = Matches(
+      nccl.output,
+      "error: \\[nccl\\] rank [01]/2: creating the communicator: (no CUDA GPU "
+      "is visible|.*built without CUDA)[^\\n]*--backend=gloo");
+  EXPECT_EQ(errors.size(), 2u) << nccl.output;
+  EXPECT_THAT(nccl.output, HasSubstr("accel launch: rank"));
+  EXPECT_LT(nccl.elapsed, kFailFast) << nccl.output;
+
+  const ProcessResult automatic = RunExample(
+      "train_demo", {"--num_processes=2", "--backend=auto", "--epochs=1",
+                     "--output_dir=" + MakeTempDir("auto") + "/model"});
+  ASSERT_EQ(automatic.exit_code, 0) << automatic.output;
+  EXPECT_THAT(automatic.output, HasSubstr("on 2 process(es) (gloo)"));
 }
 
 }  // namespace

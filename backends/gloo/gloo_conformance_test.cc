@@ -2,3 +2,8 @@
 #include "tests/conformance.h"
 
 const char* accel::testing::ConformanceBackend() { return "gloo"; }
+
+accel::testing::ConformanceMemory& accel::testing::BackendMemory() {
+  static HostMemory memory;
+  return memory;
+}

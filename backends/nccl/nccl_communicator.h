@@ -1,0 +1,55 @@
+// The GPU backend: accel's Communicator over NCCL, one rank per GPU.
+//
+//   accel::BackendContext context;  // rank, size, store, local_rank
+//   accel::NcclCommunicator comm(context);       // device = LOCAL_RANK
+//   comm.allreduce(device_ptr, n, accel::DType::kFloat32,
+//                  accel::ReduceOp::kSum);       // device memory
+//
+// Registered as "nccl". Buffers are device pointers on this rank's GPU. Each
+// operation first waits for the work already queued on the device's legacy
+// default stream (where LibTorch queues work unless told otherwise), runs on
+// the communicator's own stream, and returns once it has completed, so that
+// the blocking contract of Communicator holds. A wait longer than the
+// timeout, or a peer that left the job, aborts the NCCL communicator
+// (ncclCommAbort) instead of blocking forever.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "accel/communicator.h"
+
+namespace accel {
+
+class NcclCommunicator : public Communicator {
+ public:
+  explicit NcclCommunicator(const BackendContext& context);
+  ~NcclCommunicator() override;
+
+  std::string backend_name() const override { return "nccl"; }
+  int device_index() const override;
+
+ protected:
+  void RunAllgather(const Op& op, const void* input, void* output, size_t count,
+                    DType dtype) override;
+  void RunAllgatherv(const Op& op, const void* input, void* output,
+                     const std::vector<size_t>& counts, DType dtype) override;
+  void RunAllreduce(const Op& op, void* buffer, size_t count, DType dtype,
+                    ReduceOp reduce_op) override;
+  void RunBroadcast(const Op& op, void* buffer, size_t count, DType dtype,
+                    int root) override;
+  void RunBarrier(const Op& op) override;
+
+ private:
+  struct State;
+  // Enqueues `launch` on the communicator's stream after the default
+  // stream's work, then waits for completion within op.timeout.
+  template <typename Launch>
+  void Run(const Op& op, Launch&& launch);
+  std::unique_ptr<State> state_;
+};
+
+// Number of CUDA devices visible, or a negative CUDA error code.
+int VisibleCudaDevices(std::string* error);
+
+}  // namespace accel
