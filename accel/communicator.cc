@@ -1,6 +1,9 @@
 #include "accel/communicator.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
 
 #include "accel/errors.h"
 
@@ -13,12 +16,22 @@ constexpr auto kDepartureGrace = std::chrono::milliseconds(2000);
 
 }  // namespace
 
+std::string CallSite::ToString() const {
+  if (file == nullptr) return "unknown";
+  const char* base = std::strrchr(file, '/');
+  return std::string(base ? base + 1 : file) + ":" + std::to_string(line);
+}
+
 Communicator::Communicator(const BackendContext& context)
     : rank_(context.rank),
       size_(context.size),
       timeout_(context.options.timeout),
-      store_(context.store) {
+      store_(context.store),
+      options_(context.options) {
   worker_ = std::thread([this] { WorkerLoop(); });
+  if (options_.check_collectives && store_ != nullptr && size_ > 1) {
+    watchdog_ = std::thread([this] { WatchdogLoop(); });
+  }
 }
 
 Communicator::~Communicator() { StopWorker(); }
@@ -31,6 +44,12 @@ void Communicator::StopWorker() {
   }
   work_available_.notify_all();
   if (worker_.joinable()) worker_.join();
+  {
+    std::lock_guard<std::mutex> lock(status_mutex_);
+    watchdog_stopping_ = true;
+  }
+  status_changed_.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
 }
 
 std::string Communicator::Where() const {
@@ -64,6 +83,8 @@ std::shared_ptr<Work> Communicator::StartAllgather(
   ElementSize(dtype);  // Rejects an out-of-range dtype value.
   return Start(
       "allgather", options,
+      std::string("allgather ") + DTypeName(dtype) + " x " +
+          std::to_string(count),
       [=](const Op& op) { RunAllgather(op, input, output, count, dtype); },
       mode);
 }
@@ -98,8 +119,12 @@ std::shared_ptr<Work> Communicator::StartAllgatherv(
     FailUsage("allgatherv", "null buffer with non-zero counts");
   }
   ElementSize(dtype);
+  std::string signature = std::string("allgatherv ") + DTypeName(dtype) + " [";
+  for (size_t r = 0; r < counts.size(); ++r) {
+    signature += (r ? ", " : "") + std::to_string(counts[r]);
+  }
   return Start(
-      "allgatherv", options,
+      "allgatherv", options, signature + "]",
       [=, counts = std::move(counts)](const Op& op) {
         RunAllgatherv(op, input, output, counts, dtype);
       },
@@ -135,6 +160,8 @@ std::shared_ptr<Work> Communicator::StartAllreduce(
   }
   return Start(
       "allreduce", options,
+      std::string("allreduce ") + ReduceOpName(reduce_op) + " " +
+          DTypeName(dtype) + " x " + std::to_string(count),
       [=](const Op& op) { RunAllreduce(op, buffer, count, dtype, reduce_op); },
       mode);
 }
@@ -165,6 +192,8 @@ std::shared_ptr<Work> Communicator::StartBroadcast(
   ElementSize(dtype);
   return Start(
       "broadcast", options,
+      std::string("broadcast ") + DTypeName(dtype) + " x " +
+          std::to_string(count) + " from rank " + std::to_string(root),
       [=](const Op& op) { RunBroadcast(op, buffer, count, dtype, root); },
       mode);
 }
@@ -172,19 +201,21 @@ std::shared_ptr<Work> Communicator::StartBroadcast(
 std::shared_ptr<Work> Communicator::barrier_async(
     const CollectiveOptions& options) {
   return Start(
-      "barrier", options, [=](const Op& op) { RunBarrier(op); }, Mode::kAsync);
+      "barrier", options, "barrier", [=](const Op& op) { RunBarrier(op); },
+      Mode::kAsync);
 }
 
 void Communicator::barrier(const CollectiveOptions& options) {
   Start(
-      "barrier", options, [=](const Op& op) { RunBarrier(op); },
+      "barrier", options, "barrier", [=](const Op& op) { RunBarrier(op); },
       Mode::kBlocking)
       ->wait();
 }
 
 std::shared_ptr<Work> Communicator::Start(const char* name,
                                           const CollectiveOptions& options,
-                                          Task task, Mode mode) {
+                                          std::string signature, Task task,
+                                          Mode mode) {
   if (options.timeout.count() < 0) {
     FailUsage(name, "timeout must not be negative, found " +
                         std::to_string(options.timeout.count()) + " ms");
@@ -192,6 +223,9 @@ std::shared_ptr<Work> Communicator::Start(const char* name,
   auto job = std::make_unique<Job>();
   job->op.name = name;
   job->op.timeout = options.timeout.count() > 0 ? options.timeout : timeout_;
+  job->op.api = options.api != nullptr ? options.api : name;
+  job->op.site = options.site;
+  job->op.signature = std::move(signature);
   job->task = std::move(task);
   auto work = std::make_shared<Work>(job->done.get_future().share());
   {
@@ -291,9 +325,180 @@ void Communicator::ThrowIfPeerDeparted() {
                   rank);
 }
 
+void Communicator::SetStatus(const Op& op, bool running) {
+  {
+    std::lock_guard<std::mutex> lock(status_mutex_);
+    status_.known = true;
+    status_.sequence = op.sequence;
+    status_.running = running;
+    status_.api = op.api;
+    status_.signature = op.signature;
+    status_.site = op.site.ToString();
+    ++status_version_;
+    if (running) running_since_ = std::chrono::steady_clock::now();
+  }
+}
+
+std::string Communicator::Encode(const Status& status) {
+  return std::to_string(status.sequence) + "\t" + (status.running ? "1" : "0") +
+         "\t" + status.api + "\t" + status.signature + "\t" + status.site;
+}
+
+Communicator::Status Communicator::Decode(const std::string& text) {
+  Status status;
+  std::vector<std::string> fields;
+  size_t start = 0;
+  while (true) {
+    const size_t tab = text.find('\t', start);
+    fields.push_back(text.substr(start, tab - start));
+    if (tab == std::string::npos) break;
+    start = tab + 1;
+  }
+  if (fields.size() != 5) return status;
+  status.known = true;
+  status.sequence = std::strtoull(fields[0].c_str(), nullptr, 10);
+  status.running = fields[1] == "1";
+  status.api = fields[2];
+  status.signature = fields[3];
+  status.site = fields[4];
+  return status;
+}
+
+bool Communicator::Differs(const Status& other, const Status& mine) {
+  // A finished call counts too: the other rank may have failed already.
+  return other.known && other.departed.empty() &&
+         other.sequence == mine.sequence && other.signature != mine.signature;
+}
+
+std::vector<Communicator::Status> Communicator::ReadStatuses(
+    const Status& mine) {
+  std::vector<Status> statuses(size_);
+  statuses[rank_] = mine;
+  if (store_ == nullptr) return statuses;
+  std::map<int, std::string> departed = store_->departures();
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    if (auto text = store_->try_get("accel_status/" + std::to_string(r))) {
+      statuses[r] = Decode(*text);
+    }
+    auto it = departed.find(r);
+    if (it != departed.end()) statuses[r].departed = it->second;
+  }
+  return statuses;
+}
+
+std::string Communicator::DescribeRanks(const std::vector<Status>& statuses,
+                                        const Status& mine,
+                                        bool only_differing) const {
+  auto call = [](const Status& s) {
+    return s.api + " #" + std::to_string(s.sequence) + " (" + s.site + ")";
+  };
+  std::string others;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    const Status& s = statuses[r];
+    const bool same = s.known && s.running && s.departed.empty() &&
+                      s.sequence == mine.sequence &&
+                      s.signature == mine.signature;
+    if (only_differing && same) continue;
+    std::string text = "rank " + std::to_string(r) + " ";
+    if (!s.departed.empty()) {
+      text += s.departed + " (its process left the job)";
+    } else if (!s.known) {
+      text += "has not called a collective yet";
+    } else if (s.running) {
+      text += "is in " + call(s) + " [" + s.signature + "]";
+    } else {
+      text += "is not in a collective (its last was " + call(s) + ")";
+    }
+    others += (others.empty() ? "" : ", ") + text;
+  }
+  if (others.empty()) return "";
+  return others + " while rank " + std::to_string(rank_) + " waits in " +
+         call(mine) + " [" + mine.signature + "]";
+}
+
+void Communicator::WatchdogLoop() {
+  uint64_t published = 0;
+  uint64_t checked_sequence = 0;
+  auto next_check = std::chrono::steady_clock::time_point::max();
+  std::unique_lock<std::mutex> lock(status_mutex_);
+  while (!watchdog_stopping_) {
+    status_changed_.wait_for(lock, options_.status_interval);
+    if (watchdog_stopping_) break;
+    const Status mine = status_;
+    const uint64_t version = status_version_;
+    const auto since = running_since_;
+    lock.unlock();
+    try {
+      if (version != published) {
+        store_->set("accel_status/" + std::to_string(rank_), Encode(mine));
+        published = version;
+      }
+      const auto now = std::chrono::steady_clock::now();
+      if (mine.running && mine.sequence != checked_sequence) {
+        checked_sequence = mine.sequence;
+        next_check = since + options_.check_after;
+      }
+      if (mine.running && mine.sequence == checked_sequence &&
+          now >= next_check) {
+        next_check = now + options_.check_after;
+        const std::vector<Status> statuses = ReadStatuses(mine);
+        bool mismatch = false;
+        int departed = -1;
+        for (int r = 0; r < size_; ++r) {
+          const Status& s = statuses[r];
+          if (!s.departed.empty() && departed < 0) departed = r;
+          mismatch |= Differs(s, mine);
+        }
+        if (mismatch || departed >= 0) {
+          {
+            std::lock_guard<std::mutex> relock(status_mutex_);
+            if (status_.sequence == mine.sequence && status_.running) {
+              abort_is_usage_ = mismatch;
+              abort_rank_ = departed;
+              abort_reason_ =
+                  (mismatch ? "ranks called different collectives: "
+                            : std::string()) +
+                  DescribeRanks(statuses, mine, /*only_differing=*/true);
+            }
+          }
+          Abort();
+        }
+      }
+    } catch (const std::exception&) {
+      // The store is gone or busy: the collective's own timeout still holds.
+    }
+    lock.lock();
+  }
+}
+
+std::string Communicator::FindMismatch() {
+  if (store_ == nullptr || size_ == 1) return "";
+  try {
+    Status mine;
+    {
+      std::lock_guard<std::mutex> lock(status_mutex_);
+      mine = status_;
+    }
+    mine.running = true;
+    const std::vector<Status> statuses = ReadStatuses(mine);
+    for (const Status& s : statuses) {
+      if (Differs(s, mine)) {
+        return "ranks called different collectives: " +
+               DescribeRanks(statuses, mine, /*only_differing=*/true);
+      }
+    }
+  } catch (const std::exception&) {
+    // Diagnosis is best effort.
+  }
+  return "";
+}
+
 void Communicator::Execute(Job& job) {
-  const std::string what =
-      Where() + job.op.name + " #" + std::to_string(job.op.sequence) + ": ";
+  const std::string what = Where() + job.op.api + " #" +
+                           std::to_string(job.op.sequence) + " (" +
+                           job.op.site.ToString() + "): ";
   if (broken_) {
     std::string cause = "unknown error";
     try {
@@ -305,34 +510,71 @@ void Communicator::Execute(Job& job) {
         what + "not run because an earlier collective failed: " + cause)));
     return;
   }
+  SetStatus(job.op, /*running=*/true);
+  auto take_abort_reason = [&](bool* usage, int* rank) {
+    std::lock_guard<std::mutex> lock(status_mutex_);
+    std::string reason = std::move(abort_reason_);
+    abort_reason_.clear();
+    *usage = abort_is_usage_;
+    *rank = abort_rank_;
+    return reason;
+  };
   try {
     job.task(job.op);
+    SetStatus(job.op, /*running=*/false);
     job.done.set_value();
     return;
   } catch (const UsageError& e) {
+    SetStatus(job.op, /*running=*/false);
     job.done.set_exception(
         std::make_exception_ptr(UsageError(what + e.what())));
     return;
-  } catch (const TimeoutError& e) {
-    int failed_rank = -1;
-    const std::string departed = DescribeDepartures(&failed_rank);
-    if (departed.empty()) {
-      broken_ = std::make_exception_ptr(TimeoutError(
-          what + "timed out after " + std::to_string(job.op.timeout.count()) +
-          " ms: " + e.what()));
-    } else {
-      broken_ = std::make_exception_ptr(
-          PeerError(what + departed + "; " + e.what(), failed_rank));
-    }
-  } catch (const PeerError& e) {
-    int failed_rank = e.failed_rank();
-    const std::string departed = DescribeDepartures(&failed_rank);
-    broken_ = std::make_exception_ptr(
-        PeerError(what + (departed.empty() ? "a peer failed" : departed) +
-                      ": " + e.what(),
-                  failed_rank));
   } catch (const std::exception& e) {
-    broken_ = std::make_exception_ptr(Error(what + e.what()));
+    SetStatus(job.op, /*running=*/false);
+    bool usage = false;
+    int aborted_for = -1;
+    const std::string reason = take_abort_reason(&usage, &aborted_for);
+    const bool timed_out = dynamic_cast<const TimeoutError*>(&e) != nullptr;
+    const bool peer = dynamic_cast<const PeerError*>(&e) != nullptr;
+    if (!reason.empty() && usage) {
+      broken_ = std::make_exception_ptr(UsageError(what + reason));
+    } else if (!reason.empty()) {
+      broken_ = std::make_exception_ptr(PeerError(what + reason, aborted_for));
+    } else if (std::string mismatch = FindMismatch(); !mismatch.empty()) {
+      // A peer that found the mismatch first aborted, which is what failed
+      // here: report the cause, not the closed connection.
+      broken_ = std::make_exception_ptr(UsageError(what + mismatch));
+    } else if (timed_out || peer) {
+      int failed_rank =
+          peer ? static_cast<const PeerError&>(e).failed_rank() : -1;
+      std::string departed = DescribeDepartures(&failed_rank);
+      std::string ranks;
+      try {
+        Status mine;
+        {
+          std::lock_guard<std::mutex> lock(status_mutex_);
+          mine = status_;
+        }
+        mine.running = true;
+        ranks = DescribeRanks(ReadStatuses(mine), mine,
+                              /*only_differing=*/false);
+      } catch (const std::exception&) {
+        // Diagnosis is best effort.
+      }
+      if (timed_out && departed.empty()) {
+        broken_ = std::make_exception_ptr(TimeoutError(
+            what + "timed out after " + std::to_string(job.op.timeout.count()) +
+            " ms" + (ranks.empty() ? "" : ": " + ranks) + " (" + e.what() +
+            ")"));
+      } else {
+        broken_ = std::make_exception_ptr(
+            PeerError(what + (departed.empty() ? "a peer failed" : departed) +
+                          ": " + e.what(),
+                      failed_rank));
+      }
+    } else {
+      broken_ = std::make_exception_ptr(Error(what + e.what()));
+    }
   }
   job.done.set_exception(broken_);
 }

@@ -34,14 +34,37 @@
 
 namespace accel {
 
+// Where a collective was called from, for diagnostics. The default member
+// initializer below captures the caller's file and line.
+struct CallSite {
+  const char* file = nullptr;
+  int line = 0;
+  static constexpr CallSite Here(const char* file = __builtin_FILE(),
+                                 int line = __builtin_LINE()) {
+    return {file, line};
+  }
+  std::string ToString() const;  // "train.cc:75"
+};
+
 // Per-call options.
 struct CollectiveOptions {
   // Zero means the communicator's default (CommunicatorOptions::timeout).
   std::chrono::milliseconds timeout{0};
+  // The name diagnostics use for the call ("gather", "wait_for_everyone");
+  // null means the operation's own name.
+  const char* api = nullptr;
+  CallSite site = CallSite::Here();
 };
 
 struct CommunicatorOptions {
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  // Publish what this rank is doing to the store (at most every
+  // status_interval) and, once a collective has waited check_after, compare
+  // it with the other ranks' calls: different collectives, or a rank that
+  // left, fail the collective at once instead of at the timeout.
+  bool check_collectives = true;
+  std::chrono::milliseconds status_interval = std::chrono::milliseconds(100);
+  std::chrono::milliseconds check_after = std::chrono::milliseconds(1000);
 };
 
 // A started operation. wait() blocks until it finishes and throws its error.
@@ -121,6 +144,9 @@ class Communicator {
     const char* name;
     uint64_t sequence;  // 1 for the first collective, same on every rank.
     std::chrono::milliseconds timeout;
+    const char* api;        // Name for diagnostics.
+    CallSite site;          // Where the caller called it.
+    std::string signature;  // What must match on every rank.
   };
 
   explicit Communicator(const BackendContext& context);
@@ -142,6 +168,11 @@ class Communicator {
   // Derived destructors call this first, so that no Run* call is in flight
   // while their members are destroyed. Queued operations fail.
   void StopWorker();
+
+  // Makes the running operation fail soon (the watchdog found a mismatch or
+  // a departed rank); called from another thread. Gloo closes its
+  // connections, NCCL aborts its communicator.
+  virtual void Abort() {}
 
   // Throws PeerError naming a rank whose process has left the job, if the
   // store saw one leave. Backends whose transport cannot notice a dead peer
@@ -167,8 +198,8 @@ class Communicator {
   // Validated operations come here. kBlocking runs `task` on the calling
   // thread when the worker is idle, else queues it like kAsync.
   std::shared_ptr<Work> Start(const char* name,
-                              const CollectiveOptions& options, Task task,
-                              Mode mode);
+                              const CollectiveOptions& options,
+                              std::string signature, Task task, Mode mode);
   // Each public operation validates its arguments once, then starts.
   std::shared_ptr<Work> StartAllgather(const void* input, void* output,
                                        size_t count, DType dtype,
@@ -188,6 +219,29 @@ class Communicator {
                                        Mode mode);
   void WorkerLoop();
   void Execute(Job& job);
+
+  // What one rank is doing, as published in the store.
+  struct Status {
+    bool known = false;
+    uint64_t sequence = 0;
+    bool running = false;
+    std::string api;
+    std::string signature;
+    std::string site;
+    std::string departed;  // "crashed" or "exited" when the rank left.
+  };
+  static std::string Encode(const Status& status);
+  static Status Decode(const std::string& text);
+  std::vector<Status> ReadStatuses(const Status& mine);
+  static bool Differs(const Status& other, const Status& mine);
+  // "ranks called different collectives: ..." when the last collective of
+  // this rank differs from another rank's call of the same number.
+  std::string FindMismatch();
+  // "rank 1 is in gather #12 (train.cc:75)" for every other rank.
+  std::string DescribeRanks(const std::vector<Status>& statuses,
+                            const Status& mine, bool only_differing) const;
+  void SetStatus(const Op& op, bool running);
+  void WatchdogLoop();
   // The rank whose process left the job, when the store saw one leave.
   std::string DescribeDepartures(int* failed_rank);
 
@@ -204,6 +258,18 @@ class Communicator {
   bool executing_ = false;     // A job runs now, on the worker or a caller.
   std::exception_ptr broken_;  // The first timeout or peer failure.
   std::thread worker_;
+
+  const CommunicatorOptions options_;
+  std::mutex status_mutex_;
+  std::condition_variable status_changed_;
+  Status status_;
+  uint64_t status_version_ = 0;
+  std::chrono::steady_clock::time_point running_since_;
+  std::string abort_reason_;  // Set by the watchdog before Abort().
+  bool abort_is_usage_ = false;
+  int abort_rank_ = -1;
+  bool watchdog_stopping_ = false;
+  std::thread watchdog_;
 };
 
 }  // namespace accel

@@ -1,5 +1,6 @@
 #include "backends/gloo/gloo_communicator.h"
 
+#include <dirent.h>
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
@@ -8,7 +9,13 @@
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
+#include <gloo/transport/pair.h>
+#include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstring>
 
@@ -44,6 +51,27 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
   std::shared_ptr<accel::Store> store_;
   std::chrono::milliseconds timeout_;
 };
+
+int LocalPort(int fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return -1;
+  if (addr.ss_family == AF_INET) {
+    return ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  }
+  if (addr.ss_family == AF_INET6) {
+    return ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
+  }
+  return -1;
+}
+
+bool IsConnectedSocket(int fd) {
+  struct stat info;
+  if (fstat(fd, &info) != 0 || !S_ISSOCK(info.st_mode)) return false;
+  sockaddr_storage peer{};
+  socklen_t len = sizeof(peer);
+  return getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) == 0;
+}
 
 // Gloo's typed setters only need the element size; reductions are ours.
 template <typename Fn>
@@ -105,6 +133,20 @@ GlooCommunicator::GlooCommunicator(const BackendContext& context)
       gloo_context->setTimeout(context.options.timeout);
       GlooStoreAdapter store(context.store, context.options.timeout);
       gloo_context->connectFullMesh(store, device);
+      // Every pair's address is this device's listening address.
+      for (int peer = 0; peer < context.size && listen_port_ <= 0; ++peer) {
+        if (peer == context.rank) continue;
+        const auto* address =
+            dynamic_cast<const gloo::transport::tcp::Address*>(
+                &gloo_context->getPair(peer)->address());
+        if (address != nullptr) {
+          const sockaddr_storage& ss = address->getSockaddr();
+          listen_port_ =
+              ss.ss_family == AF_INET6
+                  ? ntohs(reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_port)
+                  : ntohs(reinterpret_cast<const sockaddr_in*>(&ss)->sin_port);
+        }
+      }
       context_ = std::move(gloo_context);
     });
   } catch (const Error& e) {
@@ -117,6 +159,26 @@ GlooCommunicator::GlooCommunicator(const BackendContext& context)
 }
 
 GlooCommunicator::~GlooCommunicator() { StopWorker(); }
+
+void GlooCommunicator::Abort() {
+  if (listen_port_ <= 0) return;
+  // Gloo's own close() unregisters a socket before closing it, so the
+  // operation blocked on it never hears of it, and Gloo gives no access to
+  // its sockets. Shutting down the connections that peers made to our
+  // listening port, while Gloo still watches them, makes Gloo's event loop
+  // see end-of-stream on both ends and fail the pending operations. Every
+  // rank's watchdog does the same, so every pair is shut down by one end.
+  DIR* fds = opendir("/proc/self/fd");
+  if (fds == nullptr) return;
+  while (dirent* entry = readdir(fds)) {
+    const int fd = std::atoi(entry->d_name);
+    if (fd <= 2 || fd == dirfd(fds)) continue;
+    if (IsConnectedSocket(fd) && LocalPort(fd) == listen_port_) {
+      shutdown(fd, SHUT_RDWR);
+    }
+  }
+  closedir(fds);
+}
 
 void GlooCommunicator::RunAllgather(const Op& op, const void* input,
                                     void* output, size_t count, DType dtype) {

@@ -36,9 +36,11 @@ class GlooCommunicator : public Communicator {
   void RunBroadcast(const Op& op, void* buffer, size_t count, DType dtype,
                     int root) override;
   void RunBarrier(const Op& op) override;
+  void Abort() override;
 
  private:
   std::shared_ptr<gloo::Context> context_;
+  int listen_port_ = -1;  // Where peers connected to us (see Abort()).
 };
 
 }  // namespace accel

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -101,9 +102,12 @@ struct NcclCommunicator::State {
   cudaEvent_t done = nullptr;   // This operation's completion.
   void* scratch = nullptr;      // 4 bytes for barrier.
   bool aborted = false;
+  std::atomic<bool> abort_requested{false};  // Set by the watchdog.
 };
 
 int NcclCommunicator::device_index() const { return state_->device; }
+
+void NcclCommunicator::Abort() { state_->abort_requested = true; }
 
 NcclCommunicator::NcclCommunicator(const BackendContext& context)
     : Communicator(context), state_(std::make_unique<State>()) {
@@ -243,6 +247,12 @@ void NcclCommunicator::Run(const Op& op, Launch&& launch) {
       s.comm = nullptr;
       throw PeerError(std::string("NCCL reported ") +
                       ncclGetErrorString(async) + "; communicator aborted");
+    }
+    if (s.abort_requested.exchange(false)) {
+      s.aborted = true;
+      ncclCommAbort(s.comm);
+      s.comm = nullptr;
+      throw PeerError("NCCL communicator aborted (ncclCommAbort)");
     }
     const auto now = Clock::now();
     if (now - start > op.timeout) {

@@ -39,6 +39,7 @@ class NcclCommunicator : public Communicator {
   void RunBroadcast(const Op& op, void* buffer, size_t count, DType dtype,
                     int root) override;
   void RunBarrier(const Op& op) override;
+  void Abort() override;
 
  private:
   struct State;
