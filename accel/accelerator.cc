@@ -37,6 +37,7 @@ AcceleratorOptions AcceleratorOptions::FromFlags() {
   AcceleratorOptions options;
   options.backend = FLAGS_backend;
   options.timeout = std::chrono::seconds(FLAGS_timeout_s);
+  options.rendezvous_timeout = std::chrono::seconds(FLAGS_rendezvous_timeout_s);
   if (FLAGS_seed >= 0) options.seed = static_cast<uint64_t>(FLAGS_seed);
   return options;
 }
@@ -48,7 +49,7 @@ Accelerator::Accelerator(AcceleratorOptions options)
   backend_ = ResolveBackend(options_.backend);
   group_options.backend = backend_;
   group_options.communicator.timeout = options_.timeout;
-  group_options.rendezvous_timeout = options_.timeout;
+  group_options.rendezvous_timeout = options_.rendezvous_timeout;
   group_ = ProcessGroup::Join(env_, group_options);
   const int gpu = group_->communicator().device_index();
   if (gpu >= 0) device_ = torch::Device(torch::kCUDA, gpu);
@@ -69,17 +70,19 @@ void Accelerator::PrepareModule(
   if (num_processes() == 1) return;
   // Every rank starts from rank 0's weights, as DDP does at wrap time.
   torch::NoGradGuard no_grad;
+  const CollectiveOptions options = At(CallSite::Here(), "prepare");
   for (auto& tensor : module->parameters()) {
-    tensor.copy_(BroadcastTensor(communicator(), tensor, 0));
+    tensor.copy_(BroadcastTensor(communicator(), tensor, 0, options));
   }
   for (auto& tensor : module->buffers()) {
-    tensor.copy_(BroadcastTensor(communicator(), tensor, 0));
+    tensor.copy_(BroadcastTensor(communicator(), tensor, 0, options));
   }
   synchronizers_.push_back(std::make_unique<GradientSynchronizer>(
       communicator(), module->parameters(), options_.gradient_sync));
 }
 
-void Accelerator::backward(const torch::Tensor& loss) {
+void Accelerator::backward(const torch::Tensor& loss, CallSite site) {
+  for (auto& synchronizer : synchronizers_) synchronizer->set_call_site(site);
   loss.backward();
   for (auto& synchronizer : synchronizers_) synchronizer->finish();
   ++contents_.step;
@@ -89,64 +92,81 @@ void Accelerator::set_gradient_sync(bool enabled) {
   for (auto& synchronizer : synchronizers_) synchronizer->set_enabled(enabled);
 }
 
-torch::Tensor Accelerator::gather(const torch::Tensor& tensor) {
-  return Gather(communicator(), tensor);
+CollectiveOptions Accelerator::At(CallSite site, const char* api) const {
+  CollectiveOptions options;
+  options.site = site;
+  options.api = api;
+  return options;
+}
+
+torch::Tensor Accelerator::gather(const torch::Tensor& tensor, CallSite site) {
+  return Gather(communicator(), tensor, At(site));
 }
 
 std::vector<torch::Tensor> Accelerator::gather(
-    const std::vector<torch::Tensor>& tensors) {
-  return MapTensors(tensors, [&](const torch::Tensor& t) { return gather(t); });
+    const std::vector<torch::Tensor>& tensors, CallSite site) {
+  return MapTensors(tensors,
+                    [&](const torch::Tensor& t) { return gather(t, site); });
 }
 
 std::map<std::string, torch::Tensor> Accelerator::gather(
-    const std::map<std::string, torch::Tensor>& tensors) {
-  return MapTensors(tensors, [&](const torch::Tensor& t) { return gather(t); });
+    const std::map<std::string, torch::Tensor>& tensors, CallSite site) {
+  return MapTensors(tensors,
+                    [&](const torch::Tensor& t) { return gather(t, site); });
 }
 
 torch::Tensor Accelerator::reduce(const torch::Tensor& tensor,
-                                  const std::string& reduction) {
-  return ReduceTensor(communicator(), tensor, reduction);
+                                  const std::string& reduction, CallSite site) {
+  return ReduceTensor(communicator(), tensor, reduction, At(site));
 }
 
 std::vector<torch::Tensor> Accelerator::reduce(
-    const std::vector<torch::Tensor>& tensors, const std::string& reduction) {
-  return MapTensors(
-      tensors, [&](const torch::Tensor& t) { return reduce(t, reduction); });
+    const std::vector<torch::Tensor>& tensors, const std::string& reduction,
+    CallSite site) {
+  return MapTensors(tensors, [&](const torch::Tensor& t) {
+    return reduce(t, reduction, site);
+  });
 }
 
 std::map<std::string, torch::Tensor> Accelerator::reduce(
     const std::map<std::string, torch::Tensor>& tensors,
-    const std::string& reduction) {
-  return MapTensors(
-      tensors, [&](const torch::Tensor& t) { return reduce(t, reduction); });
+    const std::string& reduction, CallSite site) {
+  return MapTensors(tensors, [&](const torch::Tensor& t) {
+    return reduce(t, reduction, site);
+  });
 }
 
 torch::Tensor Accelerator::broadcast(const torch::Tensor& tensor,
-                                     int from_process) {
-  return BroadcastTensor(communicator(), tensor, from_process);
+                                     int from_process, CallSite site) {
+  return BroadcastTensor(communicator(), tensor, from_process, At(site));
 }
 
 std::vector<torch::Tensor> Accelerator::broadcast(
-    const std::vector<torch::Tensor>& tensors, int from_process) {
+    const std::vector<torch::Tensor>& tensors, int from_process,
+    CallSite site) {
   return MapTensors(tensors, [&](const torch::Tensor& t) {
-    return broadcast(t, from_process);
+    return broadcast(t, from_process, site);
   });
 }
 
 std::map<std::string, torch::Tensor> Accelerator::broadcast(
-    const std::map<std::string, torch::Tensor>& tensors, int from_process) {
+    const std::map<std::string, torch::Tensor>& tensors, int from_process,
+    CallSite site) {
   return MapTensors(tensors, [&](const torch::Tensor& t) {
-    return broadcast(t, from_process);
+    return broadcast(t, from_process, site);
   });
 }
 
 torch::Tensor Accelerator::pad_across_processes(const torch::Tensor& tensor,
                                                 int64_t dim, double pad_index,
-                                                bool pad_first) {
-  return PadAcrossProcesses(communicator(), tensor, dim, pad_index, pad_first);
+                                                bool pad_first, CallSite site) {
+  return PadAcrossProcesses(communicator(), tensor, dim, pad_index, pad_first,
+                            At(site));
 }
 
-void Accelerator::wait_for_everyone() { communicator().barrier(); }
+void Accelerator::wait_for_everyone(CallSite site) {
+  communicator().barrier(At(site, "wait_for_everyone"));
+}
 
 void Accelerator::set_seed(uint64_t seed, bool device_specific) {
   if (device_specific) seed += static_cast<uint64_t>(process_index());

@@ -53,11 +53,14 @@ struct AcceleratorOptions {
   std::string backend = "auto";
   // Default timeout of every collective (per call: CollectiveOptions).
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  // How long ranks wait for each other to start.
+  std::chrono::milliseconds rendezvous_timeout = std::chrono::minutes(1);
   // When set, set_seed(*seed) at construction.
   std::optional<uint64_t> seed;
   GradientSyncOptions gradient_sync;
 
-  // --backend, --timeout_s and --seed (see accel/program.h).
+  // --backend, --timeout_s, --rendezvous_timeout_s and --seed (see
+  // accel/program.h).
   static AcceleratorOptions FromFlags();
 };
 
@@ -96,34 +99,44 @@ class Accelerator {
 
   // loss.backward(), then waits for the gradient all-reduces that backward
   // started and leaves the averaged gradients in .grad.
-  void backward(const torch::Tensor& loss);
+  void backward(const torch::Tensor& loss, CallSite site = CallSite::Here());
 
   // While inside no_sync (or with sync disabled), backward keeps gradients
   // local: use for gradient accumulation, then one synced backward.
   void set_gradient_sync(bool enabled);
 
   // --- Collectives (every rank must call them, in the same order) -----------
-  torch::Tensor gather(const torch::Tensor& tensor);
-  std::vector<torch::Tensor> gather(const std::vector<torch::Tensor>& tensors);
+  // The trailing CallSite records the caller's file and line for
+  // diagnostics ("rank 1 is in gather #12 (train.cc:75)"); leave it out.
+  torch::Tensor gather(const torch::Tensor& tensor,
+                       CallSite site = CallSite::Here());
+  std::vector<torch::Tensor> gather(const std::vector<torch::Tensor>& tensors,
+                                    CallSite site = CallSite::Here());
   std::map<std::string, torch::Tensor> gather(
-      const std::map<std::string, torch::Tensor>& tensors);
+      const std::map<std::string, torch::Tensor>& tensors,
+      CallSite site = CallSite::Here());
   torch::Tensor reduce(const torch::Tensor& tensor,
-                       const std::string& reduction = "sum");
+                       const std::string& reduction = "sum",
+                       CallSite site = CallSite::Here());
   std::vector<torch::Tensor> reduce(const std::vector<torch::Tensor>& tensors,
-                                    const std::string& reduction = "sum");
+                                    const std::string& reduction = "sum",
+                                    CallSite site = CallSite::Here());
   std::map<std::string, torch::Tensor> reduce(
       const std::map<std::string, torch::Tensor>& tensors,
-      const std::string& reduction = "sum");
-  torch::Tensor broadcast(const torch::Tensor& tensor, int from_process = 0);
+      const std::string& reduction = "sum", CallSite site = CallSite::Here());
+  torch::Tensor broadcast(const torch::Tensor& tensor, int from_process = 0,
+                          CallSite site = CallSite::Here());
   std::vector<torch::Tensor> broadcast(
-      const std::vector<torch::Tensor>& tensors, int from_process = 0);
+      const std::vector<torch::Tensor>& tensors, int from_process = 0,
+      CallSite site = CallSite::Here());
   std::map<std::string, torch::Tensor> broadcast(
-      const std::map<std::string, torch::Tensor>& tensors,
-      int from_process = 0);
+      const std::map<std::string, torch::Tensor>& tensors, int from_process = 0,
+      CallSite site = CallSite::Here());
   torch::Tensor pad_across_processes(const torch::Tensor& tensor,
                                      int64_t dim = 0, double pad_index = 0,
-                                     bool pad_first = false);
-  void wait_for_everyone();
+                                     bool pad_first = false,
+                                     CallSite site = CallSite::Here());
+  void wait_for_everyone(CallSite site = CallSite::Here());
 
   // Prints its arguments, separated by spaces, on the local main process.
   template <typename... Args>
@@ -176,6 +189,7 @@ class Accelerator {
   }
 
   void PrepareModule(const std::shared_ptr<torch::nn::Module>& module);
+  CollectiveOptions At(CallSite site, const char* api = nullptr) const;
 
   DistributedEnvironment env_;
   AcceleratorOptions options_;

@@ -34,6 +34,7 @@ struct GradientSynchronizer::State {
   size_t next_to_launch = 0;
   bool enabled = true;
   bool step_started = false;
+  CallSite site;
 
   explicit State(Communicator& c) : comm(c) {}
 
@@ -59,9 +60,12 @@ struct GradientSynchronizer::State {
     while (next_to_launch < buckets.size() &&
            buckets[next_to_launch].pending == 0) {
       Bucket& bucket = buckets[next_to_launch++];
+      CollectiveOptions options;
+      options.api = "backward";
+      options.site = site;
       bucket.work = comm.allreduce_async(
           bucket.flat.data_ptr(), static_cast<size_t>(bucket.flat.numel()),
-          ToDType(bucket.flat.scalar_type()), ReduceOp::kSum);
+          ToDType(bucket.flat.scalar_type()), ReduceOp::kSum, options);
     }
   }
 
@@ -163,6 +167,11 @@ GradientSynchronizer::~GradientSynchronizer() {
 void GradientSynchronizer::set_enabled(bool enabled) {
   std::lock_guard<std::mutex> lock(state_->mutex);
   state_->enabled = enabled;
+}
+
+void GradientSynchronizer::set_call_site(CallSite site) {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->site = site;
 }
 
 bool GradientSynchronizer::enabled() const { return state_->enabled; }

@@ -44,6 +44,10 @@ class GradientSynchronizer {
   // While disabled (no_sync / gradient accumulation), backward leaves the
   // local gradients alone and finish() does nothing.
   void set_enabled(bool enabled);
+
+  // Where the backward that the next buckets belong to was called, for
+  // diagnostics of their allreduces (named "backward").
+  void set_call_site(CallSite site);
   bool enabled() const;
 
   size_t num_buckets() const;

@@ -20,8 +20,11 @@ DEFINE_string(backend, "auto",
               "Communication backend: gloo, nccl, or auto (nccl when a GPU "
               "is visible, else gloo).");
 DEFINE_int32(timeout_s, 300,
-             "Default timeout of each collective and of the rendezvous, in "
-             "seconds.");
+             "Default timeout of each collective, in seconds. Mismatched "
+             "collectives and departed ranks are reported long before it.");
+DEFINE_int32(rendezvous_timeout_s, 60,
+             "How long ranks wait for each other (and for rank 0's store) at "
+             "start-up, in seconds.");
 DEFINE_int64(seed, -1, "Random seed for every rank (-1: leave unseeded).");
 DEFINE_int32(num_threads, 1,
              "Intra-op threads per rank (OMP_NUM_THREADS, unless set).");

@@ -11,7 +11,8 @@
 //
 // Flags (mirroring `accelerate launch`): --num_processes, --num_machines,
 // --machine_rank, --main_process_ip, --main_process_port, --backend,
-// --num_threads, and for the Accelerator --timeout_s and --seed. With
+// --num_threads, and for the Accelerator --timeout_s, --rendezvous_timeout_s
+// and --seed. With
 // --num_processes > 1 and no launch environment, InitProgram starts the ranks
 // through accel::Launch, waits for them and exits with the launcher's exit
 // code; inside a rank it returns.
@@ -29,6 +30,7 @@ DECLARE_int32(main_process_port);
 DECLARE_string(backend);
 DECLARE_int32(num_threads);
 DECLARE_int32(timeout_s);
+DECLARE_int32(rendezvous_timeout_s);
 DECLARE_int64(seed);
 
 namespace accel {

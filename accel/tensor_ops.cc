@@ -58,14 +58,15 @@ torch::Tensor ForComm(Communicator& comm, const torch::Tensor& tensor,
 // same UsageError when they differ.
 std::vector<int64_t> ExchangeMeta(Communicator& comm,
                                   const torch::Tensor& tensor,
-                                  const char* operation, const char* needs) {
+                                  const char* operation, const char* needs,
+                                  const CollectiveOptions& options) {
   const torch::Device device = CommDevice(comm, tensor, operation);
   const torch::Tensor mine =
       torch::tensor(Meta(tensor, operation), torch::kInt64).to(device);
   torch::Tensor gathered =
       torch::empty({kMetaWords * comm.size()}, mine.options());
   comm.allgather(mine.data_ptr(), gathered.data_ptr(), kMetaWords,
-                 DType::kInt64);
+                 DType::kInt64, options);
   gathered = gathered.cpu();
   const std::vector<int64_t> all(
       gathered.data_ptr<int64_t>(),
@@ -125,24 +126,36 @@ torch::Tensor OnDeviceOf(const torch::Tensor& result,
   return result.device() == like.device() ? result : result.to(like.device());
 }
 
-torch::Tensor Gather(Communicator& comm, const torch::Tensor& tensor) {
+// `options` with `api` as the name diagnostics show, unless one is set.
+CollectiveOptions Named(const CollectiveOptions& options, const char* api) {
+  CollectiveOptions named = options;
+  if (named.api == nullptr) named.api = api;
+  return named;
+}
+
+torch::Tensor Gather(Communicator& comm, const torch::Tensor& tensor,
+                     const CollectiveOptions& given) {
+  const CollectiveOptions options = Named(given, "gather");
   const DType dtype = ToDType(tensor.scalar_type());
   torch::Tensor input =
       ForComm(comm, tensor.dim() == 0 ? tensor.reshape({1}) : tensor, "gather");
   ExchangeMeta(comm, input, "gather",
                "gather needs the same shape and dtype on every rank (use "
                "pad_across_processes for sizes that differ along one "
-               "dimension)");
+               "dimension)",
+               options);
   std::vector<int64_t> shape = input.sizes().vec();
   shape[0] *= comm.size();
   torch::Tensor output = torch::empty(shape, input.options());
   comm.allgather(input.data_ptr(), output.data_ptr(),
-                 static_cast<size_t>(input.numel()), dtype);
+                 static_cast<size_t>(input.numel()), dtype, options);
   return OnDeviceOf(output, tensor);
 }
 
 torch::Tensor ReduceTensor(Communicator& comm, const torch::Tensor& tensor,
-                           const std::string& reduction) {
+                           const std::string& reduction,
+                           const CollectiveOptions& given) {
+  const CollectiveOptions options = Named(given, "reduce");
   ReduceOp op;
   if (reduction == "sum" || reduction == "mean") {
     op = ReduceOp::kSum;
@@ -169,15 +182,17 @@ torch::Tensor ReduceTensor(Communicator& comm, const torch::Tensor& tensor,
   // clone(): the input is never modified, as in Accelerate.
   torch::Tensor result = ForComm(comm, tensor, "reduce").clone();
   ExchangeMeta(comm, result, "reduce",
-               "reduce needs the same shape and dtype on every rank");
+               "reduce needs the same shape and dtype on every rank", options);
   comm.allreduce(result.data_ptr(), static_cast<size_t>(result.numel()), dtype,
-                 op);
+                 op, options);
   if (reduction == "mean") result.div_(comm.size());
   return OnDeviceOf(result, tensor);
 }
 
 torch::Tensor BroadcastTensor(Communicator& comm, const torch::Tensor& tensor,
-                              int from_process) {
+                              int from_process,
+                              const CollectiveOptions& given) {
+  const CollectiveOptions options = Named(given, "broadcast");
   if (from_process < 0 || from_process >= comm.size()) {
     throw UsageError("broadcast: from_process must be in [0, " +
                      std::to_string(comm.size()) + "), found " +
@@ -187,15 +202,18 @@ torch::Tensor BroadcastTensor(Communicator& comm, const torch::Tensor& tensor,
   torch::Tensor result = ForComm(comm, tensor, "broadcast").clone();
   ExchangeMeta(comm, result, "broadcast",
                "every rank must pass a tensor of the sender's shape and "
-               "dtype");
+               "dtype",
+               options);
   comm.broadcast(result.data_ptr(), static_cast<size_t>(result.numel()), dtype,
-                 from_process);
+                 from_process, options);
   return OnDeviceOf(result, tensor);
 }
 
 torch::Tensor PadAcrossProcesses(Communicator& comm,
                                  const torch::Tensor& tensor, int64_t dim,
-                                 double pad_index, bool pad_first) {
+                                 double pad_index, bool pad_first,
+                                 const CollectiveOptions& given) {
+  const CollectiveOptions options = Named(given, "pad_across_processes");
   const int64_t ndim = tensor.dim();
   if (dim < 0) dim += ndim;
   // Every rank decides alike as long as ranks agree on the tensor's rank.
@@ -203,7 +221,7 @@ torch::Tensor PadAcrossProcesses(Communicator& comm,
   torch::Tensor longest =
       torch::tensor({tensor.size(dim)}, torch::kInt64)
           .to(CommDevice(comm, tensor, "pad_across_processes"));
-  comm.allreduce(longest.data_ptr(), 1, DType::kInt64, ReduceOp::kMax);
+  comm.allreduce(longest.data_ptr(), 1, DType::kInt64, ReduceOp::kMax, options);
   const int64_t size = longest.item<int64_t>();
   if (size == tensor.size(dim)) return tensor;
   std::vector<int64_t> shape = tensor.sizes().vec();

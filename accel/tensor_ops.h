@@ -25,23 +25,31 @@ namespace accel {
 // The accel dtype of a torch dtype; UsageError names unsupported ones.
 DType ToDType(torch::ScalarType type);
 
+// Each function takes the options of its collectives: timeout, and the
+// name and call site that diagnostics show (the Accelerator passes its
+// caller's).
+
 // Concatenation along dim 0, in rank order, on every rank. 0-d tensors
 // count as shape [1].
-torch::Tensor Gather(Communicator& comm, const torch::Tensor& tensor);
+torch::Tensor Gather(Communicator& comm, const torch::Tensor& tensor,
+                     const CollectiveOptions& options = {});
 
 // A reduced copy: "sum", "mean" (sum / num_processes), "max" or "min".
 torch::Tensor ReduceTensor(Communicator& comm, const torch::Tensor& tensor,
-                           const std::string& reduction);
+                           const std::string& reduction,
+                           const CollectiveOptions& options = {});
 
 // `from_process`'s values, on every rank.
 torch::Tensor BroadcastTensor(Communicator& comm, const torch::Tensor& tensor,
-                              int from_process);
+                              int from_process,
+                              const CollectiveOptions& options = {});
 
 // Pads `dim` up to the largest size over all ranks with `pad_index`; data
 // first unless `pad_first`. A dim beyond the tensor's rank returns it as is.
 torch::Tensor PadAcrossProcesses(Communicator& comm,
                                  const torch::Tensor& tensor, int64_t dim,
-                                 double pad_index, bool pad_first);
+                                 double pad_index, bool pad_first,
+                                 const CollectiveOptions& options = {});
 
 // Moves a CPU result of a collective onto `like`'s device, keeping dtype.
 torch::Tensor OnDeviceOf(const torch::Tensor& result,

@@ -1,0 +1,49 @@
+// Programs with the classic distributed-training bugs, for the fault
+// injection tests: each must end on every rank with a clear error, fast.
+//
+//   fault_worker --num_processes=2 --scenario=main_only_wait
+#include <chrono>
+#include <thread>
+
+#include "accel/accelerator.h"
+#include "accel/errors.h"
+#include "accel/program.h"
+
+DEFINE_string(scenario, "main_only_wait",
+              "main_only_wait, main_only_wait_then_exit, skip_gather, "
+              "late_rank or wrong_device");
+
+namespace {
+
+int Main(int argc, char** argv) {
+  accel::Accelerator accelerator;
+  const torch::Tensor ones = torch::ones({2});
+  accelerator.gather(ones);  // Every scenario starts in step.
+  const bool main = accelerator.is_main_process();
+  if (FLAGS_scenario == "main_only_wait") {
+    // The seed document's warning: a barrier inside `if (is_main_process)`.
+    if (main) accelerator.wait_for_everyone();
+    accelerator.gather(ones);
+  } else if (FLAGS_scenario == "main_only_wait_then_exit") {
+    if (main) accelerator.wait_for_everyone();
+  } else if (FLAGS_scenario == "skip_gather") {
+    if (!main) accelerator.gather(ones);
+    accelerator.wait_for_everyone();
+  } else if (FLAGS_scenario == "late_rank") {
+    if (!main) std::this_thread::sleep_for(std::chrono::seconds(6));
+    accelerator.gather(ones);
+  } else if (FLAGS_scenario == "wrong_device") {
+    accelerator.gather(torch::ones({2}, torch::kComplexFloat));
+  } else {
+    throw accel::UsageError("unknown --scenario=" + FLAGS_scenario);
+  }
+  accelerator.print("no error");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  accel::InitProgram(&argc, &argv);
+  return accel::RunAndReportErrors(Main, argc, argv);
+}
