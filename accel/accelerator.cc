@@ -39,6 +39,7 @@ AcceleratorOptions AcceleratorOptions::FromFlags() {
   options.timeout = std::chrono::seconds(FLAGS_timeout_s);
   options.rendezvous_timeout = std::chrono::seconds(FLAGS_rendezvous_timeout_s);
   if (FLAGS_seed >= 0) options.seed = static_cast<uint64_t>(FLAGS_seed);
+  options.check_collectives = FLAGS_collective_checks;
   return options;
 }
 
@@ -50,10 +51,17 @@ Accelerator::Accelerator(AcceleratorOptions options)
   group_options.backend = backend_;
   group_options.communicator.timeout = options_.timeout;
   group_options.rendezvous_timeout = options_.rendezvous_timeout;
+  group_options.communicator.check_collectives = options_.check_collectives;
   group_ = ProcessGroup::Join(env_, group_options);
   const int gpu = group_->communicator().device_index();
   if (gpu >= 0) device_ = torch::Device(torch::kCUDA, gpu);
   if (options_.seed) set_seed(*options_.seed);
+  // Numbering continues after earlier runs' checkpoints. No rank can save
+  // before every rank got here (saving follows collectives), so all agree.
+  if (!options_.project_dir.empty()) {
+    const std::vector<int> indices = CheckpointIndices(options_.project_dir);
+    if (!indices.empty()) next_checkpoint_ = indices.back() + 1;
+  }
 }
 
 Accelerator::~Accelerator() {
@@ -176,6 +184,26 @@ void Accelerator::set_seed(uint64_t seed, bool device_specific) {
 void Accelerator::save_state(const std::string& dir) {
   SaveCheckpoint(dir, process_index(), num_processes(), is_main_process(),
                  contents_);
+}
+
+std::string Accelerator::save_state() {
+  if (options_.project_dir.empty()) {
+    throw UsageError(
+        "save_state() without a folder needs AcceleratorOptions::project_dir "
+        "(automatic checkpoint naming)");
+  }
+  const std::string dir =
+      CheckpointFolder(options_.project_dir, next_checkpoint_++);
+  save_state(dir);
+  if (is_main_process()) {
+    PruneCheckpoints(options_.project_dir, options_.total_limit);
+  }
+  return dir;
+}
+
+std::string Accelerator::latest_checkpoint() const {
+  return options_.project_dir.empty() ? ""
+                                      : LatestCheckpoint(options_.project_dir);
 }
 
 void Accelerator::load_state(const std::string& dir) {

@@ -58,6 +58,13 @@ struct AcceleratorOptions {
   // When set, set_seed(*seed) at construction.
   std::optional<uint64_t> seed;
   GradientSyncOptions gradient_sync;
+  // Automatic checkpoint naming: save_state() with no folder writes
+  // <project_dir>/checkpoints/checkpoint_<n>, keeping the newest
+  // `total_limit` complete ones (0 keeps all).
+  std::string project_dir;
+  int total_limit = 0;
+  // Compare every collective across ranks (see CommunicatorOptions).
+  bool check_collectives = true;
 
   // --backend, --timeout_s, --rendezvous_timeout_s and --seed (see
   // accel/program.h).
@@ -154,6 +161,11 @@ class Accelerator {
   // --- Checkpoints (see accel/checkpoint.h for the layout) ----------------
   void save_state(const std::string& dir);
   void load_state(const std::string& dir);
+  // With AcceleratorOptions::project_dir: the next automatically named
+  // checkpoint (every rank must call it, as many times); returns its folder.
+  std::string save_state();
+  // The newest complete automatically named checkpoint, or "".
+  std::string latest_checkpoint() const;
   // Backward passes run so far (restored by load_state).
   int64_t step() const { return contents_.step; }
 
@@ -198,6 +210,7 @@ class Accelerator {
   std::unique_ptr<ProcessGroup> group_;
   std::vector<std::unique_ptr<GradientSynchronizer>> synchronizers_;
   CheckpointContents contents_;
+  int next_checkpoint_ = 1;
 };
 
 }  // namespace accel

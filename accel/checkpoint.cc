@@ -1,12 +1,14 @@
 #include "accel/checkpoint.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -209,28 +211,8 @@ std::string RandomStatesFile(int rank) {
 void SaveCheckpoint(const std::string& dir, int rank, int world_size,
                     bool write_shared, const CheckpointContents& contents) {
   MakeDirs(dir);
-  if (write_shared) {
-    torch::serialize::OutputArchive state;
-    state.write("format", c10::IValue(kFormat));
-    state.write("step", c10::IValue(contents.step));
-    state.write("num_processes", c10::IValue(int64_t{world_size}));
-    state.write("num_models", c10::IValue(int64_t(contents.models.size())));
-    for (size_t i = 0; i < contents.models.size(); ++i) {
-      auto model = SaveModel(*contents.models[i]);
-      state.write("model_" + std::to_string(i), model);
-    }
-    state.write("num_optimizers",
-                c10::IValue(int64_t(contents.optimizers.size())));
-    for (size_t i = 0; i < contents.optimizers.size(); ++i) {
-      torch::serialize::OutputArchive optimizer;
-      contents.optimizers[i]->save(optimizer);
-      state.write("optimizer_" + std::to_string(i), optimizer);
-    }
-    c10::List<int64_t> epochs;
-    for (const auto& loader : contents.loaders) epochs.push_back(loader->epoch);
-    state.write("loader_epochs", c10::IValue(epochs));
-    WriteAtomically(state, dir, kStateFile);
-  }
+  // This rank's file first: the shared file, written last, marks the
+  // checkpoint complete.
   torch::serialize::OutputArchive random;
   random.write("format", c10::IValue(kFormat));
   random.write("step", c10::IValue(contents.step));
@@ -240,6 +222,27 @@ void SaveCheckpoint(const std::string& dir, int rank, int world_size,
     random.write("cpu_rng", generator.get_state());
   }
   WriteAtomically(random, dir, RandomStatesFile(rank));
+  if (!write_shared) return;
+  torch::serialize::OutputArchive state;
+  state.write("format", c10::IValue(kFormat));
+  state.write("step", c10::IValue(contents.step));
+  state.write("num_processes", c10::IValue(int64_t{world_size}));
+  state.write("num_models", c10::IValue(int64_t(contents.models.size())));
+  for (size_t i = 0; i < contents.models.size(); ++i) {
+    auto model = SaveModel(*contents.models[i]);
+    state.write("model_" + std::to_string(i), model);
+  }
+  state.write("num_optimizers",
+              c10::IValue(int64_t(contents.optimizers.size())));
+  for (size_t i = 0; i < contents.optimizers.size(); ++i) {
+    torch::serialize::OutputArchive optimizer;
+    contents.optimizers[i]->save(optimizer);
+    state.write("optimizer_" + std::to_string(i), optimizer);
+  }
+  c10::List<int64_t> epochs;
+  for (const auto& loader : contents.loaders) epochs.push_back(loader->epoch);
+  state.write("loader_epochs", c10::IValue(epochs));
+  WriteAtomically(state, dir, kStateFile);
 }
 
 void LoadCheckpoint(const std::string& dir, int rank, int world_size,
@@ -357,6 +360,88 @@ void LoadCheckpoint(const std::string& dir, int rank, int world_size,
     at::Generator generator = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(generator.mutex());
     generator.set_state(rng_state);
+  }
+}
+
+std::string CheckpointFolder(const std::string& project_dir, int index) {
+  return project_dir + "/checkpoints/checkpoint_" + std::to_string(index);
+}
+
+std::vector<int> CheckpointIndices(const std::string& project_dir) {
+  std::vector<int> indices;
+  DIR* dir = opendir((project_dir + "/checkpoints").c_str());
+  if (dir == nullptr) return indices;
+  const std::string prefix = "checkpoint_";
+  while (dirent* entry = readdir(dir)) {
+    const std::string name = entry->d_name;
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string digits = name.substr(prefix.size());
+    if (digits.empty() ||
+        digits.find_first_not_of("0123456789") != std::string::npos ||
+        digits.size() > 9) {
+      continue;
+    }
+    indices.push_back(std::stoi(digits));
+  }
+  closedir(dir);
+  std::sort(indices.begin(), indices.end());
+  return indices;
+}
+
+bool IsCompleteCheckpoint(const std::string& dir) {
+  return Exists(Join(dir, kStateFile));
+}
+
+std::string LatestCheckpoint(const std::string& project_dir) {
+  const std::vector<int> indices = CheckpointIndices(project_dir);
+  for (auto it = indices.rbegin(); it != indices.rend(); ++it) {
+    const std::string dir = CheckpointFolder(project_dir, *it);
+    if (IsCompleteCheckpoint(dir)) return dir;
+  }
+  return "";
+}
+
+namespace {
+
+void RemoveTree(const std::string& path) {
+  DIR* dir = opendir(path.c_str());
+  if (dir != nullptr) {
+    while (dirent* entry = readdir(dir)) {
+      const std::string name = entry->d_name;
+      if (name == "." || name == "..") continue;
+      RemoveTree(Join(path, name));
+    }
+    closedir(dir);
+    rmdir(path.c_str());
+  } else {
+    std::remove(path.c_str());
+  }
+}
+
+}  // namespace
+
+void PruneCheckpoints(const std::string& project_dir, int keep) {
+  if (keep <= 0) return;
+  const std::vector<int> indices = CheckpointIndices(project_dir);
+  int complete = 0;
+  int oldest_kept = -1;
+  int newest_complete = -1;
+  for (auto it = indices.rbegin(); it != indices.rend() && complete < keep;
+       ++it) {
+    if (IsCompleteCheckpoint(CheckpointFolder(project_dir, *it))) {
+      if (newest_complete < 0) newest_complete = *it;
+      ++complete;
+      oldest_kept = *it;
+    }
+  }
+  for (int index : indices) {
+    const std::string dir = CheckpointFolder(project_dir, index);
+    // Older than what we keep, or a save that never completed and has been
+    // overtaken by a complete one.
+    if ((complete == keep && index < oldest_kept) ||
+        (index < newest_complete && !IsCompleteCheckpoint(dir))) {
+      RemoveTree(dir);
+    }
   }
 }
 

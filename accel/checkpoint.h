@@ -51,4 +51,19 @@ void SaveCheckpoint(const std::string& dir, int rank, int world_size,
 void LoadCheckpoint(const std::string& dir, int rank, int world_size,
                     CheckpointContents& contents);
 
+// Automatic naming (Accelerate's automatic_checkpoint_naming): checkpoints
+// live in <project_dir>/checkpoints/checkpoint_<n>. A checkpoint is complete
+// once its accelerator_state.pt exists: the main process writes that file
+// last, so a save interrupted at any moment leaves an incomplete folder that
+// is never taken for the latest one.
+std::string CheckpointFolder(const std::string& project_dir, int index);
+// Indices of the checkpoint folders there (complete or not), ascending.
+std::vector<int> CheckpointIndices(const std::string& project_dir);
+bool IsCompleteCheckpoint(const std::string& dir);
+// The newest complete checkpoint folder, or "" when there is none.
+std::string LatestCheckpoint(const std::string& project_dir);
+// Keeps the newest `keep` complete checkpoints, removing every folder older
+// than the oldest of those and every incomplete one older than the newest.
+void PruneCheckpoints(const std::string& project_dir, int keep);
+
 }  // namespace accel

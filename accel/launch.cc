@@ -86,6 +86,10 @@ void Validate(const LaunchOptions& o) {
         "--main_process_port=0 (pick a free port) works on one machine only; "
         "give every machine the same explicit port");
   }
+  if (o.max_restarts < 0) {
+    throw UsageError("--max_restarts must not be negative, found " +
+                     std::to_string(o.max_restarts));
+  }
   if (o.threads_per_process < 1) {
     throw UsageError("threads per process must be at least 1");
   }
@@ -175,14 +179,92 @@ void StopAll(std::vector<Rank>& ranks, std::chrono::milliseconds grace,
 
 }  // namespace
 
+namespace {
+
+struct Attempt {
+  int exit_code = 0;
+  bool interrupted = false;  // Stopped by a signal to the launcher.
+};
+
+// Starts this machine's ranks once and watches them until all have exited,
+// one has failed, or the launcher got a signal.
+Attempt RunRanks(const LaunchOptions& options,
+                 const std::vector<std::string>& argv, int port,
+                 const std::string& secret, int restart_count) {
+  const int local_world_size = options.num_processes / options.num_machines;
+  std::vector<Rank> ranks;
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  try {
+    for (int local = 0; local < local_world_size; ++local) {
+      const int rank = options.machine_rank * local_world_size + local;
+      std::map<std::string, std::string> env = {
+          {"RANK", std::to_string(rank)},
+          {"WORLD_SIZE", std::to_string(options.num_processes)},
+          {"LOCAL_RANK", std::to_string(local)},
+          {"LOCAL_WORLD_SIZE", std::to_string(local_world_size)},
+          {"GROUP_RANK", std::to_string(options.machine_rank)},
+          {"MASTER_ADDR", options.main_process_ip},
+          {"MASTER_PORT", std::to_string(port)},
+          {"ACCEL_RUN_SECRET", secret},
+          {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count)},
+          {"OMP_NUM_THREADS",
+           omp ? omp : std::to_string(options.threads_per_process)},
+      };
+      ranks.push_back({rank, StartRank(argv, env)});
+    }
+  } catch (...) {
+    StopAll(ranks, options.grace, SIGTERM);
+    throw;
+  }
+
+  Attempt attempt;
+  size_t running = ranks.size();
+  while (running > 0) {
+    if (const int sig = g_forwarded_signal.exchange(0)) {
+      std::fprintf(stderr,
+                   "accel launch: got signal %d (%s); stopping all %zu "
+                   "ranks\n",
+                   sig, strsignal(sig), ranks.size());
+      StopAll(ranks, options.grace, sig);
+      return {128 + sig, true};
+    }
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
+    }
+    for (auto& r : ranks) {
+      if (r.pid != pid || !r.running) continue;
+      r.running = false;
+      --running;
+      // Whatever the rank left in its group goes with it.
+      kill(-r.pid, SIGKILL);
+      if (ExitCodeOf(status) != 0) {
+        std::fprintf(stderr,
+                     "accel launch: rank %d (pid %d) %s; stopping the other "
+                     "%zu rank(s)\n",
+                     r.rank, static_cast<int>(pid),
+                     DescribeStatus(status).c_str(), running);
+        attempt.exit_code = ExitCodeOf(status);
+        if (WaitForExit(ranks, options.report_grace)) {
+          std::fprintf(stderr,
+                       "accel launch: stopping the ranks still running\n");
+        }
+        StopAll(ranks, options.grace, SIGTERM);
+        running = 0;
+      }
+    }
+  }
+  return attempt;
+}
+
+}  // namespace
+
 int Launch(const LaunchOptions& options,
            const std::vector<std::string>& command) {
   Validate(options);
   if (command.empty()) throw UsageError("launch: no program to run");
-  const int local_world_size = options.num_processes / options.num_machines;
-  const int port = options.main_process_port == 0
-                       ? net::FindFreePort(options.main_process_ip)
-                       : options.main_process_port;
   std::string secret;
   if (const char* given = std::getenv("ACCEL_RUN_SECRET")) secret = given;
   if (secret.empty()) {
@@ -206,79 +288,37 @@ int Launch(const LaunchOptions& options,
   }, old_term{};
   sigaction(SIGINT, &action, &old_int);
   sigaction(SIGTERM, &action, &old_term);
-  auto restore_signals = [&] {
-    sigaction(SIGINT, &old_int, nullptr);
-    sigaction(SIGTERM, &old_term, nullptr);
-  };
+  struct RestoreSignals {
+    struct sigaction *old_int, *old_term;
+    ~RestoreSignals() {
+      sigaction(SIGINT, old_int, nullptr);
+      sigaction(SIGTERM, old_term, nullptr);
+    }
+  } restore{&old_int, &old_term};
 
-  std::vector<Rank> ranks;
-  const char* omp = std::getenv("OMP_NUM_THREADS");
-  try {
-    for (int local = 0; local < local_world_size; ++local) {
-      const int rank = options.machine_rank * local_world_size + local;
-      std::map<std::string, std::string> env = {
-          {"RANK", std::to_string(rank)},
-          {"WORLD_SIZE", std::to_string(options.num_processes)},
-          {"LOCAL_RANK", std::to_string(local)},
-          {"LOCAL_WORLD_SIZE", std::to_string(local_world_size)},
-          {"GROUP_RANK", std::to_string(options.machine_rank)},
-          {"MASTER_ADDR", options.main_process_ip},
-          {"MASTER_PORT", std::to_string(port)},
-          {"ACCEL_RUN_SECRET", secret},
-          {"TORCHELASTIC_RESTART_COUNT", "0"},
-          {"OMP_NUM_THREADS",
-           omp ? omp : std::to_string(options.threads_per_process)},
-      };
-      ranks.push_back({rank, StartRank(argv, env)});
-    }
-  } catch (...) {
-    StopAll(ranks, options.grace, SIGTERM);
-    restore_signals();
-    throw;
-  }
-
-  int exit_code = 0;
-  size_t running = ranks.size();
-  while (running > 0) {
-    if (const int sig = g_forwarded_signal.exchange(0)) {
-      std::fprintf(stderr,
-                   "accel launch: got signal %d (%s); stopping all %zu "
-                   "ranks\n",
-                   sig, strsignal(sig), ranks.size());
-      StopAll(ranks, options.grace, sig);
-      restore_signals();
-      return 128 + sig;
-    }
-    int status = 0;
-    const pid_t pid = waitpid(-1, &status, WNOHANG);
-    if (pid <= 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      continue;
-    }
-    for (auto& r : ranks) {
-      if (r.pid != pid || !r.running) continue;
-      r.running = false;
-      --running;
-      // Whatever the rank left in its group goes with it.
-      kill(-r.pid, SIGKILL);
-      if (ExitCodeOf(status) != 0) {
+  for (int restart = 0;; ++restart) {
+    // A fresh port for each try when we pick them: the last one's store may
+    // still be closing.
+    const int port = options.main_process_port == 0
+                         ? net::FindFreePort(options.main_process_ip)
+                         : options.main_process_port;
+    const Attempt attempt = RunRanks(options, argv, port, secret, restart);
+    if (attempt.exit_code == 0 || attempt.interrupted ||
+        restart >= options.max_restarts) {
+      if (attempt.exit_code != 0 && options.max_restarts > 0 &&
+          !attempt.interrupted) {
         std::fprintf(stderr,
-                     "accel launch: rank %d (pid %d) %s; stopping the other "
-                     "%zu rank(s)\n",
-                     r.rank, static_cast<int>(pid),
-                     DescribeStatus(status).c_str(), running);
-        exit_code = ExitCodeOf(status);
-        if (WaitForExit(ranks, options.report_grace)) {
-          std::fprintf(stderr,
-                       "accel launch: stopping the ranks still running\n");
-        }
-        StopAll(ranks, options.grace, SIGTERM);
-        running = 0;
+                     "accel launch: giving up after %d restart(s) "
+                     "(--max_restarts=%d)\n",
+                     restart, options.max_restarts);
       }
+      return attempt.exit_code;
     }
+    std::fprintf(stderr,
+                 "accel launch: restarting all ranks (restart %d of %d, "
+                 "TORCHELASTIC_RESTART_COUNT=%d)\n",
+                 restart + 1, options.max_restarts, restart + 1);
   }
-  restore_signals();
-  return exit_code;
 }
 
 }  // namespace accel

@@ -27,6 +27,10 @@ struct LaunchOptions {
   int main_process_port = 29500;  // 0 picks a free port (one machine only).
   std::string backend;            // When set, passed on as --backend=NAME.
   int threads_per_process = 1;    // OMP_NUM_THREADS unless already set.
+  // After a failure, start all ranks again up to this many times (with
+  // TORCHELASTIC_RESTART_COUNT set to the try); a program that resumes from
+  // its last checkpoint then carries on (see train_demo --resume).
+  int max_restarts = 0;
   // After a rank fails, how long the others get to notice and report it
   // themselves (naming the failed rank) before they are stopped.
   std::chrono::milliseconds report_grace = std::chrono::seconds(4);

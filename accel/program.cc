@@ -25,6 +25,13 @@ DEFINE_int32(timeout_s, 300,
 DEFINE_int32(rendezvous_timeout_s, 60,
              "How long ranks wait for each other (and for rank 0's store) at "
              "start-up, in seconds.");
+DEFINE_bool(collective_checks, true,
+            "Compare each collective across ranks and report mismatched "
+            "calls or departed ranks within about a second.");
+DEFINE_int32(max_restarts, 0,
+             "Restart the whole job up to this many times after a rank "
+             "fails (TORCHELASTIC_RESTART_COUNT tells the ranks which try "
+             "they are).");
 DEFINE_int64(seed, -1, "Random seed for every rank (-1: leave unseeded).");
 DEFINE_int32(num_threads, 1,
              "Intra-op threads per rank (OMP_NUM_THREADS, unless set).");
@@ -39,6 +46,7 @@ LaunchOptions LaunchOptionsFromFlags() {
   options.main_process_ip = FLAGS_main_process_ip;
   options.main_process_port = FLAGS_main_process_port;
   options.threads_per_process = FLAGS_num_threads;
+  options.max_restarts = FLAGS_max_restarts;
   return options;
 }
 
@@ -46,7 +54,10 @@ void InitProgram(int* argc, char*** argv) {
   // Keep the original arguments: the ranks get exactly what we got.
   std::vector<std::string> command(*argv, *argv + *argc);
   gflags::ParseCommandLineFlags(argc, argv, /*remove_flags=*/true);
-  if (FLAGS_num_processes <= 1 && FLAGS_num_machines <= 1) return;
+  if (FLAGS_num_processes <= 1 && FLAGS_num_machines <= 1 &&
+      FLAGS_max_restarts == 0) {
+    return;
+  }
   if (DistributedEnvironment::FromProcess().launched) return;
   command[0] = "/proc/self/exe";
   try {

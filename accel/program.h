@@ -32,6 +32,8 @@ DECLARE_int32(num_threads);
 DECLARE_int32(timeout_s);
 DECLARE_int32(rendezvous_timeout_s);
 DECLARE_int64(seed);
+DECLARE_bool(collective_checks);
+DECLARE_int32(max_restarts);
 
 namespace accel {
 

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <thread>
 
 #include "accel/accelerator.h"
 #include "accel/program.h"
@@ -20,6 +21,15 @@ DEFINE_int32(epochs, 3, "Epochs to train (in total, when resuming).");
 DEFINE_int32(batch_size, 8, "Global batch size, split across processes.");
 DEFINE_string(output_dir, "trained_model", "Where save_state writes.");
 DEFINE_string(resume_from, "", "A checkpoint folder to continue from.");
+DEFINE_bool(resume, false,
+            "Continue from the newest complete checkpoint in "
+            "<output_dir>/checkpoints, if there is one (after a crash, or "
+            "with the launcher's --max_restarts).");
+DEFINE_int32(total_limit, 2,
+             "Per-epoch checkpoints to keep in <output_dir>/checkpoints.");
+DEFINE_int32(sleep_per_step_ms, 0,
+             "Sleep after each step (to make runs long enough to interrupt "
+             "in tests and tools/soak.sh).");
 DEFINE_bool(progress, true, "Show a progress bar on the local main process.");
 
 namespace {
@@ -71,6 +81,8 @@ int Main(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
   accel::AcceleratorOptions options = accel::AcceleratorOptions::FromFlags();
   if (!options.seed) options.seed = 42;
+  options.project_dir = FLAGS_output_dir;
+  options.total_limit = FLAGS_total_limit;
   accel::Accelerator accelerator(options);
 
   torch::nn::Sequential model(torch::nn::Linear(kFeatures, 32),
@@ -88,10 +100,13 @@ int Main(int argc, char** argv) {
 
   auto [prepared_model, prepared_optimizer, loader] =
       accelerator.prepare(model, optimizer, data);
-  if (!FLAGS_resume_from.empty()) {
-    accelerator.load_state(FLAGS_resume_from);
-    accelerator.print("Resumed from", FLAGS_resume_from, "at epoch",
-                      loader.epoch());
+  std::string resume_from = FLAGS_resume_from;
+  if (resume_from.empty() && FLAGS_resume) {
+    resume_from = accelerator.latest_checkpoint();
+  }
+  if (!resume_from.empty()) {
+    accelerator.load_state(resume_from);
+    accelerator.print("Resumed from", resume_from, "at epoch", loader.epoch());
   }
 
   const bool show_progress =
@@ -114,6 +129,10 @@ int Main(int argc, char** argv) {
       correct += predictions.eq(labels).sum().item<int64_t>();
       total += labels.numel();
       ++step;
+      if (FLAGS_sleep_per_step_ms > 0) {
+        std::this_thread::sleep_for(
+            std::chrono::milliseconds(FLAGS_sleep_per_step_ms));
+      }
       if (show_progress) {
         const double seconds =
             std::chrono::duration<double>(std::chrono::steady_clock::now() -
@@ -129,6 +148,8 @@ int Main(int argc, char** argv) {
                   static_cast<double>(correct) / static_cast<double>(total));
       std::fflush(stdout);
     }
+    // Every rank saves (its own RNG file); the newest --total_limit stay.
+    accelerator.save_state();
   }
   accelerator.wait_for_everyone();
   if (accelerator.is_main_process()) {

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -30,17 +31,19 @@ class Numbers : public torch::data::datasets::Dataset<Numbers> {
   torch::optional<size_t> size() const override { return 16; }
 };
 
-AcceleratorOptions Options() {
+AcceleratorOptions Options(const std::string& project_dir = "") {
   AcceleratorOptions options;
   options.backend = "gloo";
   options.seed = 5;
+  options.project_dir = project_dir;
+  options.total_limit = 2;
   return options;
 }
 
 // A model, optimizer and loader prepared on an Accelerator.
 struct TrainingRun {
-  explicit TrainingRun(int64_t hidden = 8)
-      : accelerator(Options()),
+  explicit TrainingRun(int64_t hidden = 8, const std::string& project_dir = "")
+      : accelerator(Options(project_dir)),
         model(torch::nn::Linear(3, hidden), torch::nn::ReLU(),
               torch::nn::Linear(hidden, 2)),
         optimizer(model->parameters(), torch::optim::AdamWOptions(1e-2)),
@@ -176,6 +179,34 @@ TEST(CheckpointTest, CheckpointOfAnotherModelIsRejectedNamingTheMismatch) {
               HasSubstr("model_0 parameter 0.weight is [8, 3] float32 in the "
                         "checkpoint but [6, 3] float32 in the model"));
   EXPECT_TRUE(SameValues(narrow.Snapshot(), before));
+}
+
+TEST(CheckpointTest, AutomaticNamingKeepsTheNewestCompleteCheckpoints) {
+  const std::string project = MakeTempDir("project");
+  const std::string folder = project + "/checkpoints/checkpoint_";
+  {
+    TrainingRun run(8, project);
+    for (int i = 1; i <= 3; ++i) {
+      EXPECT_EQ(run.accelerator.save_state(), folder + std::to_string(i));
+    }
+    EXPECT_FALSE(IsCompleteCheckpoint(folder + "1"));  // Pruned.
+    EXPECT_TRUE(IsCompleteCheckpoint(folder + "2"));
+    EXPECT_EQ(run.accelerator.latest_checkpoint(), folder + "3");
+  }
+  // A save killed half-way: rank files only, no accelerator_state.pt.
+  ASSERT_EQ(mkdir((folder + "4").c_str(), 0755), 0);
+  std::ofstream(folder + "4/random_states_0.pt") << "partial";
+  EXPECT_EQ(LatestCheckpoint(project), folder + "3");
+  // A new run continues the numbering and resumes from the last good one.
+  TrainingRun next(8, project);
+  next.accelerator.load_state(next.accelerator.latest_checkpoint());
+  EXPECT_EQ(next.accelerator.save_state(), folder + "5");
+  EXPECT_EQ(CheckpointIndices(project), (std::vector<int>{3, 5}));
+}
+
+TEST(CheckpointTest, SaveStateWithoutProjectDirIsAUsageError) {
+  TrainingRun run;
+  EXPECT_THROW(run.accelerator.save_state(), UsageError);
 }
 
 }  // namespace

@@ -1,9 +1,12 @@
 // The examples, end to end through self-launch (--num_processes).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
 
+#include <fstream>
 #include <regex>
+#include <thread>
 
 #include "tests/subprocess.h"
 
@@ -86,6 +89,61 @@ TEST(ExamplesTest, ResumedTrainingEqualsUninterruptedTrainingBitForBit) {
   EXPECT_EQ(Matches(resumed.output, "Epoch [0-9] - Accuracy").size(), 1u);
   EXPECT_EQ(Fingerprint(resumed), Fingerprint(straight));
   EXPECT_NE(Fingerprint(first), Fingerprint(straight));
+}
+
+// Children of `pid`, from /proc.
+std::vector<pid_t> ChildrenOf(pid_t pid) {
+  std::vector<pid_t> children;
+  std::ifstream file("/proc/" + std::to_string(pid) + "/task/" +
+                     std::to_string(pid) + "/children");
+  pid_t child;
+  while (file >> child) children.push_back(child);
+  return children;
+}
+
+TEST(ExamplesTest, KilledRankIsRestartedAndResumesToTheSameResult) {
+  const std::string dir = MakeTempDir("restart");
+  const std::vector<std::string> common = {"--num_processes=2", "--epochs=8",
+                                           "--sleep_per_step_ms=25"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), common.begin(), common.end());
+    return extra;
+  };
+  const ProcessResult straight =
+      RunExample("train_demo", with({"--output_dir=" + dir + "/straight"}));
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+
+  const std::string out = dir + "/restarted";
+  bool killed = false;
+  std::vector<std::string> args =
+      with({"--output_dir=" + out, "--resume", "--max_restarts=1",
+            "--main_process_port=0"});
+  args.insert(args.begin(), Runfile("examples/train_demo"));
+  const ProcessResult restarted =
+      RunProcess(args, {}, kTimeout, [&](pid_t launcher) {
+        // Once epoch 2's checkpoint is complete, kill rank 1 mid-training.
+        const std::string marker =
+            out + "/checkpoints/checkpoint_2/accelerator_state.pt";
+        for (int i = 0; i < 3000 && !Exists(marker); ++i) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        const std::vector<pid_t> ranks = ChildrenOf(launcher);
+        if (ranks.size() == 2) killed = kill(ranks[1], SIGKILL) == 0;
+      });
+  ASSERT_TRUE(killed) << restarted.output;
+  ASSERT_EQ(restarted.exit_code, 0) << restarted.output;
+  EXPECT_THAT(restarted.output, HasSubstr("killed by signal 9"));
+  EXPECT_THAT(restarted.output,
+              HasSubstr("restarting all ranks (restart 1 of 1, "
+                        "TORCHELASTIC_RESTART_COUNT=1)"));
+  EXPECT_THAT(restarted.output,
+              HasSubstr("Resumed from " + out + "/checkpoints/checkpoint_"));
+  EXPECT_EQ(Fingerprint(restarted), Fingerprint(straight));
+  // total_limit=2: only the two newest epoch checkpoints remain.
+  EXPECT_TRUE(Exists(out + "/checkpoints/checkpoint_8"));
+  EXPECT_TRUE(Exists(out + "/checkpoints/checkpoint_7"));
+  EXPECT_FALSE(Exists(out + "/checkpoints/checkpoint_6"));
 }
 
 TEST(ExamplesTest, GatherDemoGathersOnEveryProcess) {
