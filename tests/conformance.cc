@@ -395,39 +395,40 @@ TEST(ConformanceFailures, MissingRankTimesOutNamingOperationAndRank) {
 TEST(ConformanceFailures, DifferentCollectivesFailFastNamingEachRanksCall) {
   RankOptions options;
   options.timeout = std::chrono::seconds(30);
-  RunRanks(
-      ConformanceBackend(), 2,
-      [](Communicator& comm) {
-        Buffer values(DType::kFloat32, 3);
-        const auto start = std::chrono::steady_clock::now();
-        try {
-          if (comm.rank() == 0) {
-            CollectiveOptions gather{};  // {}: records this line.
-            gather.api = "gather";
-            comm.allgather(values.data(), values.data(), 1, DType::kFloat32,
-                           gather);
-          } else {
-            CollectiveOptions wait{};
-            wait.api = "wait_for_everyone";
-            comm.barrier(wait);
+  for (int world_size : {2, 3})
+    RunRanks(
+        ConformanceBackend(), world_size,
+        [](Communicator& comm) {
+          Buffer values(DType::kFloat32, 3);
+          const auto start = std::chrono::steady_clock::now();
+          try {
+            if (comm.rank() == 0) {
+              CollectiveOptions gather{};  // {}: records this line.
+              gather.api = "gather";
+              comm.allgather(values.data(), values.data(), 1, DType::kFloat32,
+                             gather);
+            } else {
+              CollectiveOptions wait{};
+              wait.api = "wait_for_everyone";
+              comm.barrier(wait);
+            }
+            ADD_FAILURE() << "different collectives did not fail";
+          } catch (const UsageError& e) {
+            const std::string other = comm.rank() == 0 ? "1" : "0";
+            EXPECT_THAT(e.what(),
+                        HasSubstr("ranks called different collectives"));
+            EXPECT_THAT(e.what(), HasSubstr("rank " + other + " is in "));
+            EXPECT_THAT(e.what(), HasSubstr("gather #1 (conformance.cc:"));
+            EXPECT_THAT(e.what(),
+                        HasSubstr("wait_for_everyone #1 (conformance.cc:"));
+            EXPECT_THAT(e.what(), HasSubstr("[allgather float32 x 1]"));
+            EXPECT_THAT(e.what(), HasSubstr("[barrier]"));
           }
-          ADD_FAILURE() << "different collectives did not fail";
-        } catch (const UsageError& e) {
-          const std::string other = comm.rank() == 0 ? "1" : "0";
-          EXPECT_THAT(e.what(),
-                      HasSubstr("ranks called different collectives"));
-          EXPECT_THAT(e.what(), HasSubstr("rank " + other + " is in "));
-          EXPECT_THAT(e.what(), HasSubstr("gather #1 (conformance.cc:"));
-          EXPECT_THAT(e.what(),
-                      HasSubstr("wait_for_everyone #1 (conformance.cc:"));
-          EXPECT_THAT(e.what(), HasSubstr("[allgather float32 x 1]"));
-          EXPECT_THAT(e.what(), HasSubstr("[barrier]"));
-        }
-        // Found by the watchdog, long before the 30 s timeout.
-        EXPECT_LT(std::chrono::steady_clock::now() - start,
-                  std::chrono::seconds(10));
-      },
-      options);
+          // Found by the watchdog, long before the 30 s timeout.
+          EXPECT_LT(std::chrono::steady_clock::now() - start,
+                    std::chrono::seconds(10));
+        },
+        options);
 }
 
 }  // namespace

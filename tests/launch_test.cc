@@ -1,8 +1,17 @@
 // End-to-end tests: real processes through the launcher, on free ports.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "tests/subprocess.h"
@@ -94,6 +103,106 @@ TEST(LaunchTest, SigtermToTheLauncherReachesEveryRankAndGrandchild) {
   EXPECT_THAT(r.output, HasSubstr("got signal 15"));
   EXPECT_LT(r.elapsed, seconds(30)) << r.output;
   ExpectNoneAlive(pid_dir, 4);
+}
+
+// Listening TCP sockets ("ip:port", ip as in /proc/net/tcp) of processes.
+std::vector<std::pair<std::string, int>> ListeningSockets(
+    const std::vector<pid_t>& pids) {
+  std::set<std::string> inodes;
+  for (pid_t pid : pids) {
+    const std::string fd_dir = "/proc/" + std::to_string(pid) + "/fd";
+    DIR* dir = opendir(fd_dir.c_str());
+    if (dir == nullptr) continue;
+    while (dirent* entry = readdir(dir)) {
+      char target[256] = {};
+      const std::string link = fd_dir + "/" + entry->d_name;
+      if (readlink(link.c_str(), target, sizeof(target) - 1) > 0 &&
+          std::strncmp(target, "socket:[", 8) == 0) {
+        inodes.insert(std::string(target + 8, std::strlen(target) - 9));
+      }
+    }
+    closedir(dir);
+  }
+  std::vector<std::pair<std::string, int>> sockets;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // Header.
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state, skip, inode;
+      fields >> slot >> local >> remote >> state;
+      for (int i = 0; i < 5; ++i) fields >> skip;
+      fields >> inode;
+      if (state != "0A" || inodes.count(inode) == 0) continue;  // 0A: LISTEN
+      const size_t colon = local.find(':');
+      sockets.emplace_back(local.substr(0, colon),
+                           std::stoi(local.substr(colon + 1), nullptr, 16));
+    }
+  }
+  return sockets;
+}
+
+std::vector<pid_t> ChildrenOf(pid_t pid) {
+  std::vector<pid_t> children;
+  std::ifstream file("/proc/" + std::to_string(pid) + "/task/" +
+                     std::to_string(pid) + "/children");
+  pid_t child;
+  while (file >> child) children.push_back(child);
+  return children;
+}
+
+void SendAndClose(int port, const std::string& bytes) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  close(fd);
+}
+
+TEST(LaunchTest, StrangersAndGarbageOnTheJobsPortsLeaveTheJobAlone) {
+  std::vector<std::pair<std::string, int>> listening;
+  ProcessResult stranger;
+  const ProcessResult r = RunProcess(
+      {Launcher(), "--num_processes=3", "--main_process_port=0", "--",
+       Worker(), "--scenario=loop", "--steps=400"},
+      {}, kTimeout, [&](pid_t launcher) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        listening = ListeningSockets(ChildrenOf(launcher));
+        std::string random(100000, '\0');
+        for (size_t i = 0; i < random.size(); ++i) random[i] = char(i * 7919);
+        for (const auto& [ip, port] : listening) {
+          SendAndClose(port, random);                             // Garbage.
+          SendAndClose(port, std::string("\xff\xff\xff\x7f", 4));  // Huge.
+          SendAndClose(port, std::string("\x11\x00", 2));          // Cut off.
+          SendAndClose(port, "GET / HTTP/1.0\r\n\r\n");
+          // A process of another run, with its own secret, tries to join.
+          stranger = RunProcess(
+              {Worker(), "--timeout_ms=3000"},
+              {{"RANK", "1"}, {"WORLD_SIZE", "3"},
+               {"MASTER_ADDR", "127.0.0.1"},
+               {"MASTER_PORT", std::to_string(port)},
+               {"ACCEL_RUN_SECRET", "not-the-secret"}},
+              std::chrono::seconds(30));
+        }
+      });
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_THAT(r.output, HasSubstr("rank " + std::to_string(rank) +
+                                    "/3 ok: 400 steps"));
+  }
+  // One port (the rendezvous store), on loopback only: 127.0.0.1 in
+  // /proc/net/tcp's little-endian hex.
+  ASSERT_EQ(listening.size(), 1u);
+  EXPECT_EQ(listening[0].first, "0100007F");
+  EXPECT_EQ(stranger.exit_code, 1) << stranger.output;
+  EXPECT_THAT(stranger.output, HasSubstr("rejected this process: it belongs "
+                                         "to another run"));
 }
 
 TEST(LaunchTest, UnknownBackendListsTheAvailableOnes) {

@@ -2,7 +2,8 @@
 //
 //   launch --num_processes=3 -- mp_worker --scenario=collectives
 //
-// Scenarios: collectives (every operation, checked), die (rank --die_rank
+// Scenarios: collectives (every operation, checked), loop (--steps checked
+// allreduces, 10 ms apart), die (rank --die_rank
 // kills itself with SIGKILL mid-training while the others keep reducing),
 // sleep (ranks wait to be signalled). With --pid_dir each rank writes its pid
 // and the pid of a child it spawns, so tests can prove nothing outlives them.
@@ -26,6 +27,7 @@ DEFINE_string(scenario, "collectives", "collectives, die or sleep");
 DEFINE_int32(die_rank, 1, "The rank that kills itself in --scenario=die.");
 DEFINE_string(pid_dir, "", "Folder for <rank>.pid files.");
 DEFINE_int32(timeout_ms, 20000, "Collective timeout.");
+DEFINE_int32(steps, 300, "Steps of --scenario=loop.");
 
 namespace {
 
@@ -93,6 +95,16 @@ int Main(int argc, char** argv) {
     RunCollectives(comm);
   } else if (FLAGS_scenario == "die") {
     RunDie(comm);
+  } else if (FLAGS_scenario == "loop") {
+    // Steady traffic for a while, each result checked.
+    for (int step = 0; step < FLAGS_steps; ++step) {
+      double value = 1;
+      comm.allreduce(&value, 1, accel::DType::kFloat64, accel::ReduceOp::kSum);
+      Check(value == comm.size(), "allreduce in loop");
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    std::printf("rank %d/%d ok: %d steps\n", comm.rank(), comm.size(),
+                FLAGS_steps);
   } else if (FLAGS_scenario == "sleep") {
     comm.barrier();
     std::printf("rank %d sleeping\n", comm.rank());

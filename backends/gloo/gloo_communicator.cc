@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "accel/errors.h"
@@ -133,18 +134,18 @@ GlooCommunicator::GlooCommunicator(const BackendContext& context)
       gloo_context->setTimeout(context.options.timeout);
       GlooStoreAdapter store(context.store, context.options.timeout);
       gloo_context->connectFullMesh(store, device);
-      // Every pair's address is this device's listening address.
-      for (int peer = 0; peer < context.size && listen_port_ <= 0; ++peer) {
+      // A pair's address is where it listened for its peer.
+      for (int peer = 0; peer < context.size; ++peer) {
         if (peer == context.rank) continue;
         const auto* address =
             dynamic_cast<const gloo::transport::tcp::Address*>(
                 &gloo_context->getPair(peer)->address());
         if (address != nullptr) {
           const sockaddr_storage& ss = address->getSockaddr();
-          listen_port_ =
+          listen_ports_.push_back(
               ss.ss_family == AF_INET6
                   ? ntohs(reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_port)
-                  : ntohs(reinterpret_cast<const sockaddr_in*>(&ss)->sin_port);
+                  : ntohs(reinterpret_cast<const sockaddr_in*>(&ss)->sin_port));
         }
       }
       context_ = std::move(gloo_context);
@@ -161,19 +162,22 @@ GlooCommunicator::GlooCommunicator(const BackendContext& context)
 GlooCommunicator::~GlooCommunicator() { StopWorker(); }
 
 void GlooCommunicator::Abort() {
-  if (listen_port_ <= 0) return;
+  if (listen_ports_.empty()) return;
   // Gloo's own close() unregisters a socket before closing it, so the
   // operation blocked on it never hears of it, and Gloo gives no access to
   // its sockets. Shutting down the connections that peers made to our
-  // listening port, while Gloo still watches them, makes Gloo's event loop
-  // see end-of-stream on both ends and fail the pending operations. Every
-  // rank's watchdog does the same, so every pair is shut down by one end.
+  // pairs' listening ports, while Gloo still watches them, makes Gloo's
+  // event loop see end-of-stream on both ends and fail the pending
+  // operations. Every rank's watchdog does the same, so every pair is shut
+  // down by the end that accepted it.
   DIR* fds = opendir("/proc/self/fd");
   if (fds == nullptr) return;
   while (dirent* entry = readdir(fds)) {
     const int fd = std::atoi(entry->d_name);
     if (fd <= 2 || fd == dirfd(fds)) continue;
-    if (IsConnectedSocket(fd) && LocalPort(fd) == listen_port_) {
+    if (IsConnectedSocket(fd) &&
+        std::find(listen_ports_.begin(), listen_ports_.end(), LocalPort(fd)) !=
+            listen_ports_.end()) {
       shutdown(fd, SHUT_RDWR);
     }
   }

@@ -10,6 +10,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "accel/communicator.h"
 
@@ -40,7 +41,9 @@ class GlooCommunicator : public Communicator {
 
  private:
   std::shared_ptr<gloo::Context> context_;
-  int listen_port_ = -1;  // Where peers connected to us (see Abort()).
+  // Ports of our pairs' listening sockets: the connections peers made to
+  // them are ours to shut down in Abort().
+  std::vector<int> listen_ports_;
 };
 
 }  // namespace accel
