@@ -54,23 +54,48 @@ torch::Tensor ForComm(Communicator& comm, const torch::Tensor& tensor,
   return tensor.to(CommDevice(comm, tensor, operation)).contiguous();
 }
 
-// Gathers every rank's metadata; with `must_match`, throws on every rank the
-// same UsageError when they differ.
-std::vector<int64_t> ExchangeMeta(Communicator& comm,
-                                  const torch::Tensor& tensor,
-                                  const char* operation, const char* needs,
-                                  const CollectiveOptions& options) {
+// Each rank's contribution to the shape check: its metadata, and its data
+// too when it fits, so that a small gather needs one collective, not two.
+constexpr int64_t kSlotBytes = 1024;
+constexpr int64_t kMetaBytes = kMetaWords * sizeof(int64_t);
+
+struct Exchange {
+  std::vector<int64_t> metas;  // kMetaWords per rank.
+  torch::Tensor slots;         // kSlotBytes per rank, on the comm device.
+  bool inlined = false;        // Whether every rank's data is in its slot.
+};
+
+// Gathers every rank's metadata (and, with `inline_data`, its data when it
+// fits) and throws the same UsageError on every rank when they differ.
+Exchange ExchangeMeta(Communicator& comm, const torch::Tensor& tensor,
+                      const char* operation, const char* needs,
+                      const CollectiveOptions& options,
+                      bool inline_data = false) {
   const torch::Device device = CommDevice(comm, tensor, operation);
-  const torch::Tensor mine =
-      torch::tensor(Meta(tensor, operation), torch::kInt64).to(device);
-  torch::Tensor gathered =
-      torch::empty({kMetaWords * comm.size()}, mine.options());
-  comm.allgather(mine.data_ptr(), gathered.data_ptr(), kMetaWords,
-                 DType::kInt64, options);
-  gathered = gathered.cpu();
-  const std::vector<int64_t> all(
-      gathered.data_ptr<int64_t>(),
-      gathered.data_ptr<int64_t>() + gathered.numel());
+  const auto bytes_options = torch::dtype(torch::kUInt8).device(device);
+  torch::Tensor slot = torch::zeros({kSlotBytes}, bytes_options);
+  slot.narrow(0, 0, kMetaBytes)
+      .copy_(torch::tensor(Meta(tensor, operation), torch::kInt64)
+                 .view(torch::kUInt8));
+  const int64_t bytes = tensor.numel() * tensor.element_size();
+  Exchange exchange;
+  // Equal metadata means equal sizes, so every rank decides alike.
+  exchange.inlined = inline_data && bytes <= kSlotBytes - kMetaBytes;
+  if (exchange.inlined && bytes > 0) {
+    slot.narrow(0, kMetaBytes, bytes)
+        .copy_(tensor.contiguous().reshape({-1}).view(torch::kUInt8));
+  }
+  exchange.slots = torch::empty({kSlotBytes * comm.size()}, bytes_options);
+  comm.allgather(slot.data_ptr(), exchange.slots.data_ptr(), kSlotBytes,
+                 DType::kUInt8, options);
+  const torch::Tensor metas = exchange.slots.view({comm.size(), kSlotBytes})
+                                  .narrow(1, 0, kMetaBytes)
+                                  .cpu()
+                                  .contiguous()
+                                  .view(torch::kInt64);
+  exchange.metas.assign(metas.data_ptr<int64_t>(),
+                        metas.data_ptr<int64_t>() + metas.numel());
+  const std::vector<int64_t>& all = exchange.metas;
   bool same = true;
   for (int r = 1; r < comm.size(); ++r) {
     same &= std::equal(all.begin(), all.begin() + kMetaWords,
@@ -88,7 +113,7 @@ std::vector<int64_t> ExchangeMeta(Communicator& comm,
     message << "); " << needs;
     throw UsageError(message.str());
   }
-  return all;
+  return exchange;
 }
 
 }  // namespace
@@ -139,13 +164,24 @@ torch::Tensor Gather(Communicator& comm, const torch::Tensor& tensor,
   const DType dtype = ToDType(tensor.scalar_type());
   torch::Tensor input =
       ForComm(comm, tensor.dim() == 0 ? tensor.reshape({1}) : tensor, "gather");
-  ExchangeMeta(comm, input, "gather",
-               "gather needs the same shape and dtype on every rank (use "
-               "pad_across_processes for sizes that differ along one "
-               "dimension)",
-               options);
+  const Exchange exchange = ExchangeMeta(
+      comm, input, "gather",
+      "gather needs the same shape and dtype on every rank (use "
+      "pad_across_processes for sizes that differ along one dimension)",
+      options, /*inline_data=*/true);
   std::vector<int64_t> shape = input.sizes().vec();
   shape[0] *= comm.size();
+  if (exchange.inlined) {
+    const int64_t bytes = input.numel() * input.element_size();
+    torch::Tensor output = bytes == 0
+                               ? torch::empty(shape, input.options())
+                               : exchange.slots.view({comm.size(), kSlotBytes})
+                                     .narrow(1, kMetaBytes, bytes)
+                                     .contiguous()
+                                     .view(input.scalar_type())
+                                     .reshape(shape);
+    return OnDeviceOf(output, tensor);
+  }
   torch::Tensor output = torch::empty(shape, input.options());
   comm.allgather(input.data_ptr(), output.data_ptr(),
                  static_cast<size_t>(input.numel()), dtype, options);

@@ -49,6 +49,20 @@ TEST(AcceleratorTest, GatherConcatenatesAlongDimZeroInRankOrder) {
   }
 }
 
+TEST(AcceleratorTest, GatherOfTensorsTooLargeToTravelWithTheShapeCheck) {
+  // Small tensors ride along with the shape check; this one needs a second
+  // collective.
+  torch::Tensor mine =
+      torch::arange(1500, torch::kFloat64).reshape({500, 3}) + 1e6 * R();
+  torch::Tensor all = A().gather(mine);
+  ASSERT_EQ(all.sizes(), torch::IntArrayRef({500 * N(), 3}));
+  for (int r = 0; r < N(); ++r) {
+    EXPECT_TRUE(torch::equal(
+        all.narrow(0, 500 * r, 500),
+        torch::arange(1500, torch::kFloat64).reshape({500, 3}) + 1e6 * r));
+  }
+}
+
 TEST(AcceleratorTest, GatherOfScalarsGivesOnePerRank) {
   torch::Tensor all = A().gather(torch::scalar_tensor(R(), torch::kFloat64));
   ASSERT_EQ(all.sizes(), torch::IntArrayRef({N()}));

@@ -91,16 +91,6 @@ TEST(ExamplesTest, ResumedTrainingEqualsUninterruptedTrainingBitForBit) {
   EXPECT_NE(Fingerprint(first), Fingerprint(straight));
 }
 
-// Children of `pid`, from /proc.
-std::vector<pid_t> ChildrenOf(pid_t pid) {
-  std::vector<pid_t> children;
-  std::ifstream file("/proc/" + std::to_string(pid) + "/task/" +
-                     std::to_string(pid) + "/children");
-  pid_t child;
-  while (file >> child) children.push_back(child);
-  return children;
-}
-
 TEST(ExamplesTest, KilledRankIsRestartedAndResumesToTheSameResult) {
   const std::string dir = MakeTempDir("restart");
   const std::vector<std::string> common = {"--num_processes=2", "--epochs=8",

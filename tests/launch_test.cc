@@ -1,8 +1,8 @@
 // End-to-end tests: real processes through the launcher, on free ports.
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -143,15 +143,6 @@ std::vector<std::pair<std::string, int>> ListeningSockets(
   return sockets;
 }
 
-std::vector<pid_t> ChildrenOf(pid_t pid) {
-  std::vector<pid_t> children;
-  std::ifstream file("/proc/" + std::to_string(pid) + "/task/" +
-                     std::to_string(pid) + "/children");
-  pid_t child;
-  while (file >> child) children.push_back(child);
-  return children;
-}
-
 void SendAndClose(int port, const std::string& bytes) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -169,32 +160,32 @@ TEST(LaunchTest, StrangersAndGarbageOnTheJobsPortsLeaveTheJobAlone) {
   std::vector<std::pair<std::string, int>> listening;
   ProcessResult stranger;
   const ProcessResult r = RunProcess(
-      {Launcher(), "--num_processes=3", "--main_process_port=0", "--",
-       Worker(), "--scenario=loop", "--steps=400"},
+      {Launcher(), "--num_processes=3", "--main_process_port=0", "--", Worker(),
+       "--scenario=loop", "--steps=400"},
       {}, kTimeout, [&](pid_t launcher) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1500));
         listening = ListeningSockets(ChildrenOf(launcher));
         std::string random(100000, '\0');
         for (size_t i = 0; i < random.size(); ++i) random[i] = char(i * 7919);
         for (const auto& [ip, port] : listening) {
-          SendAndClose(port, random);                             // Garbage.
+          SendAndClose(port, random);                              // Garbage.
           SendAndClose(port, std::string("\xff\xff\xff\x7f", 4));  // Huge.
           SendAndClose(port, std::string("\x11\x00", 2));          // Cut off.
           SendAndClose(port, "GET / HTTP/1.0\r\n\r\n");
           // A process of another run, with its own secret, tries to join.
-          stranger = RunProcess(
-              {Worker(), "--timeout_ms=3000"},
-              {{"RANK", "1"}, {"WORLD_SIZE", "3"},
-               {"MASTER_ADDR", "127.0.0.1"},
-               {"MASTER_PORT", std::to_string(port)},
-               {"ACCEL_RUN_SECRET", "not-the-secret"}},
-              std::chrono::seconds(30));
+          stranger = RunProcess({Worker(), "--timeout_ms=3000"},
+                                {{"RANK", "1"},
+                                 {"WORLD_SIZE", "3"},
+                                 {"MASTER_ADDR", "127.0.0.1"},
+                                 {"MASTER_PORT", std::to_string(port)},
+                                 {"ACCEL_RUN_SECRET", "not-the-secret"}},
+                                std::chrono::seconds(30));
         }
       });
   EXPECT_EQ(r.exit_code, 0) << r.output;
   for (int rank = 0; rank < 3; ++rank) {
-    EXPECT_THAT(r.output, HasSubstr("rank " + std::to_string(rank) +
-                                    "/3 ok: 400 steps"));
+    EXPECT_THAT(r.output,
+                HasSubstr("rank " + std::to_string(rank) + "/3 ok: 400 steps"));
   }
   // One port (the rendezvous store), on loopback only: 127.0.0.1 in
   // /proc/net/tcp's little-endian hex.

@@ -91,6 +91,15 @@ bool ProcessAlive(pid_t pid) {
   return state != 'Z' && state != 'X';
 }
 
+std::vector<pid_t> ChildrenOf(pid_t pid) {
+  std::vector<pid_t> children;
+  std::ifstream file("/proc/" + std::to_string(pid) + "/task/" +
+                     std::to_string(pid) + "/children");
+  pid_t child;
+  while (file >> child) children.push_back(child);
+  return children;
+}
+
 std::vector<pid_t> ReadPidFiles(const std::string& dir) {
   std::vector<pid_t> pids;
   DIR* d = opendir(dir.c_str());

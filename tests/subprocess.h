@@ -40,6 +40,9 @@ std::string MakeTempDir(const std::string& name);
 // Whether a process with this pid is still alive (zombies count as dead).
 bool ProcessAlive(pid_t pid);
 
+// Child processes of `pid`, from /proc.
+std::vector<pid_t> ChildrenOf(pid_t pid);
+
 // Pids written as "<pid>" into every *.pid file of `dir`.
 std::vector<pid_t> ReadPidFiles(const std::string& dir);
 
