@@ -1,5 +1,7 @@
 #include "accel/program.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -54,6 +56,14 @@ void InitProgram(int* argc, char*** argv) {
   // Keep the original arguments: the ranks get exactly what we got.
   std::vector<std::string> command(*argv, *argv + *argc);
   gflags::ParseCommandLineFlags(argc, argv, /*remove_flags=*/true);
+  // Under `bazel run`, relative paths (--output_dir=trained_model) mean the
+  // user's directory, not Bazel's runfiles tree.
+  if (const char* dir = std::getenv("BUILD_WORKING_DIRECTORY")) {
+    if (chdir(dir) != 0) {
+      std::fprintf(stderr, "error: cannot enter %s\n", dir);
+      std::exit(2);
+    }
+  }
   if (FLAGS_num_processes <= 1 && FLAGS_num_machines <= 1 &&
       FLAGS_max_restarts == 0) {
     return;

@@ -9,11 +9,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${1:-30}
-EPOCHS=6
+EPOCHS=8
 bazel build -c opt //examples:train_demo >/dev/null 2>&1 || { echo "build failed"; exit 1; }
 BIN=$(bazel info -c opt bazel-bin 2>/dev/null)/examples/train_demo
 WORK=$(mktemp -d /tmp/accel-soak.XXXXXX)
-COMMON=(--epochs=$EPOCHS --batch_size=12 --sleep_per_step_ms=20 --noprogress
+COMMON=(--epochs=$EPOCHS --batch_size=12 --sleep_per_step_ms=40 --noprogress
         --timeout_s=60 --main_process_port=0)
 
 fingerprint() { grep -o 'Parameter fingerprint: [0-9a-f]*' "$1" | tail -n 1; }
@@ -26,27 +26,36 @@ for n in 2 3 4; do
   [ -n "${reference[$n]}" ] || { echo "reference run at $n processes failed"; cat "$WORK/reference$n.log"; exit 1; }
 done
 
-clear=0; resumed=0; hung=0; lost=0; wrong=0; unclear=0
+clear=0; resumed=0; hung=0; lost=0; wrong=0; unclear=0; torn=0
 save_kills=0; random_kills=0
 for run in $(seq 1 "$RUNS"); do
   n=$(( 2 + RANDOM % 3 ))
   dir="$WORK/run$run"; log="$dir.log"
-  setsid "$BIN" --num_processes=$n "${COMMON[@]}" --output_dir="$dir" > "$log" 2>&1 &
+  "$BIN" --num_processes=$n "${COMMON[@]}" --output_dir="$dir" > "$log" 2>&1 &
   launcher=$!
   mode=$(( RANDOM % 2 ))
   if [ $mode = 0 ]; then
-    # A random moment of training.
-    sleep "0.$(( 2 + RANDOM % 8 ))"
+    # A random moment of training, once the first epoch is done.
+    for _ in $(seq 1 200); do
+      [ -d "$dir/checkpoints/checkpoint_1" ] && break
+      sleep 0.05
+    done
+    sleep "$(( RANDOM % 2 )).$(( RANDOM % 10 ))"
   else
-    # The middle of a save: a checkpoint file being written aside.
-    for _ in $(seq 1 3000); do
-      compgen -G "$dir/checkpoints/checkpoint_*/*.partial.*" >/dev/null && break
-      sleep 0.001
+    # Inside save_state: as soon as a new checkpoint folder appears (after a
+    # random number of epochs), while its files are being written.
+    target=$(( 1 + RANDOM % (EPOCHS - 1) ))
+    while [ ! -d "$dir/checkpoints/checkpoint_$target" ]; do
+      kill -0 $launcher 2>/dev/null || break
     done
   fi
   ranks=($(children $launcher))
   if [ ${#ranks[@]} -gt 0 ]; then
-    kill -9 "${ranks[$(( RANDOM % ${#ranks[@]} ))]}" 2>/dev/null
+    # In a save, the main process (the first child, rank 0) writes the
+    # shared files: kill it there most of the time.
+    victim=$(( RANDOM % ${#ranks[@]} ))
+    [ $mode = 1 ] && [ $(( RANDOM % 4 )) != 0 ] && victim=0
+    kill -9 "${ranks[$victim]}" 2>/dev/null
     if [ $mode = 0 ]; then random_kills=$((random_kills + 1)); else save_kills=$((save_kills + 1)); fi
   fi
   # The job must end by itself, long before its 60 s collective timeout.
@@ -57,9 +66,14 @@ for run in $(seq 1 "$RUNS"); do
   done
   if [ $ended = 0 ]; then
     hung=$((hung + 1)); echo "run $run: HUNG (log $log)"
-    kill -9 -- -$launcher 2>/dev/null; wait $launcher 2>/dev/null; continue
+    # The ranks die with the launcher (PR_SET_PDEATHSIG).
+    kill -9 $launcher 2>/dev/null; wait $launcher 2>/dev/null; continue
   fi
   wait $launcher; code=$?
+  # Evidence that a save was cut short: a checkpoint left incomplete.
+  for ckpt in "$dir"/checkpoints/checkpoint_*; do
+    [ -d "$ckpt" ] && [ ! -e "$ckpt/accelerator_state.pt" ] && { torn=$((torn + 1)); break; }
+  done
   if [ $code != 0 ] && ! grep -q "accel launch: rank [0-9]* (pid [0-9]*) was killed by signal 9" "$log"; then
     unclear=$((unclear + 1)); echo "run $run: exit $code without a clear message (log $log)"
   elif [ $code != 0 ]; then
@@ -81,8 +95,8 @@ for run in $(seq 1 "$RUNS"); do
   fi
 done
 
-printf '\nsoak: %d runs of train_demo at 2-4 processes (%d killed at a random moment, %d during save_state)\n' \
-  "$RUNS" "$random_kills" "$save_kills"
+printf '\nsoak: %d runs of train_demo at 2-4 processes: %d ranks killed at a random moment, %d as a save began; %d saves left torn\n' \
+  "$RUNS" "$random_kills" "$save_kills" "$torn"
 printf '%-44s %5d\n' "ended with a clear error" "$clear" \
   "finished before the kill (no failure)" "$(( RUNS - clear - hung - unclear ))" \
   "resumed to the uninterrupted result" "$resumed" \

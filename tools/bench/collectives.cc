@@ -102,7 +102,6 @@ std::map<std::string, double> MeasureAccel(accel::Communicator& comm) {
 std::string ScriptPath() {
   if (!FLAGS_torch_script.empty()) return FLAGS_torch_script;
   const std::string relative = "tools/bench/torch_collectives.py";
-  if (access(relative.c_str(), R_OK) == 0) return relative;  // bazel run
   char self[4096] = {};
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   return std::string(self, n > 0 ? n : 0) + ".runfiles/accel/" + relative;
