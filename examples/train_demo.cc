@@ -19,6 +19,7 @@
 
 DEFINE_int32(epochs, 3, "Epochs to train (in total, when resuming).");
 DEFINE_int32(batch_size, 8, "Global batch size, split across processes.");
+DEFINE_int64(hidden, 32, "Width of the hidden layer.");
 DEFINE_string(output_dir, "trained_model", "Where save_state writes.");
 DEFINE_string(resume_from, "", "A checkpoint folder to continue from.");
 DEFINE_bool(resume, false,
@@ -85,9 +86,9 @@ int Main(int argc, char** argv) {
   options.total_limit = FLAGS_total_limit;
   accel::Accelerator accelerator(options);
 
-  torch::nn::Sequential model(torch::nn::Linear(kFeatures, 32),
+  torch::nn::Sequential model(torch::nn::Linear(kFeatures, FLAGS_hidden),
                               torch::nn::ReLU(),
-                              torch::nn::Linear(32, kClasses));
+                              torch::nn::Linear(FLAGS_hidden, kClasses));
   torch::optim::AdamW optimizer(model->parameters(),
                                 torch::optim::AdamWOptions(3e-4));
   accel::DataLoaderOptions loader_options;

@@ -13,7 +13,9 @@ EPOCHS=8
 bazel build -c opt //examples:train_demo >/dev/null 2>&1 || { echo "build failed"; exit 1; }
 BIN=$(bazel info -c opt bazel-bin 2>/dev/null)/examples/train_demo
 WORK=$(mktemp -d /tmp/accel-soak.XXXXXX)
-COMMON=(--epochs=$EPOCHS --batch_size=12 --sleep_per_step_ms=40 --noprogress
+# A wide hidden layer makes each save write ~30 MB, so that kills land
+# inside saves.
+COMMON=(--epochs=$EPOCHS --batch_size=12 --hidden=250000 --sleep_per_step_ms=20 --noprogress
         --timeout_s=60 --main_process_port=0)
 
 fingerprint() { grep -o 'Parameter fingerprint: [0-9a-f]*' "$1" | tail -n 1; }
@@ -82,7 +84,7 @@ for run in $(seq 1 "$RUNS"); do
   # Every complete checkpoint must still load.
   for ckpt in "$dir"/checkpoints/checkpoint_*; do
     [ -e "$ckpt/accelerator_state.pt" ] || continue
-    if ! "$BIN" --resume_from="$ckpt" --epochs=0 --noprogress --output_dir="$dir/check" > "$dir.check.log" 2>&1; then
+    if ! "$BIN" --resume_from="$ckpt" --epochs=0 --hidden=250000 --noprogress --output_dir="$dir/check" > "$dir.check.log" 2>&1; then
       lost=$((lost + 1)); echo "run $run: checkpoint $ckpt no longer loads (log $dir.check.log)"
     fi
   done
