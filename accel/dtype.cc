@@ -67,7 +67,21 @@ void ReduceTyped(ReduceOp op, void* out, const void* a, const void* b,
   auto* o = static_cast<T*>(out);
   const auto* x = static_cast<const T*>(a);
   const auto* y = static_cast<const T*>(b);
-  for (size_t i = 0; i < count; ++i) o[i] = Combine(op, x[i], y[i]);
+  // One loop per operation, so that each vectorizes.
+  switch (op) {
+    case ReduceOp::kSum:
+      for (size_t i = 0; i < count; ++i) o[i] = WrappingAdd(x[i], y[i]);
+      return;
+    case ReduceOp::kProduct:
+      for (size_t i = 0; i < count; ++i) o[i] = WrappingMultiply(x[i], y[i]);
+      return;
+    case ReduceOp::kMin:
+      for (size_t i = 0; i < count; ++i) o[i] = std::min(x[i], y[i]);
+      return;
+    case ReduceOp::kMax:
+      for (size_t i = 0; i < count; ++i) o[i] = std::max(x[i], y[i]);
+      return;
+  }
 }
 
 template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>

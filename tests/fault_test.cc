@@ -53,15 +53,15 @@ TEST(FaultTest, BarrierOnlyOnTheMainProcessIsNamedOnEveryRank) {
   EXPECT_NE(r.exit_code, 0);
   // Each rank: one error naming both calls, with their call sites.
   EXPECT_EQ(Count(r.output,
-                  "error: \\[gloo\\] rank [01]/2: [a-z_]+ #3 "
+                  "error: \\[gloo\\] rank [01]/2: [a-z_]+ #2 "
                   "\\(fault_worker.cc:[0-9]+\\): ranks called "
                   "different collectives"),
             2u)
       << r.output;
-  EXPECT_THAT(r.output, HasSubstr("rank 1 is in gather #3 (fault_worker.cc:"));
-  EXPECT_THAT(r.output, HasSubstr("while rank 0 waits in wait_for_everyone #3 "
+  EXPECT_THAT(r.output, HasSubstr("rank 1 is in gather #2 (fault_worker.cc:"));
+  EXPECT_THAT(r.output, HasSubstr("while rank 0 waits in wait_for_everyone #2 "
                                   "(fault_worker.cc:"));
-  EXPECT_THAT(r.output, HasSubstr("rank 0 is in wait_for_everyone #3"));
+  EXPECT_THAT(r.output, HasSubstr("rank 0 is in wait_for_everyone #2"));
   EXPECT_LT(r.elapsed, seconds(30)) << r.output;  // Timeout is 300 s.
 }
 
@@ -69,8 +69,8 @@ TEST(FaultTest, RankThatSkipsAGatherIsNamed) {
   const ProcessResult r = RunFault("skip_gather");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("ranks called different collectives"));
-  EXPECT_THAT(r.output, HasSubstr("rank 0 is in wait_for_everyone #3"));
-  EXPECT_THAT(r.output, HasSubstr("rank 1 is in gather #3"));
+  EXPECT_THAT(r.output, HasSubstr("rank 0 is in wait_for_everyone #2"));
+  EXPECT_THAT(r.output, HasSubstr("rank 1 is in gather #2"));
   EXPECT_LT(r.elapsed, seconds(30)) << r.output;
 }
 
@@ -78,7 +78,7 @@ TEST(FaultTest, RankThatExitsWhileOthersWaitIsNamed) {
   const ProcessResult r = RunFault("main_only_wait_then_exit");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output,
-              HasSubstr("error: [gloo] rank 0/2: wait_for_everyone #3 "
+              HasSubstr("error: [gloo] rank 0/2: wait_for_everyone #2 "
                         "(fault_worker.cc:"));
   EXPECT_THAT(r.output, HasSubstr("rank 1 exited (its process left the job)"));
   EXPECT_LT(r.elapsed, seconds(30)) << r.output;
@@ -87,10 +87,10 @@ TEST(FaultTest, RankThatExitsWhileOthersWaitIsNamed) {
 TEST(FaultTest, TimeoutSaysWhatTheLateRankIsDoing) {
   const ProcessResult r = RunFault("late_rank", {"--timeout_s=2"});
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_THAT(r.output, HasSubstr("error: [gloo] rank 0/2: gather #3 "
+  EXPECT_THAT(r.output, HasSubstr("error: [gloo] rank 0/2: gather #2 "
                                   "(fault_worker.cc:"));
   EXPECT_THAT(r.output, HasSubstr("timed out after 2000 ms: rank 1 is not in a "
-                                  "collective (its last was gather #2 "
+                                  "collective (its last was gather #1 "
                                   "(fault_worker.cc:"));
   EXPECT_LT(r.elapsed, seconds(30)) << r.output;
 }
