@@ -29,7 +29,7 @@ Communicator::Communicator(const BackendContext& context)
       store_(context.store),
       options_(context.options) {
   worker_ = std::thread([this] { WorkerLoop(); });
-  if (options_.check_collectives && store_ != nullptr && size_ > 1) {
+  if (store_ != nullptr && size_ > 1) {
     watchdog_ = std::thread([this] { WatchdogLoop(); });
   }
 }
@@ -306,25 +306,6 @@ std::string Communicator::DescribeDepartures(int* failed_rank) {
   }
 }
 
-void Communicator::ThrowIfPeerDeparted() {
-  if (store_ == nullptr) return;
-  std::map<int, std::string> departed;
-  try {
-    departed = store_->departures();
-  } catch (const Error&) {
-    throw PeerError(
-        "rank 0 is unreachable (it hosts the rendezvous store, so "
-        "it crashed or exited)",
-        0);
-  }
-  departed.erase(rank_);
-  if (departed.empty()) return;
-  const auto& [rank, how] = *departed.begin();
-  throw PeerError("rank " + std::to_string(rank) + " " + how +
-                      " (its process left the job)",
-                  rank);
-}
-
 void Communicator::SetStatus(const Op& op, bool running) {
   {
     std::lock_guard<std::mutex> lock(status_mutex_);
@@ -431,7 +412,7 @@ void Communicator::WatchdogLoop() {
     const auto since = running_since_;
     lock.unlock();
     try {
-      if (version != published) {
+      if (options_.check_collectives && version != published) {
         store_->set("accel_status/" + std::to_string(rank_), Encode(mine));
         published = version;
       }

@@ -58,10 +58,11 @@ struct CollectiveOptions {
 
 struct CommunicatorOptions {
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
-  // Publish what this rank is doing to the store (at most every
-  // status_interval) and, once a collective has waited check_after, compare
-  // it with the other ranks' calls: different collectives, or a rank that
-  // left, fail the collective at once instead of at the timeout.
+  // Once a collective has waited check_after, a watchdog looks at the other
+  // ranks: one that left the job fails the collective at once instead of at
+  // the timeout. With check_collectives, every rank also publishes what it
+  // is doing (at most every status_interval), and different collectives on
+  // different ranks fail the same way.
   bool check_collectives = true;
   std::chrono::milliseconds status_interval = std::chrono::milliseconds(100);
   std::chrono::milliseconds check_after = std::chrono::milliseconds(1000);
@@ -173,11 +174,6 @@ class Communicator {
   // a departed rank); called from another thread. Gloo closes its
   // connections, NCCL aborts its communicator.
   virtual void Abort() {}
-
-  // Throws PeerError naming a rank whose process has left the job, if the
-  // store saw one leave. Backends whose transport cannot notice a dead peer
-  // by itself call this while they wait.
-  void ThrowIfPeerDeparted();
 
   // "[gloo] rank 1/2: ", the prefix of every message about this rank.
   std::string Where() const;

@@ -29,7 +29,8 @@ DEFINE_int32(rendezvous_timeout_s, 60,
              "start-up, in seconds.");
 DEFINE_bool(collective_checks, true,
             "Compare each collective across ranks and report mismatched "
-            "calls or departed ranks within about a second.");
+            "calls within about a second (ranks that left are reported "
+            "either way).");
 DEFINE_int32(max_restarts, 0,
              "Restart the whole job up to this many times after a rank "
              "fails (TORCHELASTIC_RESTART_COUNT tells the ranks which try "

@@ -112,15 +112,20 @@ TEST(FaultTest, UnknownFlagIsRejectedBeforeAnythingStarts) {
   EXPECT_THAT(r.output, HasSubstr("unknown command line flag 'num_procesess'"));
 }
 
+// One rank of a 2-rank job, started by hand, with a 2 s rendezvous timeout.
+ProcessResult RunOneRank(int rank, const std::string& master_addr,
+                         int master_port) {
+  return RunProcess({Runfile("tests/fault_worker"), "--rendezvous_timeout_s=2"},
+                    {{"RANK", std::to_string(rank)},
+                     {"WORLD_SIZE", "2"},
+                     {"MASTER_ADDR", master_addr},
+                     {"MASTER_PORT", std::to_string(master_port)}},
+                    seconds(60));
+}
+
 TEST(FaultTest, UnreachableMasterAddrFailsWithinTheRendezvousTimeout) {
   // 192.0.2.0/24 is reserved for documentation: nothing answers there.
-  const ProcessResult r =
-      RunProcess({Runfile("tests/fault_worker"), "--rendezvous_timeout_s=2"},
-                 {{"RANK", "1"},
-                  {"WORLD_SIZE", "2"},
-                  {"MASTER_ADDR", "192.0.2.1"},
-                  {"MASTER_PORT", "29500"}},
-                 seconds(60));
+  const ProcessResult r = RunOneRank(1, "192.0.2.1", 29500);
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.output, HasSubstr("rank 1/2: rendezvous failed: could not "
                                   "connect to the rendezvous store at "
@@ -130,13 +135,7 @@ TEST(FaultTest, UnreachableMasterAddrFailsWithinTheRendezvousTimeout) {
 
 TEST(FaultTest, PortInUseSaysWhichAndSuggestsPortZero) {
   // Rank 0 of a first job holds the port; a second job on it must say so.
-  const ProcessResult r =
-      RunProcess({Runfile("tests/fault_worker"), "--rendezvous_timeout_s=2"},
-                 {{"RANK", "0"},
-                  {"WORLD_SIZE", "2"},
-                  {"MASTER_ADDR", "127.0.0.1"},
-                  {"MASTER_PORT", std::to_string(HeldPort())}},
-                 seconds(60));
+  const ProcessResult r = RunOneRank(0, "127.0.0.1", HeldPort());
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.output, HasSubstr("already in use"));
   EXPECT_THAT(r.output, HasSubstr("--main_process_port=0"));

@@ -17,9 +17,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// How often a waiting operation asks the store whether a peer left.
-constexpr auto kPeerCheckInterval = std::chrono::milliseconds(500);
-
 ncclDataType_t NcclType(DType dtype) {
   switch (dtype) {
     case DType::kFloat32:
@@ -234,7 +231,6 @@ void NcclCommunicator::Run(const Op& op, Launch&& launch) {
   }
   CheckCuda(cudaEventRecord(s.done, s.stream), "cudaEventRecord");
   const auto start = Clock::now();
-  auto next_peer_check = start + kPeerCheckInterval;
   while (true) {
     const cudaError_t status = cudaEventQuery(s.done);
     if (status == cudaSuccess) return;
@@ -262,17 +258,6 @@ void NcclCommunicator::Run(const Op& op, Launch&& launch) {
       throw TimeoutError(
           "NCCL operation did not complete; communicator "
           "aborted (ncclCommAbort)");
-    }
-    if (now >= next_peer_check) {
-      next_peer_check = now + kPeerCheckInterval;
-      try {
-        ThrowIfPeerDeparted();
-      } catch (const PeerError&) {
-        s.aborted = true;
-        ncclCommAbort(s.comm);
-        s.comm = nullptr;
-        throw;
-      }
     }
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
