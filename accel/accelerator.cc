@@ -3,10 +3,10 @@
 #include <torch/cuda.h>
 #include <torch/utils.h>
 
-#include "accel/errors.h"
-#include "accel/process_group.h"
-#include "accel/program.h"
-#include "accel/registry.h"
+#include "accel/runtime/errors.h"
+#include "accel/runtime/process_group.h"
+#include "accel/runtime/program.h"
+#include "accel/runtime/registry.h"
 #include "accel/tensor_ops.h"
 
 namespace accel {

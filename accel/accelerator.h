@@ -39,10 +39,10 @@
 #include <vector>
 
 #include "accel/checkpoint.h"
-#include "accel/communicator.h"
 #include "accel/data_loader.h"
-#include "accel/environment.h"
 #include "accel/gradient_sync.h"
+#include "accel/runtime/communicator.h"
+#include "accel/runtime/environment.h"
 
 namespace accel {
 

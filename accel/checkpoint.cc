@@ -15,7 +15,7 @@
 #include <mutex>
 #include <sstream>
 
-#include "accel/errors.h"
+#include "accel/runtime/errors.h"
 #include "accel/tensor_ops.h"
 
 namespace accel {

@@ -28,7 +28,7 @@
 #include <optional>
 #include <vector>
 
-#include "accel/errors.h"
+#include "accel/runtime/errors.h"
 
 namespace accel {
 

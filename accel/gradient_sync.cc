@@ -6,7 +6,7 @@
 
 #include <mutex>
 
-#include "accel/errors.h"
+#include "accel/runtime/errors.h"
 #include "accel/tensor_ops.h"
 
 namespace accel {

@@ -19,7 +19,7 @@
 #include <memory>
 #include <vector>
 
-#include "accel/communicator.h"
+#include "accel/runtime/communicator.h"
 
 namespace accel {
 

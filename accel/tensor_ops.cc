@@ -2,7 +2,7 @@
 
 #include <sstream>
 
-#include "accel/errors.h"
+#include "accel/runtime/errors.h"
 
 namespace accel {
 namespace {

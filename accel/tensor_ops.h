@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "accel/communicator.h"
-#include "accel/dtype.h"
+#include "accel/runtime/communicator.h"
+#include "accel/runtime/dtype.h"
 
 namespace accel {
 

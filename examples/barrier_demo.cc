@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "accel/accelerator.h"
-#include "accel/program.h"
+#include "accel/runtime/program.h"
 
 namespace {
 

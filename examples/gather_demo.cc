@@ -3,7 +3,7 @@
 //
 //   bazel run //examples:gather_demo -- --num_processes=2
 #include "accel/accelerator.h"
-#include "accel/program.h"
+#include "accel/runtime/program.h"
 
 namespace {
 

@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "accel/accelerator.h"
-#include "accel/program.h"
+#include "accel/runtime/program.h"
 
 DEFINE_int32(epochs, 3, "Epochs to train (in total, when resuming).");
 DEFINE_int32(batch_size, 8, "Global batch size, split across processes.");

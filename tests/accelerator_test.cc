@@ -4,7 +4,7 @@
 
 #include <cstdlib>
 
-#include "accel/errors.h"
+#include "accel/runtime/errors.h"
 #include "tests/multiprocess_main.h"
 
 namespace accel::testing {

@@ -14,7 +14,7 @@
 #include <fstream>
 
 #include "accel/accelerator.h"
-#include "accel/errors.h"
+#include "accel/runtime/errors.h"
 #include "tests/subprocess.h"
 
 namespace accel::testing {

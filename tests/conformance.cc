@@ -7,8 +7,8 @@
 #include <thread>
 #include <vector>
 
-#include "accel/dtype.h"
-#include "accel/errors.h"
+#include "accel/runtime/dtype.h"
+#include "accel/runtime/errors.h"
 #include "tests/thread_ranks.h"
 
 namespace accel::testing {

@@ -6,8 +6,8 @@
 #include <thread>
 
 #include "accel/accelerator.h"
-#include "accel/errors.h"
-#include "accel/program.h"
+#include "accel/runtime/errors.h"
+#include "accel/runtime/program.h"
 
 DEFINE_string(scenario, "main_only_wait",
               "main_only_wait, main_only_wait_then_exit, skip_gather, "

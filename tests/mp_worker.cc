@@ -19,9 +19,9 @@
 #include <thread>
 #include <vector>
 
-#include "accel/errors.h"
-#include "accel/process_group.h"
-#include "accel/program.h"
+#include "accel/runtime/errors.h"
+#include "accel/runtime/process_group.h"
+#include "accel/runtime/program.h"
 
 DEFINE_string(scenario, "collectives", "collectives, die or sleep");
 DEFINE_int32(die_rank, 1, "The rank that kills itself in --scenario=die.");

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "accel/environment.h"
-#include "accel/launch.h"
+#include "accel/runtime/environment.h"
+#include "accel/runtime/launch.h"
 
 namespace accel::testing {
 namespace {

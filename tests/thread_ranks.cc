@@ -8,8 +8,8 @@
 #include <thread>
 #include <vector>
 
-#include "accel/registry.h"
-#include "accel/store.h"
+#include "accel/runtime/registry.h"
+#include "accel/runtime/store.h"
 
 namespace accel::testing {
 

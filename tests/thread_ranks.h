@@ -12,7 +12,7 @@
 #include <functional>
 #include <string>
 
-#include "accel/communicator.h"
+#include "accel/runtime/communicator.h"
 
 namespace accel::testing {
 

@@ -80,9 +80,9 @@ echo "torch: ${torch_dir:-/usr (Debian)} (cxx11 abi $abi); cuda: $cuda_inc; nccl
 # --- Build --------------------------------------------------------------------
 CXX=${CXX:-g++}
 CXXFLAGS="-std=c++17 -O2 -fPIC -D_GLIBCXX_USE_CXX11_ABI=$abi -I$ROOT $DEPS_INC $CUDA_FLAGS"
-CORE="accel/dtype accel/store accel/net accel/tcp_store accel/communicator
-      accel/registry accel/environment accel/process_group accel/launch
-      accel/program backends/nccl/nccl_communicator"
+CORE="accel/runtime/dtype accel/runtime/store accel/runtime/net accel/runtime/tcp_store accel/runtime/communicator
+      accel/runtime/registry accel/runtime/environment accel/runtime/process_group accel/runtime/launch
+      accel/runtime/program backends/nccl/nccl_communicator"
 TORCH_UNITS="accel/tensor_ops accel/gradient_sync accel/checkpoint accel/accelerator
              examples/train_demo"
 TEST_UNITS="tests/conformance tests/thread_ranks backends/nccl/nccl_conformance_test

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "accel/errors.h"
-#include "accel/program.h"
+#include "accel/runtime/errors.h"
+#include "accel/runtime/program.h"
 
 int main(int argc, char** argv) {
   gflags::SetUsageMessage(

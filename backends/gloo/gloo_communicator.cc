@@ -20,8 +20,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "accel/errors.h"
-#include "accel/registry.h"
+#include "accel/runtime/errors.h"
+#include "accel/runtime/registry.h"
 
 namespace accel {
 namespace {

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "accel/communicator.h"
+#include "accel/runtime/communicator.h"
 
 namespace gloo {
 class Context;

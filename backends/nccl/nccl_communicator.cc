@@ -9,8 +9,8 @@
 #include <cstring>
 #include <thread>
 
-#include "accel/errors.h"
-#include "accel/registry.h"
+#include "accel/runtime/errors.h"
+#include "accel/runtime/registry.h"
 
 namespace accel {
 namespace {

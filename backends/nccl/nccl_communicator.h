@@ -17,7 +17,7 @@
 #include <memory>
 #include <string>
 
-#include "accel/communicator.h"
+#include "accel/runtime/communicator.h"
 
 namespace accel {
 

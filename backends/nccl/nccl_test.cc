@@ -5,9 +5,9 @@
 
 #include <chrono>
 
-#include "accel/errors.h"
-#include "accel/registry.h"
-#include "accel/store.h"
+#include "accel/runtime/errors.h"
+#include "accel/runtime/registry.h"
+#include "accel/runtime/store.h"
 
 namespace accel {
 namespace {

@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "accel/errors.h"
-#include "accel/process_group.h"
-#include "accel/program.h"
+#include "accel/runtime/errors.h"
+#include "accel/runtime/process_group.h"
+#include "accel/runtime/program.h"
 
 DEFINE_string(sizes, "4096,65536,1048576,16777216,67108864",
               "Message sizes in bytes for the throughput rows.");

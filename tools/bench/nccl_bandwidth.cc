@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "accel/errors.h"
-#include "accel/process_group.h"
-#include "accel/program.h"
+#include "accel/runtime/errors.h"
+#include "accel/runtime/process_group.h"
+#include "accel/runtime/program.h"
 
 DEFINE_string(sizes, "1048576,16777216,268435456,1073741824",
               "Bytes per rank for each row.");

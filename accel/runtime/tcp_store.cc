@@ -1,4 +1,4 @@
-#include "accel/tcp_store.h"
+#include "accel/runtime/tcp_store.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -9,8 +9,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "accel/errors.h"
-#include "accel/net.h"
+#include "accel/runtime/errors.h"
+#include "accel/runtime/net.h"
 
 namespace accel {
 namespace {

@@ -13,9 +13,9 @@
 #include <memory>
 #include <string>
 
-#include "accel/communicator.h"
-#include "accel/environment.h"
-#include "accel/store.h"
+#include "accel/runtime/communicator.h"
+#include "accel/runtime/environment.h"
+#include "accel/runtime/store.h"
 
 namespace accel {
 

@@ -1,11 +1,11 @@
-#include "accel/process_group.h"
+#include "accel/runtime/process_group.h"
 
 #include <thread>
 
-#include "accel/errors.h"
-#include "accel/net.h"
-#include "accel/registry.h"
-#include "accel/tcp_store.h"
+#include "accel/runtime/errors.h"
+#include "accel/runtime/net.h"
+#include "accel/runtime/registry.h"
+#include "accel/runtime/tcp_store.h"
 
 namespace accel {
 namespace {

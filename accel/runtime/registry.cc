@@ -1,9 +1,9 @@
-#include "accel/registry.h"
+#include "accel/runtime/registry.h"
 
 #include <map>
 #include <mutex>
 
-#include "accel/errors.h"
+#include "accel/runtime/errors.h"
 
 namespace accel {
 namespace {

@@ -1,4 +1,4 @@
-#include "accel/store.h"
+#include "accel/runtime/store.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -7,9 +7,9 @@
 
 #include <thread>
 
-#include "accel/errors.h"
-#include "accel/net.h"
-#include "accel/tcp_store.h"
+#include "accel/runtime/errors.h"
+#include "accel/runtime/net.h"
+#include "accel/runtime/tcp_store.h"
 
 namespace accel {
 namespace {

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "accel/communicator.h"
+#include "accel/runtime/communicator.h"
 
 namespace accel {
 

@@ -1,4 +1,4 @@
-#include "accel/net.h"
+#include "accel/runtime/net.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -14,7 +14,7 @@
 #include <memory>
 #include <thread>
 
-#include "accel/errors.h"
+#include "accel/runtime/errors.h"
 
 namespace accel::net {
 namespace {

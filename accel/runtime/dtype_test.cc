@@ -1,11 +1,11 @@
-#include "accel/dtype.h"
+#include "accel/runtime/dtype.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
 
-#include "accel/errors.h"
+#include "accel/runtime/errors.h"
 
 namespace accel {
 namespace {

@@ -24,7 +24,7 @@
 #include <thread>
 #include <vector>
 
-#include "accel/store.h"
+#include "accel/runtime/store.h"
 
 namespace accel {
 

@@ -1,4 +1,4 @@
-#include "accel/program.h"
+#include "accel/runtime/program.h"
 
 #include <unistd.h>
 
@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "accel/environment.h"
-#include "accel/errors.h"
+#include "accel/runtime/environment.h"
+#include "accel/runtime/errors.h"
 
 DEFINE_int32(num_processes, 1,
              "Total number of processes (ranks) to run, over all machines.");

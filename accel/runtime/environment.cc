@@ -1,10 +1,10 @@
-#include "accel/environment.h"
+#include "accel/runtime/environment.h"
 
 #include <cerrno>
 #include <cstdlib>
 #include <limits>
 
-#include "accel/errors.h"
+#include "accel/runtime/errors.h"
 
 namespace accel {
 namespace {

@@ -29,8 +29,8 @@
 #include <thread>
 #include <vector>
 
-#include "accel/dtype.h"
-#include "accel/store.h"
+#include "accel/runtime/dtype.h"
+#include "accel/runtime/store.h"
 
 namespace accel {
 

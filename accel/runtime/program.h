@@ -20,7 +20,7 @@
 
 #include <gflags/gflags.h>
 
-#include "accel/launch.h"
+#include "accel/runtime/launch.h"
 
 DECLARE_int32(num_processes);
 DECLARE_int32(num_machines);

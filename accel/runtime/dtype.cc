@@ -1,11 +1,11 @@
-#include "accel/dtype.h"
+#include "accel/runtime/dtype.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
 
-#include "accel/errors.h"
+#include "accel/runtime/errors.h"
 
 namespace accel {
 namespace {

@@ -1,11 +1,11 @@
-#include "accel/communicator.h"
+#include "accel/runtime/communicator.h"
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 
-#include "accel/errors.h"
+#include "accel/runtime/errors.h"
 
 namespace accel {
 namespace {

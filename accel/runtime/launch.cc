@@ -1,4 +1,4 @@
-#include "accel/launch.h"
+#include "accel/runtime/launch.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -14,8 +14,8 @@
 #include <map>
 #include <thread>
 
-#include "accel/errors.h"
-#include "accel/net.h"
+#include "accel/runtime/errors.h"
+#include "accel/runtime/net.h"
 
 namespace accel {
 namespace {

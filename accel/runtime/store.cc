@@ -1,6 +1,6 @@
-#include "accel/store.h"
+#include "accel/runtime/store.h"
 
-#include "accel/errors.h"
+#include "accel/runtime/errors.h"
 
 namespace accel {
 
