@@ -15,6 +15,19 @@ readonly PACKAGES=(
   libgtest-dev
   libopenblas0-pthread
   python3-torch
+  nlohmann-json3-dev
+  # Cluster engines and their tests (tests/cluster/).
+  openmpi-bin
+  libopenmpi-dev
+  slurm-wlm
+  munge
+  iproute2
+  iptables
+  # Experiment tracking: TensorBoard event files and plots.
+  libprotobuf-dev
+  protobuf-compiler
+  python3-protobuf
+  python3-matplotlib
 )
 
 missing=()
