@@ -1,8 +1,10 @@
 #include "accel/accelerator.h"
 
 #include <torch/cuda.h>
+#include <torch/nn/utils/clip_grad.h>
 #include <torch/utils.h>
 
+#include "accel/runtime/error_report.h"
 #include "accel/runtime/errors.h"
 #include "accel/runtime/process_group.h"
 #include "accel/runtime/program.h"
@@ -31,21 +33,76 @@ std::map<std::string, torch::Tensor> MapTensors(
   return result;
 }
 
+void ValidateOptions(const AcceleratorOptions& options) {
+  const std::string& mp = options.mixed_precision;
+  if (mp != "no" && mp != "bf16" && mp != "fp16") {
+    throw UsageError("mixed precision must be \"no\", \"bf16\" or \"fp16\", "
+                     "found \"" +
+                     mp + "\"");
+  }
+  if (options.gradient_accumulation_steps < 1) {
+    throw UsageError(
+        "gradient_accumulation_steps must be at least 1, found " +
+        std::to_string(options.gradient_accumulation_steps));
+  }
+  if (options.timeout.count() <= 0) {
+    throw UsageError("the collective timeout must be positive, found " +
+                     std::to_string(options.timeout.count()) + " ms");
+  }
+  if (options.rendezvous_timeout.count() <= 0) {
+    throw UsageError("the rendezvous timeout must be positive, found " +
+                     std::to_string(options.rendezvous_timeout.count()) +
+                     " ms");
+  }
+  if (options.total_limit < 0) {
+    throw UsageError("total_limit must not be negative, found " +
+                     std::to_string(options.total_limit));
+  }
+}
+
 }  // namespace
+
+const char* DistributedTypeName(DistributedType type) {
+  switch (type) {
+    case DistributedType::kNo:
+      return "NO";
+    case DistributedType::kMultiCpu:
+      return "MULTI_CPU";
+    case DistributedType::kMultiGpu:
+      return "MULTI_GPU";
+  }
+  return "UNKNOWN";
+}
 
 AcceleratorOptions AcceleratorOptions::FromFlags() {
   AcceleratorOptions options;
   options.backend = FLAGS_backend;
+  options.mixed_precision = FLAGS_mixed_precision;
+  options.gradient_accumulation_steps = FLAGS_gradient_accumulation_steps;
   options.timeout = std::chrono::seconds(FLAGS_timeout_s);
   options.rendezvous_timeout = std::chrono::seconds(FLAGS_rendezvous_timeout_s);
-  if (FLAGS_seed >= 0) options.seed = static_cast<uint64_t>(FLAGS_seed);
   options.check_collectives = FLAGS_collective_checks;
   return options;
 }
 
+NoSyncScope::~NoSyncScope() {
+  for (auto it = restore_.rbegin(); it != restore_.rend(); ++it) {
+    it->first->set_enabled(it->second);
+  }
+}
+
+void NoSyncScope::Add(GradientSynchronizer* synchronizer) {
+  if (synchronizer == nullptr) return;
+  restore_.emplace_back(synchronizer, synchronizer->enabled());
+  synchronizer->set_enabled(false);
+}
+
 Accelerator::Accelerator(AcceleratorOptions options)
     : env_(DistributedEnvironment::FromProcess()),
-      options_(std::move(options)) {
+      options_(std::move(options)),
+      state_(std::make_shared<TrainingState>()) {
+  InstallTerminateHandler();
+  ValidateOptions(options_);
   ProcessGroupOptions group_options;
   backend_ = ResolveBackend(options_.backend);
   group_options.backend = backend_;
@@ -55,6 +112,30 @@ Accelerator::Accelerator(AcceleratorOptions options)
   group_ = ProcessGroup::Join(env_, group_options);
   const int gpu = group_->communicator().device_index();
   if (gpu >= 0) device_ = torch::Device(torch::kCUDA, gpu);
+
+  state_->num_processes = num_processes();
+  state_->split_batches = options_.split_batches;
+  state_->gradients.set_accumulation_steps(
+      options_.gradient_accumulation_steps);
+  state_->gradients.set_sync_with_dataloader(options_.sync_with_dataloader);
+  if (options_.mixed_precision == "fp16") {
+    state_->scaler = std::make_shared<GradScaler>(options_.scaler);
+    // An overflow on any rank skips the step on every rank.
+    state_->scaler->set_agreement([this](bool found_inf) {
+      int32_t flag = found_inf ? 1 : 0;
+      communicator().allreduce(&flag, 1, DType::kInt32, ReduceOp::kMax,
+                               At(CallSite::Here(), "optimizer.step"));
+      return flag != 0;
+    });
+    contents_.scaler = state_->scaler;
+    if (!device_.is_cuda() && is_main_process()) {
+      std::fprintf(stderr,
+                   "accel: note: LibTorch 1.13 has no float16 autocast on "
+                   "the CPU: with --mixed_precision=fp16 the model computes "
+                   "in float32 and only the loss scaling runs (bf16 "
+                   "autocasts on the CPU)\n");
+    }
+  }
   if (options_.seed) set_seed(*options_.seed);
   // Numbering continues after earlier runs' checkpoints. No rank can save
   // before every rank got here (saving follows collectives), so all agree.
@@ -69,10 +150,24 @@ Accelerator::~Accelerator() {
   group_.reset();
 }
 
-Communicator& Accelerator::communicator() { return group_->communicator(); }
+Communicator& Accelerator::communicator() {
+  if (group_ == nullptr) {
+    throw UsageError(
+        "a collective was called after end_training(); the process has left "
+        "the job");
+  }
+  return group_->communicator();
+}
+
+DistributedType Accelerator::distributed_type() const {
+  if (num_processes() == 1) return DistributedType::kNo;
+  return device_.is_cuda() ? DistributedType::kMultiGpu
+                           : DistributedType::kMultiCpu;
+}
 
 void Accelerator::PrepareModule(
     const std::shared_ptr<torch::nn::Module>& module) {
+  if (module == nullptr) throw UsageError("prepare: the model is null");
   module->to(device_);
   contents_.models.push_back(module);
   if (num_processes() == 1) return;
@@ -85,19 +180,92 @@ void Accelerator::PrepareModule(
   for (auto& tensor : module->buffers()) {
     tensor.copy_(BroadcastTensor(communicator(), tensor, 0, options));
   }
-  synchronizers_.push_back(std::make_unique<GradientSynchronizer>(
-      communicator(), module->parameters(), options_.gradient_sync));
+  synchronizers_.emplace_back(
+      module.get(),
+      std::make_unique<GradientSynchronizer>(
+          communicator(), module->parameters(), options_.gradient_sync));
+}
+
+std::shared_ptr<PreparedOptimizer> Accelerator::PrepareOptimizer(
+    torch::optim::Optimizer& optimizer) {
+  auto prepared = std::make_shared<PreparedOptimizer>();
+  prepared->optimizer = &optimizer;
+  state_->optimizers.push_back(prepared);
+  contents_.optimizers.push_back(&optimizer);
+  return prepared;
+}
+
+void Accelerator::PrepareLoader(std::shared_ptr<DataLoaderState> state,
+                                bool split_batches) {
+  contents_.loaders.push_back(std::move(state));
+  if (split_batches) state_->split_batches = true;
+}
+
+GradientSynchronizer* Accelerator::SynchronizerOf(
+    const torch::nn::Module* model, const char* operation) {
+  for (auto& [module, synchronizer] : synchronizers_) {
+    if (module == model) return synchronizer.get();
+  }
+  for (const auto& module : contents_.models) {
+    if (module.get() == model) return nullptr;  // One process: nothing to do.
+  }
+  throw UsageError(std::string(operation) +
+                   ": the model was not prepared by this Accelerator; pass "
+                   "the model that prepare() returned");
 }
 
 void Accelerator::backward(const torch::Tensor& loss, CallSite site) {
-  for (auto& synchronizer : synchronizers_) synchronizer->set_call_site(site);
-  loss.backward();
-  for (auto& synchronizer : synchronizers_) synchronizer->finish();
+  torch::Tensor scaled = loss;
+  const int steps = gradient_accumulation_steps();
+  if (steps > 1) scaled = scaled / steps;
+  if (state_->scaler != nullptr) scaled = state_->scaler->scale(scaled);
+  for (auto& entry : synchronizers_) entry.second->set_call_site(site);
+  scaled.backward();
+  for (auto& entry : synchronizers_) entry.second->finish();
   ++contents_.step;
 }
 
-void Accelerator::set_gradient_sync(bool enabled) {
-  for (auto& synchronizer : synchronizers_) synchronizer->set_enabled(enabled);
+AutocastScope Accelerator::autocast() const {
+  std::optional<c10::ScalarType> dtype;
+  if (options_.mixed_precision == "bf16") {
+    dtype = c10::ScalarType::BFloat16;
+  } else if (options_.mixed_precision == "fp16" && device_.is_cuda()) {
+    dtype = c10::ScalarType::Half;
+  }
+  return AutocastScope(device_.type(), dtype);
+}
+
+void Accelerator::unscale_gradients() {
+  GradScaler* scaler = state_->scaler.get();
+  if (scaler == nullptr || !scaler->is_enabled()) return;
+  if (!sync_gradients()) {
+    throw UsageError(
+        "unscale_gradients / clip_grad_norm_ under fp16 on a micro-step that "
+        "does not sync gradients would unscale gradients that are still "
+        "accumulating; clip inside `if (accelerator.sync_gradients())`");
+  }
+  for (const auto& prepared : state_->optimizers) {
+    scaler->unscale_(*prepared->optimizer);
+  }
+}
+
+double Accelerator::clip_grad_norm_(const std::vector<torch::Tensor>& parameters,
+                                    double max_norm, double norm_type) {
+  unscale_gradients();
+  return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
+}
+
+void Accelerator::clip_grad_value_(const std::vector<torch::Tensor>& parameters,
+                                   double clip_value) {
+  unscale_gradients();
+  torch::nn::utils::clip_grad_value_(parameters, clip_value);
+}
+
+bool Accelerator::optimizer_step_was_skipped() const {
+  for (const auto& prepared : state_->optimizers) {
+    if (prepared->step_was_skipped) return true;
+  }
+  return false;
 }
 
 CollectiveOptions Accelerator::At(CallSite site, const char* api) const {
@@ -121,6 +289,35 @@ std::map<std::string, torch::Tensor> Accelerator::gather(
     const std::map<std::string, torch::Tensor>& tensors, CallSite site) {
   return MapTensors(tensors,
                     [&](const torch::Tensor& t) { return gather(t, site); });
+}
+
+torch::Tensor Accelerator::DropDuplicates(const torch::Tensor& gathered) const {
+  const GradientState& gradients = state_->gradients;
+  if (!gradients.end_of_dataloader() || gradients.remainder() <= 0 ||
+      gathered.dim() == 0 || gathered.size(0) <= gradients.remainder()) {
+    return gathered;
+  }
+  return gathered.narrow(0, 0, gradients.remainder());
+}
+
+torch::Tensor Accelerator::gather_for_metrics(const torch::Tensor& tensor,
+                                              CallSite site) {
+  return DropDuplicates(
+      Gather(communicator(), tensor, At(site, "gather_for_metrics")));
+}
+
+std::vector<torch::Tensor> Accelerator::gather_for_metrics(
+    const std::vector<torch::Tensor>& tensors, CallSite site) {
+  return MapTensors(tensors, [&](const torch::Tensor& t) {
+    return gather_for_metrics(t, site);
+  });
+}
+
+std::map<std::string, torch::Tensor> Accelerator::gather_for_metrics(
+    const std::map<std::string, torch::Tensor>& tensors, CallSite site) {
+  return MapTensors(tensors, [&](const torch::Tensor& t) {
+    return gather_for_metrics(t, site);
+  });
 }
 
 torch::Tensor Accelerator::reduce(const torch::Tensor& tensor,
@@ -176,9 +373,29 @@ void Accelerator::wait_for_everyone(CallSite site) {
   communicator().barrier(At(site, "wait_for_everyone"));
 }
 
+bool Accelerator::check_trigger(CallSite site) {
+  int32_t flag = trigger_ ? 1 : 0;
+  communicator().allreduce(&flag, 1, DType::kInt32, ReduceOp::kMax,
+                           At(site, "check_trigger"));
+  trigger_ = false;
+  return flag != 0;
+}
+
+ProcessOrderScope Accelerator::main_process_first(CallSite site) {
+  return ProcessOrderScope(is_main_process(), [this, site] {
+    communicator().barrier(At(site, "main_process_first"));
+  });
+}
+
+ProcessOrderScope Accelerator::local_main_process_first(CallSite site) {
+  return ProcessOrderScope(is_local_main_process(), [this, site] {
+    communicator().barrier(At(site, "local_main_process_first"));
+  });
+}
+
 void Accelerator::set_seed(uint64_t seed, bool device_specific) {
   if (device_specific) seed += static_cast<uint64_t>(process_index());
-  torch::manual_seed(seed);
+  torch::manual_seed(seed);  // CPU and, when there are GPUs, every GPU.
 }
 
 void Accelerator::save_state(const std::string& dir) {
@@ -208,6 +425,37 @@ std::string Accelerator::latest_checkpoint() const {
 
 void Accelerator::load_state(const std::string& dir) {
   LoadCheckpoint(dir, process_index(), num_processes(), contents_);
+}
+
+std::string Accelerator::load_state() {
+  if (options_.project_dir.empty()) {
+    throw UsageError(
+        "load_state() without a folder needs AcceleratorOptions::project_dir "
+        "(automatic checkpoint naming)");
+  }
+  const std::string dir = latest_checkpoint();
+  if (dir.empty()) {
+    throw CheckpointError("no complete checkpoint in '" + options_.project_dir +
+                          "/checkpoints' to load");
+  }
+  load_state(dir);
+  return dir;
+}
+
+void Accelerator::end_training(CallSite site) {
+  if (group_ == nullptr) return;
+  wait_for_everyone(site);
+  synchronizers_.clear();
+  group_.reset();
+}
+
+void Accelerator::free_memory() {
+  synchronizers_.clear();
+  const int64_t step = contents_.step;
+  contents_ = CheckpointContents{};
+  contents_.scaler = state_->scaler;
+  contents_.step = step;
+  state_->optimizers.clear();
 }
 
 }  // namespace accel

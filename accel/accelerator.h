@@ -1,24 +1,36 @@
 // The Accelerator: one training loop for one CPU, N CPU processes (Gloo) or
-// N GPUs (NCCL), as in Hugging Face Accelerate.
+// N GPUs (NCCL), as in Hugging Face Accelerate, whose names it keeps.
 //
 //   accel::Accelerator accelerator;  // reads the launcher's environment
-//   auto [model, optimizer, loader] =
-//       accelerator.prepare(model, optimizer, loader);
+//   auto [model, optimizer, loader, scheduler] = accelerator.prepare(
+//       net, adamw, data,
+//       accel::get_linear_schedule_with_warmup(adamw, 100, 1000));
 //   for (auto& batch : loader) {
-//     auto outputs = model->forward(batch.data);
-//     auto loss = torch::nn::functional::cross_entropy(outputs, batch.target);
+//     auto accumulate = accelerator.accumulate(model);
+//     torch::Tensor loss;
+//     {
+//       auto autocast = accelerator.autocast();  // --mixed_precision
+//       loss = criterion(model->forward(batch.data), batch.target);
+//     }
 //     accelerator.backward(loss);
+//     if (accelerator.sync_gradients()) {
+//       accelerator.clip_grad_norm_(model->parameters(), 1.0);
+//     }
 //     optimizer.step();
+//     scheduler.step();
 //     optimizer.zero_grad();
-//     auto preds = accelerator.gather(outputs.argmax(-1));
+//     auto predictions = accelerator.gather_for_metrics(
+//         model->forward(batch.data).argmax(-1));
 //   }
 //   accelerator.wait_for_everyone();
-//   if (accelerator.is_main_process()) accelerator.save_state("trained_model");
+//   accelerator.save_state("trained_model");
 //
 // Differences from Accelerate, on purpose: gather, reduce and broadcast
 // always check that shapes and dtypes agree across ranks (a clear error on
 // every rank instead of a hang or garbage); save_state never leaves a
-// half-written file in place of a good one.
+// half-written file in place of a good one and records where a data loader
+// stands inside an epoch; autocast is a scope around forward (LibTorch's C++
+// modules have no forward hooks to wrap). The README lists every name.
 #pragma once
 
 #include <torch/data/example.h>
@@ -36,21 +48,47 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "accel/accelerated_optimizer.h"
+#include "accel/accelerated_scheduler.h"
+#include "accel/autocast.h"
 #include "accel/checkpoint.h"
 #include "accel/data_loader.h"
 #include "accel/gradient_sync.h"
+#include "accel/grad_scaler.h"
+#include "accel/process_control.h"
 #include "accel/runtime/communicator.h"
 #include "accel/runtime/environment.h"
+#include "accel/scheduler.h"
+#include "accel/training_state.h"
 
 namespace accel {
 
 class ProcessGroup;
 
+// Accelerate's DistributedType, for the backends accel has.
+enum class DistributedType { kNo, kMultiCpu, kMultiGpu };
+// "NO", "MULTI_CPU", "MULTI_GPU", as Accelerate prints them.
+const char* DistributedTypeName(DistributedType type);
+
 struct AcceleratorOptions {
   // "gloo", "nccl", or "auto": nccl when it is linked and a GPU is visible.
   std::string backend = "auto";
+  // "no", "bf16" (autocast to bfloat16, CPU or GPU) or "fp16" (autocast to
+  // float16 on a GPU, with loss scaling; LibTorch 1.13's CPU autocast has no
+  // float16, so on a CPU only the loss scaling runs).
+  std::string mixed_precision = "no";
+  GradScalerOptions scaler;  // fp16's loss scaler.
+  // Micro-batches per optimizer step inside accumulate(); backward divides
+  // the loss by it.
+  int gradient_accumulation_steps = 1;
+  // The last batch of a data loader always ends an accumulation cycle.
+  bool sync_with_dataloader = true;
+  // Prepared data loaders split each batch across processes, whatever their
+  // own DataLoaderOptions::split_batches says.
+  bool split_batches = false;
   // Default timeout of every collective (per call: CollectiveOptions).
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
   // How long ranks wait for each other to start.
@@ -66,9 +104,24 @@ struct AcceleratorOptions {
   // Compare every collective across ranks (see CommunicatorOptions).
   bool check_collectives = true;
 
-  // --backend, --timeout_s, --rendezvous_timeout_s and --seed (see
-  // accel/program.h).
+  // --backend, --mixed_precision, --gradient_accumulation_steps,
+  // --timeout_s, --rendezvous_timeout_s and --collective_checks (see
+  // accel/runtime/program.h).
   static AcceleratorOptions FromFlags();
+};
+
+// Gradient synchronization of some models turned off for a scope
+// (no_sync, accumulate); restores what was there before.
+class [[nodiscard]] NoSyncScope {
+ public:
+  NoSyncScope() = default;
+  NoSyncScope(NoSyncScope&&) = default;
+  NoSyncScope& operator=(NoSyncScope&&) = default;
+  ~NoSyncScope();
+  void Add(GradientSynchronizer* synchronizer);
+
+ private:
+  std::vector<std::pair<GradientSynchronizer*, bool>> restore_;
 };
 
 class Accelerator {
@@ -79,21 +132,34 @@ class Accelerator {
   Accelerator(const Accelerator&) = delete;
   Accelerator& operator=(const Accelerator&) = delete;
 
+  // --- Where this process stands ------------------------------------------
   int process_index() const { return env_.rank; }
   int local_process_index() const { return env_.local_rank; }
   int num_processes() const { return env_.world_size; }
   bool is_main_process() const { return env_.rank == 0; }
   bool is_local_main_process() const { return env_.local_rank == 0; }
+  bool is_last_process() const { return env_.rank == env_.world_size - 1; }
   torch::Device device() const { return device_; }
+  DistributedType distributed_type() const;
+  // The communication backend in use ("gloo", "nccl").
   const std::string& backend() const { return backend_; }
+  const std::string& mixed_precision() const { return options_.mixed_precision; }
+  const std::string& project_dir() const { return options_.project_dir; }
   Communicator& communicator();
 
   // --- Preparation -------------------------------------------------------
-  // Returns its arguments prepared, in order: modules (ModuleHolders such
-  // as torch::nn::Sequential, or shared_ptr<Module>) are moved to device(),
-  // get rank 0's parameters and buffers, and have their gradients averaged
-  // across ranks by backward(); optimizers are returned as the same
-  // reference and recorded for save_state; DataLoaders come back sharded.
+  // Returns its arguments prepared, in order (a single argument comes back
+  // alone):
+  //   - models (ModuleHolders such as torch::nn::Sequential, or
+  //     std::shared_ptr<YourModule>, returned with their type): moved to
+  //     device(), given rank 0's parameters and buffers, and averaged across
+  //     ranks by backward();
+  //   - optimizers (by reference; they must outlive the loop): returned as
+  //     AcceleratedOptimizer<YourOptimizer>;
+  //   - DataLoaders: returned sharded for this process;
+  //   - schedulers (accel::LRScheduler by reference, std::unique_ptr or
+  //     std::shared_ptr): returned as AcceleratedScheduler.
+  // All of them are recorded for save_state.
   template <typename... Objects>
   auto prepare(Objects&&... objects) {
     if constexpr (sizeof...(Objects) == 1) {
@@ -103,14 +169,61 @@ class Accelerator {
           objects)))...>{PrepareOne(std::forward<Objects>(objects))...};
     }
   }
+  // The model itself: accel's data parallelism does not wrap it.
+  template <typename Model>
+  Model& unwrap_model(Model& model) const {
+    return model;
+  }
 
-  // loss.backward(), then waits for the gradient all-reduces that backward
-  // started and leaves the averaged gradients in .grad.
+  // --- The training step -----------------------------------------------
+  // Divides the loss by gradient_accumulation_steps (and scales it under
+  // fp16), runs backward, then waits for the gradient all-reduces that
+  // backward started: the averaged gradients are in .grad. On micro-steps
+  // that do not sync, gradients stay local.
   void backward(const torch::Tensor& loss, CallSite site = CallSite::Here());
 
-  // While inside no_sync (or with sync disabled), backward keeps gradients
-  // local: use for gradient accumulation, then one synced backward.
-  void set_gradient_sync(bool enabled);
+  // Gradient accumulation: call once per batch, keep the scope for the
+  // step. Counts micro-steps and syncs gradients (and lets the prepared
+  // optimizer and scheduler step) on every gradient_accumulation_steps-th
+  // one and on the data loader's last batch; on the others the models'
+  // gradient sync is off for the scope.
+  template <typename... Models>
+  NoSyncScope accumulate(Models&... models) {
+    state_->gradients.Advance();
+    NoSyncScope scope;
+    if (!state_->gradients.sync_gradients()) {
+      (scope.Add(SynchronizerOf(ModulePointer(models), "accumulate")), ...);
+    }
+    return scope;
+  }
+  // Turns off the gradient sync of `model` for the scope: backward keeps
+  // gradients local (accumulate them, then sync in one backward outside).
+  template <typename Model>
+  NoSyncScope no_sync(Model& model) {
+    NoSyncScope scope;
+    scope.Add(SynchronizerOf(ModulePointer(model), "no_sync"));
+    return scope;
+  }
+  // Whether this micro-step syncs gradients and steps the optimizer.
+  bool sync_gradients() const { return state_->gradients.sync_gradients(); }
+  int gradient_accumulation_steps() const {
+    return state_->gradients.accumulation_steps();
+  }
+  // Mixed precision's autocast for the scope (none with "no").
+  AutocastScope autocast() const;
+  // Clips the gradients' total norm (unscaling them first under fp16) and
+  // returns the norm before clipping. Call on steps that sync gradients.
+  double clip_grad_norm_(const std::vector<torch::Tensor>& parameters,
+                         double max_norm, double norm_type = 2.0);
+  void clip_grad_value_(const std::vector<torch::Tensor>& parameters,
+                        double clip_value);
+  // Divides the gradients by the fp16 loss scale now (clip_grad_norm_ does
+  // it); nothing without fp16.
+  void unscale_gradients();
+  // Whether the last optimizer step was skipped (an fp16 overflow).
+  bool optimizer_step_was_skipped() const;
+  // The fp16 loss scaler, or null.
+  GradScaler* scaler() const { return state_->scaler.get(); }
 
   // --- Collectives (every rank must call them, in the same order) -----------
   // The trailing CallSite records the caller's file and line for
@@ -120,6 +233,17 @@ class Accelerator {
   std::vector<torch::Tensor> gather(const std::vector<torch::Tensor>& tensors,
                                     CallSite site = CallSite::Here());
   std::map<std::string, torch::Tensor> gather(
+      const std::map<std::string, torch::Tensor>& tensors,
+      CallSite site = CallSite::Here());
+  // gather, but on the last batch of a prepared data loader the samples that
+  // even_batches duplicated are dropped: over an epoch the result holds each
+  // sample of the dataset exactly once.
+  torch::Tensor gather_for_metrics(const torch::Tensor& tensor,
+                                   CallSite site = CallSite::Here());
+  std::vector<torch::Tensor> gather_for_metrics(
+      const std::vector<torch::Tensor>& tensors,
+      CallSite site = CallSite::Here());
+  std::map<std::string, torch::Tensor> gather_for_metrics(
       const std::map<std::string, torch::Tensor>& tensors,
       CallSite site = CallSite::Here());
   torch::Tensor reduce(const torch::Tensor& tensor,
@@ -144,7 +268,12 @@ class Accelerator {
                                      bool pad_first = false,
                                      CallSite site = CallSite::Here());
   void wait_for_everyone(CallSite site = CallSite::Here());
+  // Any rank can raise the trigger; check_trigger() is true on every rank
+  // when one did since the last check (a collective), and lowers it.
+  void set_trigger() { trigger_ = true; }
+  bool check_trigger(CallSite site = CallSite::Here());
 
+  // --- Doing things on some processes ------------------------------------
   // Prints its arguments, separated by spaces, on the local main process.
   template <typename... Args>
   void print(const Args&... args) const {
@@ -154,63 +283,213 @@ class Accelerator {
     ((line << separator << args, separator = " "), ...);
     std::cout << line.str() << std::endl;
   }
+  // The scope runs on the main process (local: on each machine's) first,
+  // then on the others: e.g. download and cache a data set once.
+  ProcessOrderScope main_process_first(CallSite site = CallSite::Here());
+  ProcessOrderScope local_main_process_first(CallSite site = CallSite::Here());
+  // Accelerate's decorators: `fn` wrapped to run only on that process.
+  template <typename Fn>
+  auto on_main_process(Fn fn) const {
+    return OnlyOn(is_main_process(), std::move(fn));
+  }
+  template <typename Fn>
+  auto on_local_main_process(Fn fn) const {
+    return OnlyOn(is_local_main_process(), std::move(fn));
+  }
+  template <typename Fn>
+  auto on_last_process(Fn fn) const {
+    return OnlyOn(is_last_process(), std::move(fn));
+  }
+  template <typename Fn>
+  auto on_process(Fn fn, int process_index) const {
+    return OnlyOn(process_index == this->process_index(), std::move(fn));
+  }
+  // This process's share of `items` (see process_control.h).
+  template <typename Items>
+  Items split_between_processes(const Items& items,
+                                bool apply_padding = false) const {
+    return split::Split(items, process_index(), num_processes(),
+                        apply_padding);
+  }
 
-  // Seeds torch's generator; device_specific adds process_index().
+  // Seeds torch's generators; device_specific adds process_index().
   void set_seed(uint64_t seed, bool device_specific = false);
 
   // --- Checkpoints (see accel/checkpoint.h for the layout) ----------------
+  // Every rank calls save_state: the main process writes the shared file,
+  // each rank its RNG state.
   void save_state(const std::string& dir);
-  void load_state(const std::string& dir);
   // With AcceleratorOptions::project_dir: the next automatically named
   // checkpoint (every rank must call it, as many times); returns its folder.
   std::string save_state();
-  // The newest complete automatically named checkpoint, or "".
+  void load_state(const std::string& dir);
+  // Loads the newest complete automatically named checkpoint and returns
+  // its folder; CheckpointError when there is none.
+  std::string load_state();
+  // The newest complete automatically named checkpoint, or "" when there is
+  // none (to resume only when there is something to resume from).
   std::string latest_checkpoint() const;
+  // Adds `object` (anything with save(OutputArchive&) const and
+  // load(InputArchive&), which must outlive the Accelerator) to what
+  // save_state and load_state carry.
+  template <typename T>
+  void register_for_checkpointing(T& object) {
+    static_assert(
+        std::is_invocable_v<decltype(&T::save), const T&,
+                            torch::serialize::OutputArchive&> &&
+            std::is_invocable_v<decltype(&T::load), T&,
+                                torch::serialize::InputArchive&>,
+        "register_for_checkpointing needs an object with "
+        "save(torch::serialize::OutputArchive&) const and "
+        "load(torch::serialize::InputArchive&)");
+    contents_.objects.push_back(
+        {[&object](torch::serialize::OutputArchive& a) { object.save(a); },
+         [&object](torch::serialize::InputArchive& a) { object.load(a); }});
+  }
+  // The same loader, whose next pass starts after its first `batches`
+  // batches (resuming in the middle of an epoch by hand; save_state and
+  // load_state already do it).
+  template <typename Dataset, typename Batch>
+  DataLoader<Dataset, Batch> skip_first_batches(
+      const DataLoader<Dataset, Batch>& loader, int64_t batches) const {
+    return loader.SkipFirstBatches(batches);
+  }
   // Backward passes run so far (restored by load_state).
   int64_t step() const { return contents_.step; }
 
+  // --- The end ------------------------------------------------------------
+  // Waits for every process, then leaves the job: later collectives fail.
+  void end_training(CallSite site = CallSite::Here());
+  // Forgets every prepared object (models, optimizers, schedulers, loaders,
+  // registered objects) and frees accel's gradient buffers; the objects
+  // themselves stay the program's.
+  void free_memory();
+
  private:
+  template <typename T>
+  static constexpr bool kAlwaysFalse = false;
+  template <typename T>
+  struct IsDataLoader : std::false_type {};
+  template <typename D, typename B>
+  struct IsDataLoader<DataLoader<D, B>> : std::true_type {};
+  template <typename T>
+  struct IsSharedModule : std::false_type {};
   template <typename M>
-  using EnableIfModuleHolder = std::enable_if_t<
-      std::is_base_of_v<torch::detail::ModuleHolderIndicator, std::decay_t<M>>,
-      std::decay_t<M>>;
+  struct IsSharedModule<std::shared_ptr<M>>
+      : std::is_base_of<torch::nn::Module, M> {};
+  template <typename T>
+  struct IsUniquePointer : std::false_type {};
+  template <typename P>
+  struct IsUniquePointer<std::unique_ptr<P>> : std::true_type {};
+  template <typename T>
+  struct IsScheduler : std::is_base_of<LRScheduler, T> {};
+  template <typename S>
+  struct IsScheduler<std::unique_ptr<S>> : std::is_base_of<LRScheduler, S> {};
+  template <typename S>
+  struct IsScheduler<std::shared_ptr<S>> : std::is_base_of<LRScheduler, S> {};
+
+  template <typename T>
+  auto PrepareOne(T&& object) {
+    using U = std::decay_t<T>;
+    if constexpr (std::is_base_of_v<torch::detail::ModuleHolderIndicator, U>) {
+      U copy = object;
+      PrepareModule(copy.ptr());
+      return copy;
+    } else if constexpr (IsSharedModule<U>::value) {
+      U copy = object;
+      PrepareModule(copy);
+      return copy;
+    } else if constexpr (std::is_base_of_v<torch::optim::Optimizer, U>) {
+      static_assert(std::is_lvalue_reference_v<T>,
+                    "accel: prepare() takes optimizers by reference; keep the "
+                    "optimizer in a variable that outlives the training loop");
+      return AcceleratedOptimizer<U>(state_, PrepareOptimizer(object));
+    } else if constexpr (IsDataLoader<U>::value) {
+      U sharded = object.Shard(
+          process_index(), num_processes(), device_,
+          std::shared_ptr<GradientState>(state_, &state_->gradients));
+      PrepareLoader(sharded.state(), sharded.options().split_batches);
+      return sharded;
+    } else if constexpr (IsScheduler<U>::value) {
+      return AcceleratedScheduler(state_,
+                                  PrepareScheduler(std::forward<T>(object)));
+    } else {
+      static_assert(kAlwaysFalse<T>,
+                    "accel: prepare() takes models (torch::nn::ModuleHolder "
+                    "or std::shared_ptr<Module>), optimizers, "
+                    "accel::DataLoader and accel::LRScheduler");
+      return 0;  // Keeps the compiler from adding errors after this one.
+    }
+  }
+
+  template <typename S>
+  std::shared_ptr<LRScheduler> PrepareScheduler(S&& scheduler) {
+    using U = std::decay_t<S>;
+    std::shared_ptr<LRScheduler> shared;
+    if constexpr (std::is_base_of_v<LRScheduler, U>) {
+      static_assert(std::is_lvalue_reference_v<S>,
+                    "accel: prepare() takes a scheduler object by reference, "
+                    "or by std::unique_ptr / std::shared_ptr");
+      shared = std::shared_ptr<LRScheduler>(&scheduler, [](LRScheduler*) {});
+    } else if constexpr (std::is_lvalue_reference_v<S> &&
+                         IsUniquePointer<U>::value) {
+      // Borrowed: the program's unique_ptr keeps owning it.
+      shared = std::shared_ptr<LRScheduler>(scheduler.get(),
+                                            [](LRScheduler*) {});
+    } else {
+      shared = std::shared_ptr<LRScheduler>(std::forward<S>(scheduler));
+    }
+    if (shared == nullptr) throw UsageError("prepare: the scheduler is null");
+    contents_.schedulers.push_back(shared);
+    return shared;
+  }
+
+  template <typename Fn>
+  auto OnlyOn(bool here, Fn fn) const {
+    return [here, fn = std::move(fn)](auto&&... args) {
+      if (here) fn(std::forward<decltype(args)>(args)...);
+    };
+  }
 
   template <typename M>
-  EnableIfModuleHolder<M> PrepareOne(M&& holder) {
-    std::decay_t<M> copy = holder;
-    PrepareModule(copy.ptr());
-    return copy;
+  static const torch::nn::Module* ModulePointer(const M& model) {
+    if constexpr (std::is_base_of_v<torch::detail::ModuleHolderIndicator,
+                                    M>) {
+      return model.ptr().get();
+    } else if constexpr (IsSharedModule<M>::value) {
+      return model.get();
+    } else {
+      static_assert(std::is_base_of_v<torch::nn::Module, M>,
+                    "accel: expected a model (a ModuleHolder, a "
+                    "std::shared_ptr<Module> or a Module)");
+      return &model;
+    }
   }
-  std::shared_ptr<torch::nn::Module> PrepareOne(
-      std::shared_ptr<torch::nn::Module> module) {
-    PrepareModule(module);
-    return module;
-  }
-  template <typename O>
-  std::enable_if_t<std::is_base_of_v<torch::optim::Optimizer, O>, O&>
-  PrepareOne(O& optimizer) {
-    contents_.optimizers.push_back(&optimizer);
-    return optimizer;
-  }
-  template <typename Dataset>
-  DataLoader<Dataset> PrepareOne(DataLoader<Dataset>& loader) {
-    DataLoader<Dataset> sharded =
-        loader.Shard(process_index(), num_processes(), device_);
-    contents_.loaders.push_back(sharded.state());
-    return sharded;
-  }
+  // The gradient synchronizer of a prepared model (null with one process).
+  GradientSynchronizer* SynchronizerOf(const torch::nn::Module* model,
+                                       const char* operation);
 
   void PrepareModule(const std::shared_ptr<torch::nn::Module>& module);
+  std::shared_ptr<PreparedOptimizer> PrepareOptimizer(
+      torch::optim::Optimizer& optimizer);
+  void PrepareLoader(std::shared_ptr<DataLoaderState> state,
+                     bool split_batches);
   CollectiveOptions At(CallSite site, const char* api = nullptr) const;
+  // Keeps the first remainder() rows on a loader's last batch.
+  torch::Tensor DropDuplicates(const torch::Tensor& gathered) const;
 
   DistributedEnvironment env_;
   AcceleratorOptions options_;
   std::string backend_;
   torch::Device device_ = torch::kCPU;
   std::unique_ptr<ProcessGroup> group_;
-  std::vector<std::unique_ptr<GradientSynchronizer>> synchronizers_;
+  std::vector<std::pair<const torch::nn::Module*,
+                        std::unique_ptr<GradientSynchronizer>>>
+      synchronizers_;
+  std::shared_ptr<TrainingState> state_;
   CheckpointContents contents_;
   int next_checkpoint_ = 1;
+  bool trigger_ = false;
 };
 
 }  // namespace accel

@@ -15,13 +15,14 @@
 #include <mutex>
 #include <sstream>
 
+#include "accel/runtime/error_report.h"
 #include "accel/runtime/errors.h"
 #include "accel/tensor_ops.h"
 
 namespace accel {
 namespace {
 
-constexpr int64_t kFormat = 1;
+constexpr int64_t kFormat = 2;
 
 std::string Join(const std::string& dir, const std::string& file) {
   return dir + "/" + file;
@@ -202,6 +203,74 @@ void Note(const std::string& message) {
   std::fprintf(stderr, "accel: note: %s\n", message.c_str());
 }
 
+// A part of the training state with a save/load pair.
+struct Stateful {
+  std::string name;
+  std::function<void(torch::serialize::OutputArchive&)> save;
+  std::function<void(torch::serialize::InputArchive&)> load;
+};
+
+struct StatefulKind {
+  std::string singular;  // "optimizer": entries optimizer_0, optimizer_1...
+  std::string plural;    // "optimizers": the count is num_optimizers.
+  std::vector<Stateful> parts;
+};
+
+std::vector<StatefulKind> StatefulKinds(const CheckpointContents& contents) {
+  std::vector<StatefulKind> kinds = {{"optimizer", "optimizers", {}},
+                                     {"scheduler", "schedulers", {}},
+                                     {"scaler", "scalers", {}},
+                                     {"object", "objects", {}}};
+  for (torch::optim::Optimizer* optimizer : contents.optimizers) {
+    kinds[0].parts.push_back(
+        {"", [=](auto& a) { optimizer->save(a); },
+         [=](auto& a) { optimizer->load(a); }});
+  }
+  for (const auto& scheduler : contents.schedulers) {
+    LRScheduler* s = scheduler.get();
+    kinds[1].parts.push_back(
+        {"", [=](auto& a) { s->save(a); }, [=](auto& a) { s->load(a); }});
+  }
+  if (GradScaler* scaler = contents.scaler.get()) {
+    kinds[2].parts.push_back({"", [=](auto& a) { scaler->save(a); },
+                              [=](auto& a) { scaler->load(a); }});
+  }
+  for (const CheckpointObject& object : contents.objects) {
+    kinds[3].parts.push_back({"", object.save, object.load});
+  }
+  return kinds;
+}
+
+// Loads every part from its archive; if one fails, the parts loaded before
+// it get their previous state back and CheckpointError names the part.
+void LoadAllOrNothing(const std::vector<Stateful>& parts,
+                      std::vector<torch::serialize::InputArchive>& archives,
+                      const std::string& path) {
+  std::vector<std::string> backups;
+  for (const Stateful& part : parts) {
+    torch::serialize::OutputArchive backup;
+    part.save(backup);
+    std::ostringstream bytes;
+    backup.save_to(bytes);
+    backups.push_back(bytes.str());
+  }
+  for (size_t i = 0; i < parts.size(); ++i) {
+    try {
+      parts[i].load(archives[i]);
+    } catch (const std::exception& e) {
+      for (size_t j = 0; j <= i; ++j) {
+        std::istringstream bytes(backups[j]);
+        torch::serialize::InputArchive restore;
+        restore.load_from(bytes);
+        parts[j].load(restore);
+      }
+      throw CheckpointError("'" + path + "': " + parts[i].name +
+                            " does not match this program's (" +
+                            DescribeException(std::current_exception()) + ")");
+    }
+  }
+}
+
 }  // namespace
 
 std::string RandomStatesFile(int rank) {
@@ -232,16 +301,21 @@ void SaveCheckpoint(const std::string& dir, int rank, int world_size,
     auto model = SaveModel(*contents.models[i]);
     state.write("model_" + std::to_string(i), model);
   }
-  state.write("num_optimizers",
-              c10::IValue(int64_t(contents.optimizers.size())));
-  for (size_t i = 0; i < contents.optimizers.size(); ++i) {
-    torch::serialize::OutputArchive optimizer;
-    contents.optimizers[i]->save(optimizer);
-    state.write("optimizer_" + std::to_string(i), optimizer);
+  for (const StatefulKind& kind : StatefulKinds(contents)) {
+    state.write("num_" + kind.plural, c10::IValue(int64_t(kind.parts.size())));
+    for (size_t i = 0; i < kind.parts.size(); ++i) {
+      torch::serialize::OutputArchive archive;
+      kind.parts[i].save(archive);
+      state.write(kind.singular + "_" + std::to_string(i), archive);
+    }
   }
-  c10::List<int64_t> epochs;
-  for (const auto& loader : contents.loaders) epochs.push_back(loader->epoch);
-  state.write("loader_epochs", c10::IValue(epochs));
+  c10::List<int64_t> positions;
+  for (const auto& loader : contents.loaders) {
+    const auto [epoch, done] = loader->Checkpoint();
+    positions.push_back(epoch);
+    positions.push_back(done);
+  }
+  state.write("loader_positions", c10::IValue(positions));
   WriteAtomically(state, dir, kStateFile);
 }
 
@@ -265,38 +339,48 @@ void LoadCheckpoint(const std::string& dir, int rank, int world_size,
                           std::to_string(kFormat));
   }
   const int64_t num_models = ReadInt(state, "num_models", path);
-  const int64_t num_optimizers = ReadInt(state, "num_optimizers", path);
-  if (num_models != static_cast<int64_t>(contents.models.size()) ||
-      num_optimizers != static_cast<int64_t>(contents.optimizers.size())) {
+  if (num_models != static_cast<int64_t>(contents.models.size())) {
     throw CheckpointError("'" + path + "' holds " + std::to_string(num_models) +
-                          " model(s) and " + std::to_string(num_optimizers) +
-                          " optimizer(s), but this program "
-                          "prepared " +
-                          std::to_string(contents.models.size()) + " and " +
-                          std::to_string(contents.optimizers.size()));
-  }
-  c10::IValue epochs_value = ReadValue(state, "loader_epochs", path);
-  std::vector<int64_t> epochs;
-  for (const auto& e : epochs_value.toListRef()) epochs.push_back(e.toInt());
-  if (epochs.size() != contents.loaders.size()) {
-    throw CheckpointError("'" + path + "' holds " +
-                          std::to_string(epochs.size()) +
-                          " data loader(s), but this program prepared " +
-                          std::to_string(contents.loaders.size()));
+                          " model(s), but this program prepared " +
+                          std::to_string(contents.models.size()));
   }
   // Check everything before changing anything.
   std::vector<std::vector<torch::Tensor>> model_values;
   for (int64_t i = 0; i < num_models; ++i) {
     model_values.push_back(ReadModel(state, i, *contents.models[i], path));
   }
-  std::vector<torch::serialize::InputArchive> optimizer_archives(
-      num_optimizers);
-  for (int64_t i = 0; i < num_optimizers; ++i) {
-    if (!state.try_read("optimizer_" + std::to_string(i),
-                        optimizer_archives[i])) {
-      throw CheckpointError("'" + path + "' has no optimizer_" +
-                            std::to_string(i));
+  const std::vector<StatefulKind> kinds = StatefulKinds(contents);
+  std::vector<Stateful> parts;
+  std::vector<torch::serialize::InputArchive> archives;
+  for (const StatefulKind& kind : kinds) {
+    const int64_t count = ReadInt(state, "num_" + kind.plural, path);
+    if (count != static_cast<int64_t>(kind.parts.size())) {
+      throw CheckpointError("'" + path + "' holds " + std::to_string(count) +
+                            " " + kind.plural +
+                            ", but this program has " +
+                            std::to_string(kind.parts.size()));
     }
+    for (size_t i = 0; i < kind.parts.size(); ++i) {
+      const std::string key = kind.singular + "_" + std::to_string(i);
+      archives.emplace_back();
+      if (!state.try_read(key, archives.back())) {
+        throw CheckpointError("'" + path + "' has no " + key);
+      }
+      parts.push_back(kind.parts[i]);
+      parts.back().name = key;
+    }
+  }
+  c10::IValue positions_value = ReadValue(state, "loader_positions", path);
+  std::vector<int64_t> positions;
+  if (positions_value.isIntList()) positions = positions_value.toIntVector();
+  if (!positions_value.isIntList() ||
+      positions.size() != 2 * contents.loaders.size()) {
+    throw CheckpointError("'" + path + "' holds " +
+                          std::to_string(positions.size() / 2) +
+                          " data loader position(s), but this program "
+                          "prepared " +
+                          std::to_string(contents.loaders.size()) +
+                          " data loader(s)");
   }
   const int64_t step = ReadInt(state, "step", path);
   const int64_t saved_world = ReadInt(state, "num_processes", path);
@@ -319,31 +403,9 @@ void LoadCheckpoint(const std::string& dir, int rank, int world_size,
          " did not call save_state); its RNG state is not restored");
   }
 
-  // Optimizers first: they are the only part whose load can still fail.
-  std::vector<std::string> backups(num_optimizers);
-  for (int64_t i = 0; i < num_optimizers; ++i) {
-    torch::serialize::OutputArchive backup;
-    contents.optimizers[i]->save(backup);
-    std::ostringstream bytes;
-    backup.save_to(bytes);
-    backups[i] = bytes.str();
-  }
-  for (int64_t i = 0; i < num_optimizers; ++i) {
-    try {
-      contents.optimizers[i]->load(optimizer_archives[i]);
-    } catch (const c10::Error& e) {
-      for (int64_t j = 0; j <= i; ++j) {
-        std::istringstream bytes(backups[j]);
-        torch::serialize::InputArchive restore;
-        restore.load_from(bytes);
-        contents.optimizers[j]->load(restore);
-      }
-      std::string reason = e.what_without_backtrace();
-      throw CheckpointError("'" + path + "': optimizer_" + std::to_string(i) +
-                            " does not match this optimizer (" +
-                            reason.substr(0, reason.find('\n')) + ")");
-    }
-  }
+  // Optimizers, schedulers, the scaler and registered objects can only be
+  // checked by loading them: all of them load, or none stays changed.
+  LoadAllOrNothing(parts, archives, path);
   torch::NoGradGuard no_grad;
   for (int64_t i = 0; i < num_models; ++i) {
     const auto targets = NamedState(*contents.models[i]);
@@ -352,8 +414,9 @@ void LoadCheckpoint(const std::string& dir, int rank, int world_size,
       target.copy_(model_values[i][j]);
     }
   }
-  for (size_t i = 0; i < epochs.size(); ++i)
-    contents.loaders[i]->epoch = epochs[i];
+  for (size_t i = 0; i < contents.loaders.size(); ++i) {
+    contents.loaders[i]->Restore(positions[2 * i], positions[2 * i + 1]);
+  }
   contents.step = step;
   if (rng_state.defined()) {
     // A Generator is a handle: the copy shares torch's default generator.

@@ -9,8 +9,11 @@
 //   accelerator_state.pt    written by the main process: format version,
 //                           step, num_processes, every model's parameters and
 //                           buffers by name (model_0, model_1, ...), every
-//                           optimizer's state (optimizer_0, ...), and every
-//                           prepared data loader's epoch.
+//                           optimizer's state (optimizer_0, ...), every
+//                           scheduler's (scheduler_0, ...), the fp16 loss
+//                           scaler's, every prepared data loader's epoch and
+//                           position in it, and every object registered for
+//                           checkpointing (object_0, ...).
 //   random_states_<r>.pt    written by rank r when it calls save_state: the
 //                           step and that rank's RNG state (CPU generator).
 // Each file is written beside its final name, flushed to disk, then renamed
@@ -25,18 +28,34 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "accel/data_loader.h"
+#include "accel/grad_scaler.h"
+#include "accel/scheduler.h"
 
 namespace accel {
+
+// Anything with a save/load pair over LibTorch archives
+// (Accelerator::register_for_checkpointing).
+struct CheckpointObject {
+  std::function<void(torch::serialize::OutputArchive&)> save;
+  std::function<void(torch::serialize::InputArchive&)> load;
+};
 
 struct CheckpointContents {
   std::vector<std::shared_ptr<torch::nn::Module>> models;
   std::vector<torch::optim::Optimizer*> optimizers;
+  std::vector<std::shared_ptr<LRScheduler>> schedulers;
   std::vector<std::shared_ptr<DataLoaderState>> loaders;
+  std::shared_ptr<GradScaler> scaler;  // fp16 only.
+  std::vector<CheckpointObject> objects;
   int64_t step = 0;
 };
 

@@ -3,19 +3,42 @@
 // order that all ranks share (seeded by `seed` + epoch, so each epoch
 // reshuffles and every rank agrees without talking).
 //
-//   auto dataset = MyDataset(...);  // get(i) -> torch::data::Example<>
+//   class MyDataset {                    // any class with get(i) and size()
+//    public:
+//     torch::data::Example<> get(size_t i);  // or a torch::Tensor, or a
+//     size_t size() const;                   // std::map<std::string, Tensor>
+//   };
 //   accel::DataLoaderOptions options;
 //   options.batch_size = 8;
 //   options.shuffle = true;
-//   accel::DataLoader<MyDataset> loader(dataset, options);
+//   options.num_workers = 2;             // batches made ahead on 2 threads
+//   accel::DataLoader<MyDataset> loader(MyDataset(), options);
 //   auto prepared = accelerator.prepare(loader);
 //   for (auto& batch : prepared) { batch.data; batch.target; }
 //
+// Samples are combined into a batch by a collate function: by default
+// torch::stack of each field (Example<> -> Example<> of stacked data and
+// targets, Tensor -> stacked Tensor, map -> map of stacked tensors). Pass
+// your own as the third argument for anything else:
+//
+//   accel::DataLoader<Words, std::vector<std::string>> words(
+//       Words(), options, [](std::vector<std::string> samples) {
+//         return samples;
+//       });
+//
 // even_batches (default): when the samples do not fill the same number of
 // full batches on every rank, samples from the start of the epoch's order
-// are appended so that they do (Accelerate does the same). Each loop over the
-// loader starts the next epoch; epoch() and set_epoch() expose the counter,
-// which save_state() records so a resumed run shuffles identically.
+// are appended so that they do (as Accelerate does; gather_for_metrics drops
+// them again). Each loop over the loader is the next epoch; epoch() and
+// set_epoch() expose the counter. save_state() records the epoch and, when
+// called in the middle of one, how many batches were handed out, so a
+// resumed run continues with the next batch; skip_first_batches() does the
+// same by hand.
+//
+// With num_workers > 0, worker threads make up to num_workers *
+// prefetch_factor batches ahead, so loading overlaps training; the
+// dataset's get() must then be safe to call from several threads. Batches
+// for a GPU are made in pinned memory and copied without blocking.
 #pragma once
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -23,11 +46,21 @@
 #include <torch/data/example.h>
 #include <torch/types.h>
 
+#include <condition_variable>
 #include <cstdint>
+#include <exception>
+#include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "accel/gradient_state.h"
 #include "accel/runtime/errors.h"
 
 namespace accel {
@@ -42,32 +75,302 @@ struct DataLoaderOptions {
   bool drop_last = false;
   bool even_batches = true;
   uint64_t seed = 0;
+  // Threads that make batches ahead of the training loop (0: batches are
+  // made when the loop asks for them), and how many each keeps ready.
+  size_t num_workers = 0;
+  size_t prefetch_factor = 2;
+  // Batches for a GPU are made in pinned memory and copied asynchronously.
+  bool pin_memory = true;
 };
 
-// Where a loader stands; shared by all copies of one loader.
+// Where a loader stands; shared by all copies of one loader, and recorded by
+// save_state.
 struct DataLoaderState {
-  int64_t epoch = 0;  // Epochs started.
+  int64_t epoch = 0;         // Passes started (the current one included).
+  int64_t position = 0;      // Batches handed out in the current pass.
+  int64_t pass_batches = 0;  // Batches in the current pass.
+  bool in_pass = false;
+  // Batches the next pass skips (a resumed checkpoint's position).
+  int64_t resume_skip = 0;
+
+  // The epoch to run next and the batches of it already done: what a
+  // checkpoint records.
+  std::pair<int64_t, int64_t> Checkpoint() const {
+    if (in_pass && position < pass_batches) return {epoch - 1, position};
+    return {epoch, 0};
+  }
+  void Restore(int64_t next_epoch, int64_t batches_done) {
+    epoch = next_epoch;
+    resume_skip = batches_done;
+    position = 0;
+    in_pass = false;
+  }
 };
+
+namespace data {
+
+// The type that a dataset's get() returns.
+template <typename Dataset>
+using SampleOf =
+    std::decay_t<decltype(std::declval<Dataset&>().get(size_t{0}))>;
+
+// The default collate function for a sample type; `supported` is false for
+// types it does not know, which then need a collate function of their own.
+template <typename Sample>
+struct DefaultCollate {
+  static constexpr bool supported = false;
+  using Batch = Sample;
+};
+
+template <>
+struct DefaultCollate<torch::Tensor> {
+  static constexpr bool supported = true;
+  using Batch = torch::Tensor;
+  static Batch Apply(std::vector<torch::Tensor> samples) {
+    return torch::stack(samples);
+  }
+};
+
+template <typename Data, typename Target>
+struct DefaultCollate<torch::data::Example<Data, Target>> {
+  static constexpr bool supported = true;
+  using Batch = torch::data::Example<Data, Target>;
+  static Batch Apply(std::vector<Batch> samples) {
+    std::vector<torch::Tensor> data;
+    data.reserve(samples.size());
+    for (auto& s : samples) data.push_back(std::move(s.data));
+    if constexpr (std::is_same_v<Target, torch::Tensor>) {
+      std::vector<torch::Tensor> targets;
+      targets.reserve(samples.size());
+      for (auto& s : samples) targets.push_back(std::move(s.target));
+      return {torch::stack(data), torch::stack(targets)};
+    } else {
+      return {torch::stack(data)};
+    }
+  }
+};
+
+template <>
+struct DefaultCollate<std::map<std::string, torch::Tensor>> {
+  static constexpr bool supported = true;
+  using Batch = std::map<std::string, torch::Tensor>;
+  static Batch Apply(std::vector<Batch> samples) {
+    Batch batch;
+    if (samples.empty()) return batch;
+    for (const auto& [key, unused] : samples.front()) {
+      std::vector<torch::Tensor> values;
+      values.reserve(samples.size());
+      for (size_t i = 0; i < samples.size(); ++i) {
+        auto it = samples[i].find(key);
+        if (it == samples[i].end() ||
+            samples[i].size() != samples.front().size()) {
+          throw UsageError(
+              "DataLoader: samples of one batch have different keys (the "
+              "first has '" +
+              key + "' and " + std::to_string(samples.front().size()) +
+              " keys, sample " + std::to_string(i) + " has " +
+              std::to_string(samples[i].size()) +
+              " keys); the default collate stacks each key");
+        }
+        values.push_back(std::move(it->second));
+      }
+      batch[key] = torch::stack(values);
+    }
+    return batch;
+  }
+};
+
+// Moves the tensors of a batch to `device`, through pinned memory when
+// `pin` (a GPU). Batch types it does not know are left as they are.
+inline torch::Tensor ToDevice(const torch::Tensor& t, torch::Device device,
+                              bool pin) {
+  if (!t.defined() || t.device() == device) return t;
+  if (pin && device.is_cuda() && t.is_cpu()) {
+    return t.pin_memory().to(device, /*non_blocking=*/true);
+  }
+  return t.to(device);
+}
+inline void MoveBatch(torch::Tensor& batch, torch::Device device, bool pin) {
+  batch = ToDevice(batch, device, pin);
+}
+template <typename Data, typename Target>
+void MoveBatch(torch::data::Example<Data, Target>& batch, torch::Device device,
+               bool pin) {
+  if constexpr (std::is_same_v<Data, torch::Tensor>) {
+    batch.data = ToDevice(batch.data, device, pin);
+  }
+  if constexpr (std::is_same_v<Target, torch::Tensor>) {
+    batch.target = ToDevice(batch.target, device, pin);
+  }
+}
+inline void MoveBatch(std::map<std::string, torch::Tensor>& batch,
+                      torch::Device device, bool pin) {
+  for (auto& [key, value] : batch) value = ToDevice(value, device, pin);
+}
+template <typename Batch>
+void MoveBatch(Batch&, torch::Device, bool) {}
 
 template <typename Dataset>
+size_t SizeOf(const Dataset& dataset) {
+  const auto size = dataset.size();  // c10::optional in torch's datasets.
+  if constexpr (std::is_integral_v<std::decay_t<decltype(size)>>) {
+    return static_cast<size_t>(size);
+  } else {
+    if (!size) throw UsageError("DataLoader: the dataset must have a size");
+    return static_cast<size_t>(*size);
+  }
+}
+
+// One pass over a loader's batches for one rank: makes them (ahead, on
+// worker threads, when asked to) and tells the GradientState where the pass
+// stands. Ends when the last iterator of the pass is destroyed, also when
+// the loop is left early.
+template <typename Sample, typename Batch>
+class Pass {
+ public:
+  using Make = std::function<Batch(const std::vector<int64_t>&)>;
+
+  Pass(Make make, std::vector<std::vector<int64_t>> batches, size_t first,
+       size_t workers, size_t prefetch,
+       std::shared_ptr<DataLoaderState> state,
+       std::shared_ptr<GradientState> gradient_state, int64_t remainder)
+      : make_(std::move(make)),
+        batches_(std::move(batches)),
+        next_to_make_(first),
+        consumed_(first),
+        capacity_(workers * std::max<size_t>(prefetch, 1)),
+        state_(std::move(state)),
+        gradient_state_(std::move(gradient_state)) {
+    state_->in_pass = true;
+    state_->position = static_cast<int64_t>(first);
+    state_->pass_batches = static_cast<int64_t>(batches_.size());
+    if (gradient_state_) gradient_state_->BeginPass(this, remainder);
+    for (size_t i = 0; i < workers && first < batches_.size(); ++i) {
+      workers_.emplace_back([this] { WorkerLoop(); });
+    }
+  }
+
+  ~Pass() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    changed_.notify_all();
+    for (auto& worker : workers_) worker.join();
+    if (state_->position >= state_->pass_batches) state_->in_pass = false;
+    if (gradient_state_) gradient_state_->EndPass(this);
+  }
+
+  size_t size() const { return batches_.size(); }
+
+  // The batch at `position`, made or taken from the workers once.
+  Batch& At(size_t position) {
+    if (position >= batches_.size()) {
+      throw UsageError("DataLoader: iterator dereferenced past the last batch");
+    }
+    if (current_position_ != position || !current_) {
+      current_.reset();
+      current_ = workers_.empty() ? make_(batches_[position]) : Take(position);
+      current_position_ = position;
+      state_->position = static_cast<int64_t>(position) + 1;
+      if (position + 1 == batches_.size() && gradient_state_) {
+        gradient_state_->ReachedLastBatch(this);
+      }
+    }
+    return *current_;
+  }
+
+ private:
+  struct Made {
+    std::optional<Batch> batch;
+    std::exception_ptr error;
+  };
+
+  Batch Take(size_t position) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    consumed_ = position;
+    changed_.notify_all();
+    changed_.wait(lock, [&] { return ready_.count(position) > 0; });
+    Made made = std::move(ready_[position]);
+    ready_.erase(position);
+    // Batches before this one were skipped by the caller; drop them.
+    ready_.erase(ready_.begin(), ready_.lower_bound(position));
+    if (made.error) std::rethrow_exception(made.error);
+    return std::move(*made.batch);
+  }
+
+  void WorkerLoop() {
+    while (true) {
+      size_t index;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        changed_.wait(lock, [&] {
+          return stopping_ || (next_to_make_ < batches_.size() &&
+                               next_to_make_ < consumed_ + capacity_);
+        });
+        if (stopping_) return;
+        index = next_to_make_++;
+      }
+      Made made;
+      try {
+        made.batch = make_(batches_[index]);
+      } catch (...) {
+        made.error = std::current_exception();
+      }
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        ready_[index] = std::move(made);
+      }
+      changed_.notify_all();
+    }
+  }
+
+  const Make make_;
+  const std::vector<std::vector<int64_t>> batches_;
+  std::optional<Batch> current_;
+  size_t current_position_ = 0;
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::map<size_t, Made> ready_;
+  size_t next_to_make_;
+  size_t consumed_;
+  const size_t capacity_;
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+
+  std::shared_ptr<DataLoaderState> state_;
+  std::shared_ptr<GradientState> gradient_state_;
+};
+
+}  // namespace data
+
+template <typename Dataset,
+          typename Batch =
+              typename data::DefaultCollate<data::SampleOf<Dataset>>::Batch>
 class DataLoader {
  public:
-  using Batch = torch::data::Example<>;
+  using Sample = data::SampleOf<Dataset>;
+  using CollateFn = std::function<Batch(std::vector<Sample>)>;
 
   DataLoader(Dataset dataset, DataLoaderOptions options)
+      : DataLoader(std::move(dataset), options, DefaultCollateFn()) {}
+
+  DataLoader(Dataset dataset, DataLoaderOptions options, CollateFn collate)
       : dataset_(std::make_shared<Dataset>(std::move(dataset))),
         options_(options),
+        collate_(std::move(collate)),
         state_(std::make_shared<DataLoaderState>()) {
     if (options_.batch_size == 0) {
-      throw UsageError("DataLoader: batch_size must be at least 1");
+      throw UsageError("DataLoader: batch_size must be at least 1, found 0");
     }
-    const auto size = dataset_->size();  // c10::optional in LibTorch 1.x
-    if (!size) throw UsageError("DataLoader: the dataset must have a size");
-    dataset_size_ = *size;
+    if (!collate_) throw UsageError("DataLoader: the collate function is empty");
+    dataset_size_ = data::SizeOf(*dataset_);
   }
 
   // The same data, sharded for `rank` of `num_replicas` (used by prepare()).
-  DataLoader Shard(int rank, int num_replicas, torch::Device device) const {
+  DataLoader Shard(int rank, int num_replicas, torch::Device device,
+                   std::shared_ptr<GradientState> gradient_state = nullptr) const {
     DataLoader copy = *this;
     if (options_.split_batches) {
       if (options_.batch_size % num_replicas != 0) {
@@ -82,23 +385,34 @@ class DataLoader {
     copy.num_replicas_ = num_replicas;
     copy.device_ = device;
     copy.state_ = std::make_shared<DataLoaderState>(*state_);
+    copy.gradient_state_ = std::move(gradient_state);
+    return copy;
+  }
+
+  // The same loader, whose next pass starts after its first `batches`
+  // batches (Accelerate's skip_first_batches). It replaces a position that
+  // load_state restored, so a script that computes its own resume step gets
+  // the same batches. Later passes are whole.
+  DataLoader SkipFirstBatches(int64_t batches) const {
+    if (batches < 0) {
+      throw UsageError("skip_first_batches: the number of batches must not be "
+                       "negative, found " +
+                       std::to_string(batches));
+    }
+    DataLoader copy = *this;
+    copy.skip_next_ = batches;
     return copy;
   }
 
   class Iterator {
    public:
-    Iterator(const DataLoader* loader,
-             std::shared_ptr<std::vector<std::vector<int64_t>>> batches,
-             size_t position)
-        : loader_(loader), batches_(std::move(batches)), position_(position) {}
-    Batch& operator*() {
-      if (!current_) current_ = loader_->MakeBatch((*batches_)[position_]);
-      return *current_;
-    }
+    using PassType = data::Pass<Sample, Batch>;
+    Iterator(std::shared_ptr<PassType> pass, size_t position)
+        : pass_(std::move(pass)), position_(position) {}
+    Batch& operator*() { return pass_->At(position_); }
     Batch* operator->() { return &**this; }
     Iterator& operator++() {
       ++position_;
-      current_.reset();
       return *this;
     }
     bool operator!=(const Iterator& other) const {
@@ -109,35 +423,54 @@ class DataLoader {
     }
 
    private:
-    const DataLoader* loader_;
-    std::shared_ptr<std::vector<std::vector<int64_t>>> batches_;
+    std::shared_ptr<PassType> pass_;
     size_t position_;
-    std::optional<Batch> current_;
   };
 
-  // Starts the next epoch.
+  // Starts the next epoch (or resumes the one a checkpoint stopped in).
   Iterator begin() {
-    current_epoch_ = std::make_shared<std::vector<std::vector<int64_t>>>(
-        BatchesOfEpoch(state_->epoch));
+    const int64_t epoch = state_->epoch;
+    int64_t skip = state_->resume_skip;
+    if (skip_next_) skip = *skip_next_;
+    skip_next_.reset();
+    state_->resume_skip = 0;
     ++state_->epoch;
-    return Iterator(this, current_epoch_, 0);
+    auto batches = BatchesOfEpoch(epoch);
+    const size_t first =
+        std::min(batches.size(), static_cast<size_t>(std::max<int64_t>(skip, 0)));
+    auto make = [dataset = dataset_, collate = collate_, device = device_,
+                 pin = options_.pin_memory](const std::vector<int64_t>& ids) {
+      std::vector<Sample> samples;
+      samples.reserve(ids.size());
+      for (int64_t i : ids) samples.push_back(dataset->get(static_cast<size_t>(i)));
+      Batch batch = collate(std::move(samples));
+      data::MoveBatch(batch, device, pin);
+      return batch;
+    };
+    auto pass = std::make_shared<typename Iterator::PassType>(
+        std::move(make), std::move(batches), first, options_.num_workers,
+        options_.prefetch_factor, state_, gradient_state_, Remainder());
+    current_pass_ = pass;
+    return Iterator(std::move(pass), first);
   }
   Iterator end() {
-    return Iterator(this, current_epoch_,
-                    current_epoch_ ? current_epoch_->size() : 0);
+    auto pass = current_pass_.lock();
+    return Iterator(nullptr, pass ? pass->size() : 0);
   }
 
   // Batches this rank gets per epoch.
-  size_t size() const { return BatchesOfEpoch(0).size(); }
+  size_t size() const { return Plan().batches_per_rank; }
   size_t dataset_size() const { return dataset_size_; }
   size_t batch_size() const { return options_.batch_size; }
   // Samples per optimizer step over all ranks.
   size_t total_batch_size() const {
     return options_.batch_size * num_replicas_;
   }
+  const DataLoaderOptions& options() const { return options_; }
   int64_t epoch() const { return state_->epoch; }
   void set_epoch(int64_t epoch) { state_->epoch = epoch; }
   std::shared_ptr<DataLoaderState> state() const { return state_; }
+  Dataset& dataset() { return *dataset_; }
 
   // This rank's batches (sample indices) of `epoch`.
   std::vector<std::vector<int64_t>> BatchesOfEpoch(int64_t epoch) const {
@@ -152,49 +485,80 @@ class DataLoader {
     } else {
       for (size_t i = 0; i < dataset_size_; ++i) order[i] = i;
     }
-    const size_t b = options_.batch_size;
-    const size_t n = static_cast<size_t>(num_replicas_);
-    size_t samples = order.size();
-    if (options_.drop_last) {
-      samples =
-          options_.even_batches ? samples / (b * n) * (b * n) : samples / b * b;
-    } else if (options_.even_batches && samples > 0) {
-      samples = (samples + b * n - 1) / (b * n) * (b * n);
-    }
-    for (size_t i = order.size(); i < samples; ++i) {
+    const Layout plan = Plan();
+    for (size_t i = order.size(); i < plan.samples; ++i) {
       order.push_back(order[i % dataset_size_]);
     }
-    order.resize(samples);
+    order.resize(plan.samples);
+    const size_t b = options_.batch_size;
+    const size_t n = static_cast<size_t>(num_replicas_);
     std::vector<std::vector<int64_t>> batches;
     size_t index = 0;
-    for (size_t start = 0; start < samples; start += b, ++index) {
+    for (size_t start = 0; start < plan.samples; start += b, ++index) {
       if (index % n != static_cast<size_t>(rank_)) continue;
-      const size_t stop = std::min(samples, start + b);
+      const size_t stop = std::min(plan.samples, start + b);
       batches.emplace_back(order.begin() + start, order.begin() + stop);
     }
     return batches;
   }
 
  private:
-  Batch MakeBatch(const std::vector<int64_t>& indices) const {
-    std::vector<torch::Tensor> data;
-    std::vector<torch::Tensor> targets;
-    for (int64_t i : indices) {
-      auto example = dataset_->get(static_cast<size_t>(i));
-      data.push_back(example.data);
-      targets.push_back(example.target);
+  static CollateFn DefaultCollateFn() {
+    static_assert(data::DefaultCollate<Sample>::supported,
+                  "accel::DataLoader: the default collate stacks "
+                  "torch::data::Example<>, torch::Tensor or "
+                  "std::map<std::string, torch::Tensor> samples; for other "
+                  "sample types pass a collate function as the third "
+                  "constructor argument");
+    if constexpr (data::DefaultCollate<Sample>::supported) {
+      return [](std::vector<Sample> samples) {
+        return data::DefaultCollate<Sample>::Apply(std::move(samples));
+      };
+    } else {
+      return nullptr;
     }
-    return {torch::stack(data).to(device_), torch::stack(targets).to(device_)};
+  }
+
+  struct Layout {
+    size_t samples;           // After padding or dropping.
+    size_t batches_per_rank;
+  };
+  // How many samples an epoch uses: padded with the first ones up to full
+  // batches on every rank (even_batches), or cut to full batches
+  // (drop_last). One process is never padded, as in Accelerate.
+  Layout Plan() const {
+    const size_t b = options_.batch_size;
+    const size_t n = static_cast<size_t>(num_replicas_);
+    size_t samples = dataset_size_;
+    if (options_.drop_last) {
+      samples =
+          options_.even_batches ? samples / (b * n) * (b * n) : samples / b * b;
+    } else if (options_.even_batches && n > 1 && samples > 0) {
+      samples = (samples + b * n - 1) / (b * n) * (b * n);
+    }
+    const size_t batches = (samples + b - 1) / b;
+    const size_t r = static_cast<size_t>(rank_);
+    return {samples, batches / n + (r < batches % n ? 1 : 0)};
+  }
+
+  // Real samples in the last global batch, when even_batches filled it up
+  // with duplicates (what gather_for_metrics keeps); 0 when none were added.
+  int64_t Remainder() const {
+    if (options_.drop_last || !options_.even_batches) return 0;
+    return static_cast<int64_t>(dataset_size_ % total_batch_size());
   }
 
   std::shared_ptr<Dataset> dataset_;
   DataLoaderOptions options_;
+  CollateFn collate_;
   std::shared_ptr<DataLoaderState> state_;
+  std::shared_ptr<GradientState> gradient_state_;
   size_t dataset_size_ = 0;
   int rank_ = 0;
   int num_replicas_ = 1;
   torch::Device device_ = torch::kCPU;
-  std::shared_ptr<std::vector<std::vector<int64_t>>> current_epoch_;
+  std::optional<int64_t> skip_next_;
+  std::weak_ptr<data::Pass<Sample, Batch>> current_pass_;
 };
 
 }  // namespace accel

@@ -18,6 +18,7 @@
 #include "accel/runtime/program.h"
 
 DEFINE_int32(epochs, 3, "Epochs to train (in total, when resuming).");
+DEFINE_int64(seed, 42, "Seed of the data, the weights and the shuffling.");
 DEFINE_int32(batch_size, 8, "Global batch size, split across processes.");
 DEFINE_int64(hidden, 32, "Width of the hidden layer.");
 DEFINE_string(output_dir, "trained_model", "Where save_state writes.");
@@ -81,7 +82,7 @@ void ShowProgress(int epoch, size_t step, size_t steps, double loss,
 int Main(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
   accel::AcceleratorOptions options = accel::AcceleratorOptions::FromFlags();
-  if (!options.seed) options.seed = 42;
+  options.seed = static_cast<uint64_t>(FLAGS_seed);
   options.project_dir = FLAGS_output_dir;
   options.total_limit = FLAGS_total_limit;
   accel::Accelerator accelerator(options);

@@ -159,7 +159,7 @@ TEST(ExamplesTest, UnknownBackendIsAClearErrorOnEveryRank) {
       RunExample("train_demo", {"--num_processes=2", "--backend=mpi"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_EQ(Matches(r.output,
-                    "error: unknown backend 'mpi'; available "
+                    "error: \\[rank [01]/2\\] unknown backend 'mpi'; available "
                     "backends: gloo")
                 .size(),
             2u)

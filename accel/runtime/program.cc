@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "accel/runtime/environment.h"
+#include "accel/runtime/error_report.h"
 #include "accel/runtime/errors.h"
 
 DEFINE_int32(num_processes, 1,
@@ -35,9 +36,14 @@ DEFINE_int32(max_restarts, 0,
              "Restart the whole job up to this many times after a rank "
              "fails (TORCHELASTIC_RESTART_COUNT tells the ranks which try "
              "they are).");
-DEFINE_int64(seed, -1, "Random seed for every rank (-1: leave unseeded).");
-DEFINE_int32(num_threads, 1,
+DEFINE_int32(num_cpu_threads_per_process, 1,
              "Intra-op threads per rank (OMP_NUM_THREADS, unless set).");
+DEFINE_string(mixed_precision, "no",
+              "Mixed precision: no, bf16 (autocast to bfloat16, CPU or GPU) "
+              "or fp16 (float16 with loss scaling).");
+DEFINE_int32(gradient_accumulation_steps, 1,
+             "Micro-batches whose gradients are accumulated before each "
+             "optimizer step (inside accelerator.accumulate(model)).");
 
 namespace accel {
 
@@ -48,12 +54,13 @@ LaunchOptions LaunchOptionsFromFlags() {
   options.machine_rank = FLAGS_machine_rank;
   options.main_process_ip = FLAGS_main_process_ip;
   options.main_process_port = FLAGS_main_process_port;
-  options.threads_per_process = FLAGS_num_threads;
+  options.threads_per_process = FLAGS_num_cpu_threads_per_process;
   options.max_restarts = FLAGS_max_restarts;
   return options;
 }
 
 void InitProgram(int* argc, char*** argv) {
+  InstallTerminateHandler();
   // Keep the original arguments: the ranks get exactly what we got.
   std::vector<std::string> command(*argv, *argv + *argc);
   gflags::ParseCommandLineFlags(argc, argv, /*remove_flags=*/true);
@@ -80,11 +87,11 @@ void InitProgram(int* argc, char*** argv) {
 }
 
 int RunAndReportErrors(int (*body)(int, char**), int argc, char** argv) {
+  InstallTerminateHandler();
   try {
     return body(argc, argv);
-  } catch (const Error& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "error: %s\n", e.what());
+  } catch (...) {
+    ReportException(std::current_exception());
     return 1;
   }
 }

@@ -9,10 +9,12 @@
 //
 //   $ bazel run //examples:gather_demo -- --num_processes=2
 //
-// Flags (mirroring `accelerate launch`): --num_processes, --num_machines,
-// --machine_rank, --main_process_ip, --main_process_port, --backend,
-// --num_threads, and for the Accelerator --timeout_s, --rendezvous_timeout_s
-// and --seed. With
+// Flags (mirroring `accelerate launch`, so that programs keep every other
+// name for themselves): --num_processes, --num_machines, --machine_rank,
+// --main_process_ip, --main_process_port, --num_cpu_threads_per_process,
+// --max_restarts, --mixed_precision, --gradient_accumulation_steps, and
+// accel's --backend, --timeout_s, --rendezvous_timeout_s and
+// --collective_checks. With
 // --num_processes > 1 and no launch environment, InitProgram starts the ranks
 // through accel::Launch, waits for them and exits with the launcher's exit
 // code; inside a rank it returns.
@@ -28,10 +30,11 @@ DECLARE_int32(machine_rank);
 DECLARE_string(main_process_ip);
 DECLARE_int32(main_process_port);
 DECLARE_string(backend);
-DECLARE_int32(num_threads);
+DECLARE_int32(num_cpu_threads_per_process);
 DECLARE_int32(timeout_s);
 DECLARE_int32(rendezvous_timeout_s);
-DECLARE_int64(seed);
+DECLARE_string(mixed_precision);
+DECLARE_int32(gradient_accumulation_steps);
 DECLARE_bool(collective_checks);
 DECLARE_int32(max_restarts);
 
@@ -43,9 +46,9 @@ void InitProgram(int* argc, char*** argv);
 // LaunchOptions from the flags above.
 LaunchOptions LaunchOptionsFromFlags();
 
-// Runs `body`, turning an accel::Error into a one-line message on stderr
-// ("error: ...") and exit code 1, so that users see the message, not a
-// std::terminate trace.
+// Runs `body`, turning any exception into a one-line message on stderr
+// ("error: ...") and exit code 1 (see error_report.h; an exception that
+// escapes main without it ends the same way).
 int RunAndReportErrors(int (*body)(int, char**), int argc, char** argv);
 
 }  // namespace accel

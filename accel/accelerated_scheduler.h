@@ -1,0 +1,51 @@
+// The learning-rate scheduler that Accelerator::prepare returns, stepping as
+// Accelerate's AcceleratedScheduler does:
+//   - not at all on micro-steps that do not synchronize gradients (gradient
+//     accumulation), nor when the optimizer's step was skipped (an fp16
+//     overflow);
+//   - once per process otherwise, because a schedule written for one process
+//     counts batches, and N processes take N batches per step; with
+//     split_batches (one batch split across processes) once.
+//
+//   auto scheduler = accelerator.prepare(
+//       accel::get_linear_schedule_with_warmup(optimizer, 100, 1000));
+//   optimizer.step();
+//   scheduler.step();
+//   double lr = scheduler.get_last_lr()[0];
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "accel/scheduler.h"
+#include "accel/training_state.h"
+
+namespace accel {
+
+class AcceleratedScheduler {
+ public:
+  AcceleratedScheduler(std::shared_ptr<TrainingState> state,
+                       std::shared_ptr<LRScheduler> scheduler)
+      : state_(std::move(state)), scheduler_(std::move(scheduler)) {}
+
+  void step() {
+    if (!state_->gradients.sync_gradients()) return;
+    for (const auto& prepared : state_->optimizers) {
+      if (prepared->optimizer == &scheduler_->optimizer() &&
+          prepared->step_was_skipped) {
+        return;
+      }
+    }
+    const int steps = state_->split_batches ? 1 : state_->num_processes;
+    for (int i = 0; i < steps; ++i) scheduler_->step();
+  }
+  std::vector<double> get_last_lr() const { return scheduler_->get_last_lr(); }
+  LRScheduler& scheduler() const { return *scheduler_; }
+  LRScheduler* operator->() const { return scheduler_.get(); }
+
+ private:
+  std::shared_ptr<TrainingState> state_;
+  std::shared_ptr<LRScheduler> scheduler_;
+};
+
+}  // namespace accel

@@ -1,0 +1,86 @@
+#include "accel/runtime/error_report.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+
+namespace accel {
+namespace {
+
+std::string OneLine(std::string text) {
+  // LibTorch appends "\nException raised from <where> (most recent call
+  // first):\nframe #0: ..." to c10::Error's message.
+  const size_t backtrace = text.find("\nException raised from");
+  if (backtrace != std::string::npos) text.resize(backtrace);
+  for (char& c : text) {
+    if (c == '\n' || c == '\r' || c == '\t') c = ' ';
+  }
+  while (!text.empty() && text.back() == ' ') text.pop_back();
+  return text;
+}
+
+// "[rank 1/2] " when several processes run and the message does not say
+// which rank it comes from already.
+std::string RankPrefix(const std::string& message) {
+  const char* rank = std::getenv("RANK");
+  const char* size = std::getenv("WORLD_SIZE");
+  if (rank == nullptr || size == nullptr) return "";
+  const int r = std::atoi(rank);
+  const int n = std::atoi(size);
+  if (n <= 1 || r < 0 || r >= n) return "";
+  const std::string mine = "rank " + std::to_string(r) + "/" + std::to_string(n);
+  if (message.find(mine) != std::string::npos) return "";
+  return "[" + mine + "] ";
+}
+
+[[noreturn]] void TerminateWithReport() {
+  if (std::exception_ptr error = std::current_exception()) {
+    ReportException(error);
+  } else {
+    std::fflush(stdout);
+    std::fprintf(stderr,
+                 "error: the program called std::terminate without an "
+                 "exception (for example a joinable std::thread was "
+                 "destroyed)\n");
+  }
+  std::fflush(stderr);
+  // Not exit(): other threads may still hold locks that static destructors
+  // would need.
+  std::_Exit(1);
+}
+
+const bool kInstalledAtStartup = (InstallTerminateHandler(), true);
+
+}  // namespace
+
+std::string DescribeException(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    std::string message = OneLine(e.what());
+    return message.empty() ? "unknown error (an exception with no message)"
+                           : message;
+  } catch (const std::string& s) {
+    return OneLine(s);
+  } catch (const char* s) {
+    return OneLine(s);
+  } catch (...) {
+    return "unknown error (an exception that is not a std::exception)";
+  }
+}
+
+void ReportException(std::exception_ptr error) {
+  const std::string message = DescribeException(error);
+  std::fflush(stdout);
+  std::fprintf(stderr, "error: %s%s\n", RankPrefix(message).c_str(),
+               message.c_str());
+  std::fflush(stderr);
+}
+
+void InstallTerminateHandler() {
+  static std::once_flag once;
+  std::call_once(once, [] { std::set_terminate(TerminateWithReport); });
+  (void)kInstalledAtStartup;
+}
+
+}  // namespace accel

@@ -1,0 +1,33 @@
+// Every error a program does not handle ends as one line on stderr and exit
+// code 1, on every rank, whatever the exception's type: an accel::Error, a
+// LibTorch c10::Error (its backtrace left out), any std::exception, also one
+// thrown from a destructor or on another thread.
+//
+//   int main(int argc, char** argv) {
+//     accel::InitProgram(&argc, &argv);   // installs the handler
+//     accel::Accelerator accelerator;     // so does this
+//     ...                                 // an escaping throw prints
+//   }                                     // "error: ..." and exits 1
+//
+// Linking accel installs the handler before main runs (std::set_terminate);
+// RunAndReportErrors (program.h) reports the same way without terminating.
+#pragma once
+
+#include <exception>
+#include <string>
+
+namespace accel {
+
+// The exception's message on one line: a c10::Error's backtrace and any line
+// breaks are dropped.
+std::string DescribeException(std::exception_ptr error);
+
+// Writes "error: <message>" (with the rank when several processes run) to
+// stderr after flushing stdout.
+void ReportException(std::exception_ptr error);
+
+// Makes std::terminate report the exception in flight and exit with code 1.
+// Idempotent.
+void InstallTerminateHandler();
+
+}  // namespace accel
