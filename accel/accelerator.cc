@@ -225,6 +225,15 @@ void Accelerator::backward(const torch::Tensor& loss, CallSite site) {
   ++contents_.step;
 }
 
+void Accelerator::set_gradient_accumulation_steps(int steps) {
+  if (steps < 1) {
+    throw UsageError("gradient_accumulation_steps must be at least 1, found " +
+                     std::to_string(steps));
+  }
+  options_.gradient_accumulation_steps = steps;
+  state_->gradients.set_accumulation_steps(steps);
+}
+
 AutocastScope Accelerator::autocast() const {
   std::optional<c10::ScalarType> dtype;
   if (options_.mixed_precision == "bf16") {

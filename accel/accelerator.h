@@ -209,6 +209,7 @@ class Accelerator {
   int gradient_accumulation_steps() const {
     return state_->gradients.accumulation_steps();
   }
+  void set_gradient_accumulation_steps(int steps);
   // Mixed precision's autocast for the scope (none with "no").
   AutocastScope autocast() const;
   // Clips the gradients' total norm (unscaling them first under fp16) and

@@ -29,6 +29,14 @@ std::vector<int> WorldSizes() {
 
 Accelerator& SharedAccelerator() { return *g_accelerator; }
 
+__attribute__((weak)) AcceleratorOptions TestAcceleratorOptions() {
+  AcceleratorOptions options;
+  options.backend = "gloo";
+  options.timeout = std::chrono::seconds(20);
+  options.seed = 1234;
+  return options;
+}
+
 }  // namespace accel::testing
 
 int main(int argc, char** argv) {
@@ -60,11 +68,8 @@ int main(int argc, char** argv) {
     return failures == 0 ? 0 : 1;
   }
   if (env.rank != 0) ::testing::GTEST_FLAG(brief) = true;
-  accel::AcceleratorOptions options;
-  options.backend = "gloo";
-  options.timeout = std::chrono::seconds(20);
-  options.seed = 1234;
-  accel::testing::g_accelerator = new accel::Accelerator(options);
+  accel::testing::g_accelerator =
+      new accel::Accelerator(accel::testing::TestAcceleratorOptions());
   const int result = RUN_ALL_TESTS();
   delete accel::testing::g_accelerator;
   return result;

@@ -20,4 +20,8 @@ namespace accel::testing {
 
 Accelerator& SharedAccelerator();
 
+// The options of the shared Accelerator: gloo, 20 s timeouts, seed 1234. A
+// test binary may define its own (a strong symbol replaces this weak one).
+AcceleratorOptions TestAcceleratorOptions();
+
 }  // namespace accel::testing
