@@ -62,6 +62,7 @@
 #include "accel/runtime/communicator.h"
 #include "accel/runtime/environment.h"
 #include "accel/scheduler.h"
+#include "accel/tensor_format.h"
 #include "accel/training_state.h"
 
 namespace accel {

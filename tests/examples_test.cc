@@ -136,13 +136,45 @@ TEST(ExamplesTest, KilledRankIsRestartedAndResumesToTheSameResult) {
   EXPECT_FALSE(Exists(out + "/checkpoints/checkpoint_6"));
 }
 
-TEST(ExamplesTest, GatherDemoGathersOnEveryProcess) {
-  const ProcessResult r = RunExample("gather_demo", {"--num_processes=2"});
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_THAT(r.output,
-              HasSubstr("Process 0 gathered [6]: [1, 2, 3, 1, 2, 3]"));
-  EXPECT_THAT(r.output,
-              HasSubstr("Process 1 gathered [6]: [1, 2, 3, 1, 2, 3]"));
+TEST(ExamplesTest, GatherDemoPrintsTheSeedsLineOnTheMainProcessOnly) {
+  for (int n : {1, 2, 3}) {
+    const ProcessResult r =
+        RunExample("gather_demo", {"--num_processes=" + std::to_string(n)});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::string expected = "1, 2, 3";
+    for (int i = 1; i < n; ++i) expected += ", 1, 2, 3";
+    EXPECT_EQ(Matches(r.output, "Gathered tensor: .*"),
+              std::vector<std::string>{"Gathered tensor: tensor([" + expected +
+                                       "])"})
+        << r.output;
+  }
+}
+
+TEST(ExamplesTest, GatherLoopDemoPrintsEveryPredictionOnce) {
+  for (int n : {1, 2, 3}) {
+    const ProcessResult r = RunExample(
+        "gather_loop_demo", {"--num_processes=" + std::to_string(n)});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(Matches(r.output, "Full predictions: .*"),
+              std::vector<std::string>{
+                  "Full predictions: tensor([0, 2, 4, 6, 8, 10, 12, 14])"})
+        << n << " processes:\n"
+        << r.output;
+  }
+}
+
+TEST(ExamplesTest, AnErrorThatEscapesMainIsOneLineAndExitCode1) {
+  // gather_demo has no RunAndReportErrors around main.
+  const ProcessResult r =
+      RunExample("gather_demo", {"--num_processes=2", "--backend=bogus"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(Matches(r.output, "error: \\[rank [01]/2\\] unknown backend "
+                              "'bogus'; available backends: [a-z, ]+\n")
+                .size(),
+            2u)
+      << r.output;
+  EXPECT_THAT(r.output, HasSubstr("exited with code 1"));
+  EXPECT_THAT(r.output, ::testing::Not(HasSubstr("terminate called")));
 }
 
 TEST(ExamplesTest, BarrierDemoReleasesEveryoneTogether) {
