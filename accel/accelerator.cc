@@ -36,14 +36,14 @@ std::map<std::string, torch::Tensor> MapTensors(
 void ValidateOptions(const AcceleratorOptions& options) {
   const std::string& mp = options.mixed_precision;
   if (mp != "no" && mp != "bf16" && mp != "fp16") {
-    throw UsageError("mixed precision must be \"no\", \"bf16\" or \"fp16\", "
-                     "found \"" +
-                     mp + "\"");
+    throw UsageError(
+        "mixed precision must be \"no\", \"bf16\" or \"fp16\", "
+        "found \"" +
+        mp + "\"");
   }
   if (options.gradient_accumulation_steps < 1) {
-    throw UsageError(
-        "gradient_accumulation_steps must be at least 1, found " +
-        std::to_string(options.gradient_accumulation_steps));
+    throw UsageError("gradient_accumulation_steps must be at least 1, found " +
+                     std::to_string(options.gradient_accumulation_steps));
   }
   if (options.timeout.count() <= 0) {
     throw UsageError("the collective timeout must be positive, found " +
@@ -91,10 +91,10 @@ NoSyncScope::~NoSyncScope() {
   }
 }
 
-void NoSyncScope::Add(GradientSynchronizer* synchronizer) {
+void NoSyncScope::Add(GradientSynchronizer* synchronizer, bool enabled) {
   if (synchronizer == nullptr) return;
   restore_.emplace_back(synchronizer, synchronizer->enabled());
-  synchronizer->set_enabled(false);
+  synchronizer->set_enabled(enabled);
 }
 
 Accelerator::Accelerator(AcceleratorOptions options)
@@ -258,8 +258,9 @@ void Accelerator::unscale_gradients() {
   }
 }
 
-double Accelerator::clip_grad_norm_(const std::vector<torch::Tensor>& parameters,
-                                    double max_norm, double norm_type) {
+double Accelerator::clip_grad_norm_(
+    const std::vector<torch::Tensor>& parameters, double max_norm,
+    double norm_type) {
   unscale_gradients();
   return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
 }

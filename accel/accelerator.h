@@ -56,8 +56,8 @@
 #include "accel/autocast.h"
 #include "accel/checkpoint.h"
 #include "accel/data_loader.h"
-#include "accel/gradient_sync.h"
 #include "accel/grad_scaler.h"
+#include "accel/gradient_sync.h"
 #include "accel/process_control.h"
 #include "accel/runtime/communicator.h"
 #include "accel/runtime/environment.h"
@@ -90,6 +90,9 @@ struct AcceleratorOptions {
   // Prepared data loaders split each batch across processes, whatever their
   // own DataLoaderOptions::split_batches says.
   bool split_batches = false;
+  // When false, prepared data loaders do not pad the last batches to the
+  // same count on every process, whatever their own options say.
+  bool even_batches = true;
   // Default timeout of every collective (per call: CollectiveOptions).
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
   // How long ranks wait for each other to start.
@@ -119,7 +122,8 @@ class [[nodiscard]] NoSyncScope {
   NoSyncScope(NoSyncScope&&) = default;
   NoSyncScope& operator=(NoSyncScope&&) = default;
   ~NoSyncScope();
-  void Add(GradientSynchronizer* synchronizer);
+  // Sets the synchronizer's sync to `enabled` until the scope ends.
+  void Add(GradientSynchronizer* synchronizer, bool enabled = false);
 
  private:
   std::vector<std::pair<GradientSynchronizer*, bool>> restore_;
@@ -142,9 +146,19 @@ class Accelerator {
   bool is_last_process() const { return env_.rank == env_.world_size - 1; }
   torch::Device device() const { return device_; }
   DistributedType distributed_type() const;
+  // Whether several processes run (use_distributed), and whether they use
+  // several devices (multi_device: GPUs).
+  bool use_distributed() const { return num_processes() > 1; }
+  bool multi_device() const {
+    return distributed_type() == DistributedType::kMultiGpu;
+  }
+  bool split_batches() const { return options_.split_batches; }
+  bool even_batches() const { return options_.even_batches; }
   // The communication backend in use ("gloo", "nccl").
   const std::string& backend() const { return backend_; }
-  const std::string& mixed_precision() const { return options_.mixed_precision; }
+  const std::string& mixed_precision() const {
+    return options_.mixed_precision;
+  }
   const std::string& project_dir() const { return options_.project_dir; }
   Communicator& communicator();
 
@@ -169,6 +183,23 @@ class Accelerator {
       return std::tuple<decltype(PrepareOne(std::forward<Objects>(
           objects)))...>{PrepareOne(std::forward<Objects>(objects))...};
     }
+  }
+  // prepare() for one object of a known kind, as in Accelerate.
+  template <typename Model>
+  auto prepare_model(Model&& model) {
+    return prepare(std::forward<Model>(model));
+  }
+  template <typename Optimizer>
+  auto prepare_optimizer(Optimizer& optimizer) {
+    return prepare(optimizer);
+  }
+  template <typename Loader>
+  auto prepare_data_loader(Loader&& loader) {
+    return prepare(std::forward<Loader>(loader));
+  }
+  template <typename Scheduler>
+  auto prepare_scheduler(Scheduler&& scheduler) {
+    return prepare(std::forward<Scheduler>(scheduler));
   }
   // The model itself: accel's data parallelism does not wrap it.
   template <typename Model>
@@ -203,6 +234,17 @@ class Accelerator {
   NoSyncScope no_sync(Model& model) {
     NoSyncScope scope;
     scope.Add(SynchronizerOf(ModulePointer(model), "no_sync"));
+    return scope;
+  }
+  // Syncs gradients in the scope's backward even inside no_sync (for a
+  // model whose last micro-step must sync).
+  template <typename... Models>
+  NoSyncScope trigger_sync_in_backward(Models&... models) {
+    NoSyncScope scope;
+    (scope.Add(
+         SynchronizerOf(ModulePointer(models), "trigger_sync_in_backward"),
+         /*enabled=*/true),
+     ...);
     return scope;
   }
   // Whether this micro-step syncs gradients and steps the optimizer.
@@ -306,12 +348,16 @@ class Accelerator {
   auto on_process(Fn fn, int process_index) const {
     return OnlyOn(process_index == this->process_index(), std::move(fn));
   }
+  template <typename Fn>
+  auto on_local_process(Fn fn, int local_process_index) const {
+    return OnlyOn(local_process_index == this->local_process_index(),
+                  std::move(fn));
+  }
   // This process's share of `items` (see process_control.h).
   template <typename Items>
   Items split_between_processes(const Items& items,
                                 bool apply_padding = false) const {
-    return split::Split(items, process_index(), num_processes(),
-                        apply_padding);
+    return split::Split(items, process_index(), num_processes(), apply_padding);
   }
 
   // Seeds torch's generators; device_specific adds process_index().
@@ -336,14 +382,13 @@ class Accelerator {
   // save_state and load_state carry.
   template <typename T>
   void register_for_checkpointing(T& object) {
-    static_assert(
-        std::is_invocable_v<decltype(&T::save), const T&,
-                            torch::serialize::OutputArchive&> &&
-            std::is_invocable_v<decltype(&T::load), T&,
-                                torch::serialize::InputArchive&>,
-        "register_for_checkpointing needs an object with "
-        "save(torch::serialize::OutputArchive&) const and "
-        "load(torch::serialize::InputArchive&)");
+    static_assert(std::is_invocable_v<decltype(&T::save), const T&,
+                                      torch::serialize::OutputArchive&> &&
+                      std::is_invocable_v<decltype(&T::load), T&,
+                                          torch::serialize::InputArchive&>,
+                  "register_for_checkpointing needs an object with "
+                  "save(torch::serialize::OutputArchive&) const and "
+                  "load(torch::serialize::InputArchive&)");
     contents_.objects.push_back(
         {[&object](torch::serialize::OutputArchive& a) { object.save(a); },
          [&object](torch::serialize::InputArchive& a) { object.load(a); }});
@@ -366,6 +411,7 @@ class Accelerator {
   // registered objects) and frees accel's gradient buffers; the objects
   // themselves stay the program's.
   void free_memory();
+  void clear() { free_memory(); }
 
  private:
   template <typename T>
@@ -407,7 +453,12 @@ class Accelerator {
                     "optimizer in a variable that outlives the training loop");
       return AcceleratedOptimizer<U>(state_, PrepareOptimizer(object));
     } else if constexpr (IsDataLoader<U>::value) {
-      U sharded = object.Shard(
+      U configured = object;
+      if (options_.split_batches)
+        configured.mutable_options().split_batches = true;
+      if (!options_.even_batches)
+        configured.mutable_options().even_batches = false;
+      U sharded = configured.Shard(
           process_index(), num_processes(), device_,
           std::shared_ptr<GradientState>(state_, &state_->gradients));
       PrepareLoader(sharded.state(), sharded.options().split_batches);
@@ -436,8 +487,8 @@ class Accelerator {
     } else if constexpr (std::is_lvalue_reference_v<S> &&
                          IsUniquePointer<U>::value) {
       // Borrowed: the program's unique_ptr keeps owning it.
-      shared = std::shared_ptr<LRScheduler>(scheduler.get(),
-                                            [](LRScheduler*) {});
+      shared =
+          std::shared_ptr<LRScheduler>(scheduler.get(), [](LRScheduler*) {});
     } else {
       shared = std::shared_ptr<LRScheduler>(std::forward<S>(scheduler));
     }
@@ -455,8 +506,7 @@ class Accelerator {
 
   template <typename M>
   static const torch::nn::Module* ModulePointer(const M& model) {
-    if constexpr (std::is_base_of_v<torch::detail::ModuleHolderIndicator,
-                                    M>) {
+    if constexpr (std::is_base_of_v<torch::detail::ModuleHolderIndicator, M>) {
       return model.ptr().get();
     } else if constexpr (IsSharedModule<M>::value) {
       return model.get();

@@ -24,8 +24,7 @@ namespace accel {
 class AutocastScope {
  public:
   // No effect when `dtype` is empty (mixed precision "no").
-  AutocastScope(c10::DeviceType device,
-                std::optional<c10::ScalarType> dtype);
+  AutocastScope(c10::DeviceType device, std::optional<c10::ScalarType> dtype);
   ~AutocastScope();
   AutocastScope(AutocastScope&& other) noexcept;
   AutocastScope(const AutocastScope&) = delete;

@@ -222,9 +222,8 @@ std::vector<StatefulKind> StatefulKinds(const CheckpointContents& contents) {
                                      {"scaler", "scalers", {}},
                                      {"object", "objects", {}}};
   for (torch::optim::Optimizer* optimizer : contents.optimizers) {
-    kinds[0].parts.push_back(
-        {"", [=](auto& a) { optimizer->save(a); },
-         [=](auto& a) { optimizer->load(a); }});
+    kinds[0].parts.push_back({"", [=](auto& a) { optimizer->save(a); },
+                              [=](auto& a) { optimizer->load(a); }});
   }
   for (const auto& scheduler : contents.schedulers) {
     LRScheduler* s = scheduler.get();
@@ -356,8 +355,7 @@ void LoadCheckpoint(const std::string& dir, int rank, int world_size,
     const int64_t count = ReadInt(state, "num_" + kind.plural, path);
     if (count != static_cast<int64_t>(kind.parts.size())) {
       throw CheckpointError("'" + path + "' holds " + std::to_string(count) +
-                            " " + kind.plural +
-                            ", but this program has " +
+                            " " + kind.plural + ", but this program has " +
                             std::to_string(kind.parts.size()));
     }
     for (size_t i = 0; i < kind.parts.size(); ++i) {
@@ -375,12 +373,11 @@ void LoadCheckpoint(const std::string& dir, int rank, int world_size,
   if (positions_value.isIntList()) positions = positions_value.toIntVector();
   if (!positions_value.isIntList() ||
       positions.size() != 2 * contents.loaders.size()) {
-    throw CheckpointError("'" + path + "' holds " +
-                          std::to_string(positions.size() / 2) +
-                          " data loader position(s), but this program "
-                          "prepared " +
-                          std::to_string(contents.loaders.size()) +
-                          " data loader(s)");
+    throw CheckpointError(
+        "'" + path + "' holds " + std::to_string(positions.size() / 2) +
+        " data loader position(s), but this program "
+        "prepared " +
+        std::to_string(contents.loaders.size()) + " data loader(s)");
   }
   const int64_t step = ReadInt(state, "step", path);
   const int64_t saved_world = ReadInt(state, "num_processes", path);

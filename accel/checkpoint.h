@@ -27,7 +27,6 @@
 
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
-
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 

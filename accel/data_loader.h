@@ -231,8 +231,7 @@ class Pass {
   using Make = std::function<Batch(const std::vector<int64_t>&)>;
 
   Pass(Make make, std::vector<std::vector<int64_t>> batches, size_t first,
-       size_t workers, size_t prefetch,
-       std::shared_ptr<DataLoaderState> state,
+       size_t workers, size_t prefetch, std::shared_ptr<DataLoaderState> state,
        std::shared_ptr<GradientState> gradient_state, int64_t remainder)
       : make_(std::move(make)),
         batches_(std::move(batches)),
@@ -364,13 +363,15 @@ class DataLoader {
     if (options_.batch_size == 0) {
       throw UsageError("DataLoader: batch_size must be at least 1, found 0");
     }
-    if (!collate_) throw UsageError("DataLoader: the collate function is empty");
+    if (!collate_)
+      throw UsageError("DataLoader: the collate function is empty");
     dataset_size_ = data::SizeOf(*dataset_);
   }
 
   // The same data, sharded for `rank` of `num_replicas` (used by prepare()).
-  DataLoader Shard(int rank, int num_replicas, torch::Device device,
-                   std::shared_ptr<GradientState> gradient_state = nullptr) const {
+  DataLoader Shard(
+      int rank, int num_replicas, torch::Device device,
+      std::shared_ptr<GradientState> gradient_state = nullptr) const {
     DataLoader copy = *this;
     if (options_.split_batches) {
       if (options_.batch_size % num_replicas != 0) {
@@ -395,9 +396,10 @@ class DataLoader {
   // the same batches. Later passes are whole.
   DataLoader SkipFirstBatches(int64_t batches) const {
     if (batches < 0) {
-      throw UsageError("skip_first_batches: the number of batches must not be "
-                       "negative, found " +
-                       std::to_string(batches));
+      throw UsageError(
+          "skip_first_batches: the number of batches must not be "
+          "negative, found " +
+          std::to_string(batches));
     }
     DataLoader copy = *this;
     copy.skip_next_ = batches;
@@ -436,13 +438,14 @@ class DataLoader {
     state_->resume_skip = 0;
     ++state_->epoch;
     auto batches = BatchesOfEpoch(epoch);
-    const size_t first =
-        std::min(batches.size(), static_cast<size_t>(std::max<int64_t>(skip, 0)));
+    const size_t first = std::min(
+        batches.size(), static_cast<size_t>(std::max<int64_t>(skip, 0)));
     auto make = [dataset = dataset_, collate = collate_, device = device_,
                  pin = options_.pin_memory](const std::vector<int64_t>& ids) {
       std::vector<Sample> samples;
       samples.reserve(ids.size());
-      for (int64_t i : ids) samples.push_back(dataset->get(static_cast<size_t>(i)));
+      for (int64_t i : ids)
+        samples.push_back(dataset->get(static_cast<size_t>(i)));
       Batch batch = collate(std::move(samples));
       data::MoveBatch(batch, device, pin);
       return batch;
@@ -467,6 +470,8 @@ class DataLoader {
     return options_.batch_size * num_replicas_;
   }
   const DataLoaderOptions& options() const { return options_; }
+  // Before Shard(): prepare() applies the Accelerator's batching options.
+  DataLoaderOptions& mutable_options() { return options_; }
   int64_t epoch() const { return state_->epoch; }
   void set_epoch(int64_t epoch) { state_->epoch = epoch; }
   std::shared_ptr<DataLoaderState> state() const { return state_; }
@@ -520,7 +525,7 @@ class DataLoader {
   }
 
   struct Layout {
-    size_t samples;           // After padding or dropping.
+    size_t samples;  // After padding or dropping.
     size_t batches_per_rank;
   };
   // How many samples an epoch uses: padded with the first ones up to full

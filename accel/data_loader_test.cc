@@ -23,7 +23,8 @@ class Numbers {
       : n_(n), delay_(delay) {}
   torch::Tensor get(size_t i) {
     if (delay_.count() > 0) std::this_thread::sleep_for(delay_);
-    if (i == fail_at_) throw UsageError("sample " + std::to_string(i) + " is bad");
+    if (i == fail_at_)
+      throw UsageError("sample " + std::to_string(i) + " is bad");
     ++calls_;
     return torch::tensor({static_cast<int64_t>(i)});
   }
@@ -96,8 +97,8 @@ TEST(DataLoaderTest, StacksExamplesTensorsAndMapsByDefault) {
     EXPECT_EQ(batch.at("mask").scalar_type(), torch::kBool);
   }
   DataLoader<Numbers> numbers(Numbers(5), Batch(2));
-  EXPECT_THAT(Drain(numbers),
-              ElementsAre(ElementsAre(0, 1), ElementsAre(2, 3), ElementsAre(4)));
+  EXPECT_THAT(Drain(numbers), ElementsAre(ElementsAre(0, 1), ElementsAre(2, 3),
+                                          ElementsAre(4)));
 }
 
 TEST(DataLoaderTest, CollateFunctionMakesAnyBatchType) {
@@ -117,9 +118,9 @@ TEST(DataLoaderTest, ShardsWithEvenBatchesAsAccelerate) {
   DataLoader<Numbers> loader(Numbers(22), Batch(4));
   auto rank1 = loader.Shard(1, 2, torch::kCPU);
   EXPECT_EQ(rank1.size(), 3u);
-  EXPECT_THAT(Drain(rank1), ElementsAre(ElementsAre(4, 5, 6, 7),
-                                        ElementsAre(12, 13, 14, 15),
-                                        ElementsAre(20, 21, 0, 1)));
+  EXPECT_THAT(Drain(rank1),
+              ElementsAre(ElementsAre(4, 5, 6, 7), ElementsAre(12, 13, 14, 15),
+                          ElementsAre(20, 21, 0, 1)));
   auto rank2 = loader.Shard(2, 3, torch::kCPU);
   EXPECT_THAT(Drain(rank2), ElementsAre(ElementsAre(8, 9, 10, 11),
                                         ElementsAre(20, 21, 0, 1)));
@@ -214,7 +215,8 @@ TEST(DataLoaderTest, PositionInsideAnEpochIsRecordedAndResumed) {
   EXPECT_EQ(rest[1], epoch0[5]);
   EXPECT_EQ(Drain(resumed), epoch1);
   // A finished epoch records the next one from its start.
-  EXPECT_EQ(resumed.state()->Checkpoint(), std::make_pair(int64_t{2}, int64_t{0}));
+  EXPECT_EQ(resumed.state()->Checkpoint(),
+            std::make_pair(int64_t{2}, int64_t{0}));
 }
 
 TEST(DataLoaderTest, SkipFirstBatchesSkipsOnlyTheNextPass) {

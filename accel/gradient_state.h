@@ -66,11 +66,10 @@ class GradientState {
     loaders_.push_back({loader, remainder, false});
   }
   void EndPass(const void* loader) {
-    loaders_.erase(std::remove_if(loaders_.begin(), loaders_.end(),
-                                  [&](const Active& a) {
-                                    return a.loader == loader;
-                                  }),
-                   loaders_.end());
+    loaders_.erase(
+        std::remove_if(loaders_.begin(), loaders_.end(),
+                       [&](const Active& a) { return a.loader == loader; }),
+        loaders_.end());
   }
   void ReachedLastBatch(const void* loader) {
     for (auto& active : loaders_) {

@@ -100,8 +100,7 @@ inline torch::Tensor Split(const torch::Tensor& items, int rank, int size,
                    static_cast<int64_t>(share.end - share.begin));
   if (apply_padding && items.size(0) > 0 &&
       static_cast<size_t>(mine.size(0)) < share.padded) {
-    const int64_t missing =
-        static_cast<int64_t>(share.padded) - mine.size(0);
+    const int64_t missing = static_cast<int64_t>(share.padded) - mine.size(0);
     torch::Tensor last = items.narrow(0, items.size(0) - 1, 1);
     std::vector<int64_t> repeats(items.dim(), 1);
     repeats[0] = missing;

@@ -3,12 +3,14 @@
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
+
 #include <functional>
 #include <memory>
 namespace accel {
 class LRScheduler {
  public:
-  explicit LRScheduler(torch::optim::Optimizer& optimizer) : optimizer_(optimizer) {}
+  explicit LRScheduler(torch::optim::Optimizer& optimizer)
+      : optimizer_(optimizer) {}
   virtual ~LRScheduler() = default;
   void step() { ++last_epoch_; }
   std::vector<double> get_last_lr() const { return {}; }
@@ -16,8 +18,13 @@ class LRScheduler {
   torch::optim::Optimizer& optimizer() { return optimizer_; }
   virtual void save(torch::serialize::OutputArchive& archive) const {}
   virtual void load(torch::serialize::InputArchive& archive) {}
+
  private:
-  torch::optim::Optimizer& optimizer_; int64_t last_epoch_ = 0;
+  torch::optim::Optimizer& optimizer_;
+  int64_t last_epoch_ = 0;
 };
-inline std::unique_ptr<LRScheduler> get_linear_schedule_with_warmup(torch::optim::Optimizer& o, int64_t, int64_t) { return std::make_unique<LRScheduler>(o); }
+inline std::unique_ptr<LRScheduler> get_linear_schedule_with_warmup(
+    torch::optim::Optimizer& o, int64_t, int64_t) {
+  return std::make_unique<LRScheduler>(o);
 }
+}  // namespace accel

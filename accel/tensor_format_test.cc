@@ -14,7 +14,8 @@ TEST(TensorFormatTest, PrintsAsPythonTorchDoes) {
   EXPECT_EQ(Repr(torch::arange(4).reshape({2, 2})),
             "tensor([[0, 1],\n        [2, 3]])");
   EXPECT_EQ(Repr(torch::zeros({0})), "tensor([])");
-  EXPECT_EQ(Repr(torch::arange(2000)), "tensor([0, 1, 2, ..., 1997, 1998, 1999])");
+  EXPECT_EQ(Repr(torch::arange(2000)),
+            "tensor([0, 1, 2, ..., 1997, 1998, 1999])");
 }
 
 }  // namespace

@@ -12,7 +12,8 @@ int main(int argc, char** argv) {
   accel::Accelerator accelerator;
 
   // A local batch on every device (the model's output, say).
-  torch::Tensor local_tensor = torch::tensor({1, 2, 3}).to(accelerator.device());
+  torch::Tensor local_tensor =
+      torch::tensor({1, 2, 3}).to(accelerator.device());
 
   // Every process receives all of them.
   torch::Tensor gathered_tensor = accelerator.gather(local_tensor);

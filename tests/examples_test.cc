@@ -143,9 +143,9 @@ TEST(ExamplesTest, GatherDemoPrintsTheSeedsLineOnTheMainProcessOnly) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     std::string expected = "1, 2, 3";
     for (int i = 1; i < n; ++i) expected += ", 1, 2, 3";
-    EXPECT_EQ(Matches(r.output, "Gathered tensor: .*"),
-              std::vector<std::string>{"Gathered tensor: tensor([" + expected +
-                                       "])"})
+    EXPECT_EQ(
+        Matches(r.output, "Gathered tensor: .*"),
+        std::vector<std::string>{"Gathered tensor: tensor([" + expected + "])"})
         << r.output;
   }
 }
@@ -168,8 +168,9 @@ TEST(ExamplesTest, AnErrorThatEscapesMainIsOneLineAndExitCode1) {
   const ProcessResult r =
       RunExample("gather_demo", {"--num_processes=2", "--backend=bogus"});
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_EQ(Matches(r.output, "error: \\[rank [01]/2\\] unknown backend "
-                              "'bogus'; available backends: [a-z, ]+\n")
+  EXPECT_EQ(Matches(r.output,
+                    "error: \\[rank [01]/2\\] unknown backend "
+                    "'bogus'; available backends: [a-z, ]+\n")
                 .size(),
             2u)
       << r.output;

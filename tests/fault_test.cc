@@ -98,10 +98,11 @@ TEST(FaultTest, TimeoutSaysWhatTheLateRankIsDoing) {
 TEST(FaultTest, UnsupportedDtypeIsAClearErrorOnEveryRank) {
   const ProcessResult r = RunFault("wrong_device");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_EQ(Count(r.output,
-                  "error: \\[rank [01]/2\\] tensors of dtype ComplexFloat are not "
-                  "supported by collectives"),
-            2u)
+  EXPECT_EQ(
+      Count(r.output,
+            "error: \\[rank [01]/2\\] tensors of dtype ComplexFloat are not "
+            "supported by collectives"),
+      2u)
       << r.output;
 }
 

@@ -167,7 +167,8 @@ TEST_F(TrainingLoopTest, TheLastBatchOfTheLoaderAlwaysSyncs) {
   }
   EXPECT_TRUE(syncs.back());
   // Every rank ends with the same parameters.
-  torch::Tensor all = A().gather(model[0]->as<torch::nn::Linear>()->weight.detach().reshape({1, -1}));
+  torch::Tensor all = A().gather(
+      model[0]->as<torch::nn::Linear>()->weight.detach().reshape({1, -1}));
   for (int r = 1; r < N(); ++r) EXPECT_TRUE(torch::equal(all[r], all[0]));
 }
 
@@ -186,8 +187,8 @@ TEST_F(TrainingLoopTest, NoSyncKeepsGradientsLocalUntilASyncedBackward) {
   }
   A().backward(loss());  // Synced: the average of what each rank has now.
   torch::Tensor synced = model->parameters()[0].grad();
-  EXPECT_TRUE(torch::allclose(synced.reshape({-1}),
-                              (all_local * 2).mean(0), 1e-5, 1e-6));
+  EXPECT_TRUE(torch::allclose(synced.reshape({-1}), (all_local * 2).mean(0),
+                              1e-5, 1e-6));
   torch::nn::Sequential stranger = MakeModel();
   EXPECT_THAT(
       [&] {
@@ -206,14 +207,16 @@ TEST_F(TrainingLoopTest, ClipGradNormReturnsTheNormOfTheSyncedGradients) {
   torch::Tensor x = torch::full({2, 6}, static_cast<float>(R() + 1));
   A().backward(model->forward(x).pow(2).sum() * 100);
   double expected = 0;
-  for (auto& p : model->parameters()) expected += p.grad().pow(2).sum().item<double>();
+  for (auto& p : model->parameters())
+    expected += p.grad().pow(2).sum().item<double>();
   expected = std::sqrt(expected);
   const double norm = A().clip_grad_norm_(model->parameters(), 1.0);
   EXPECT_NEAR(norm, expected, 1e-4 * expected);
   torch::Tensor norms = A().gather(torch::tensor({norm}, torch::kFloat64));
   for (int r = 1; r < N(); ++r) EXPECT_EQ(norms[r].item<double>(), norm);
   double after = 0;
-  for (auto& p : model->parameters()) after += p.grad().pow(2).sum().item<double>();
+  for (auto& p : model->parameters())
+    after += p.grad().pow(2).sum().item<double>();
   EXPECT_NEAR(std::sqrt(after), 1.0, 1e-4);
   A().clip_grad_value_(model->parameters(), 0.001);
   for (auto& p : model->parameters()) {
@@ -298,9 +301,8 @@ TEST_F(TrainingLoopTest, SplitBetweenProcessesGivesEachRankItsShare) {
   EXPECT_EQ(padded.size(), static_cast<size_t>((7 + N() - 1) / N()));
   torch::Tensor rows = A().split_between_processes(torch::arange(7), true);
   EXPECT_EQ(rows.size(0), (7 + N() - 1) / N());
-  auto map = A().split_between_processes(
-      std::map<std::string, torch::Tensor>{{"a", torch::arange(7)},
-                                           {"b", torch::arange(7) * 10}});
+  auto map = A().split_between_processes(std::map<std::string, torch::Tensor>{
+      {"a", torch::arange(7)}, {"b", torch::arange(7) * 10}});
   EXPECT_TRUE(torch::equal(map["b"], map["a"] * 10));
   EXPECT_THROW(A().split_between_processes(std::map<std::string, torch::Tensor>{
                    {"a", torch::arange(7)}, {"b", torch::arange(6)}}),
@@ -351,7 +353,7 @@ struct RunResult {
 };
 
 RunResult Train(const std::string& save_to, int save_after_steps,
-          const std::string& resume_from) {
+                const std::string& resume_from) {
   torch::nn::Sequential net = MakeModel();
   torch::optim::AdamW adamw(net->parameters(),
                             torch::optim::AdamWOptions(1e-2));
@@ -389,8 +391,8 @@ TEST_F(TrainingLoopTest, ResumingInTheMiddleOfAnEpochGivesTheSameParameters) {
   const RunResult resumed = Train(dir + "_unused", -1, dir);
   ASSERT_EQ(straight.final_parameters.size(), resumed.final_parameters.size());
   for (size_t i = 0; i < straight.final_parameters.size(); ++i) {
-    EXPECT_TRUE(torch::equal(straight.final_parameters[i],
-                             resumed.final_parameters[i]))
+    EXPECT_TRUE(
+        torch::equal(straight.final_parameters[i], resumed.final_parameters[i]))
         << "parameter " << i;
   }
   EXPECT_EQ(straight.counter, 18);

@@ -28,7 +28,8 @@ std::string RankPrefix(const std::string& message) {
   const int r = std::atoi(rank);
   const int n = std::atoi(size);
   if (n <= 1 || r < 0 || r >= n) return "";
-  const std::string mine = "rank " + std::to_string(r) + "/" + std::to_string(n);
+  const std::string mine =
+      "rank " + std::to_string(r) + "/" + std::to_string(n);
   if (message.find(mine) != std::string::npos) return "";
   return "[" + mine + "] ";
 }

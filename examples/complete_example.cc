@@ -1,0 +1,217 @@
+// Accelerate's complete_nlp_example.py, ported line by line to accel, on a
+// small synthetic classification task: AdamW with a linear warmup schedule,
+// --mixed_precision, --gradient_accumulation_steps, accuracy through
+// gather_for_metrics, the data set built under main_process_first, a
+// checkpoint every epoch (or every N steps) and --resume, also from the
+// middle of an epoch.
+//
+//   bazel run //examples:complete_example -- --num_processes=2
+//   bazel run //examples:complete_example -- --num_processes=2 \
+//       --gradient_accumulation_steps=2 --mixed_precision=bf16
+//   bazel run //examples:complete_example -- --checkpointing_steps=5 --resume
+//
+// The global batch is split across processes (split_batches), so in fp32 the
+// results at 1, 2 and 3 processes agree to about 1e-6.
+#include <sys/stat.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adamw.h>
+#include <torch/serialize.h>
+
+#include <cstdio>
+#include <string>
+
+#include "accel/accelerator.h"
+#include "accel/runtime/program.h"
+
+DEFINE_int32(epochs, 3, "Epochs to train (in total, when resuming).");
+DEFINE_int32(batch_size, 12, "Global batch size, split across processes.");
+DEFINE_double(lr, 2e-3, "Peak learning rate of AdamW.");
+DEFINE_int32(num_warmup_steps, 10, "Linear warmup steps of the schedule.");
+DEFINE_int64(seed, 42, "Seed of the data set, the weights and the shuffling.");
+DEFINE_string(output_dir, "complete_example_output",
+              "Checkpoints (output_dir/checkpoints) and the final weights.");
+DEFINE_string(checkpointing_steps, "epoch",
+              "\"epoch\" to save after every epoch, N to save every N "
+              "optimizer steps, \"no\" for neither.");
+DEFINE_bool(resume, false,
+            "Continue from the newest checkpoint in output_dir/checkpoints, "
+            "when there is one.");
+DEFINE_int32(stop_after_steps, 0,
+             "Stop (as if interrupted) after this many optimizer steps of "
+             "this run; 0 runs to the end. For trying --resume.");
+
+namespace {
+
+constexpr int64_t kTrainSamples = 240;  // Divisible by 12 = lcm of 1..4 * 3.
+constexpr int64_t kEvalSamples = 110;   // Not: gather_for_metrics matters.
+constexpr int64_t kFeatures = 16;
+constexpr int64_t kClasses = 3;
+
+// Points around three centres, labelled by their centre.
+class Blobs : public torch::data::datasets::Dataset<Blobs> {
+ public:
+  Blobs(torch::Tensor inputs, torch::Tensor labels)
+      : inputs_(std::move(inputs)), labels_(std::move(labels)) {}
+  torch::data::Example<> get(size_t i) override {
+    return {inputs_[i], labels_[i]};
+  }
+  torch::optional<size_t> size() const override { return inputs_.size(0); }
+
+ private:
+  torch::Tensor inputs_, labels_;
+};
+
+// Makes the data set once and caches it in `path`; what Accelerate's
+// example does with datasets' map() and its cache.
+std::pair<Blobs, Blobs> LoadOrMakeData(const std::string& path) {
+  std::vector<torch::Tensor> tensors;
+  struct stat info;
+  if (stat(path.c_str(), &info) == 0) {
+    torch::load(tensors, path);
+  } else {
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(FLAGS_seed);
+    const torch::Tensor centres =
+        torch::randn({kClasses, kFeatures}, generator) * 2;
+    for (int64_t n : {kTrainSamples, kEvalSamples}) {
+      torch::Tensor labels =
+          torch::randint(0, kClasses, {n}, generator, torch::kLong);
+      torch::Tensor inputs = centres.index_select(0, labels) +
+                             torch::randn({n, kFeatures}, generator) * 1.5;
+      tensors.push_back(inputs);
+      tensors.push_back(labels);
+    }
+    torch::save(tensors, path);
+  }
+  return {Blobs(tensors[0], tensors[1]), Blobs(tensors[2], tensors[3])};
+}
+
+int Main(int argc, char** argv) {
+  accel::AcceleratorOptions options = accel::AcceleratorOptions::FromFlags();
+  options.seed = static_cast<uint64_t>(FLAGS_seed);
+  options.project_dir = FLAGS_output_dir;
+  options.total_limit = 3;
+  accel::Accelerator accelerator(options);
+  int checkpoint_every = 0;
+  if (FLAGS_checkpointing_steps != "epoch" &&
+      FLAGS_checkpointing_steps != "no") {
+    checkpoint_every = std::stoi(FLAGS_checkpointing_steps);
+    if (checkpoint_every < 1) {
+      throw accel::UsageError(
+          "--checkpointing_steps must be epoch, no or a "
+          "positive number, found " +
+          FLAGS_checkpointing_steps);
+    }
+  }
+
+  // The main process makes (and caches) the data set; the others then load
+  // its cache instead of making their own.
+  ::mkdir(FLAGS_output_dir.c_str(), 0755);
+  std::optional<std::pair<Blobs, Blobs>> datasets;
+  {
+    auto first = accelerator.main_process_first();
+    datasets = LoadOrMakeData(FLAGS_output_dir + "/data_cache.pt");
+  }
+
+  accel::DataLoaderOptions train_options;
+  train_options.batch_size = static_cast<size_t>(FLAGS_batch_size);
+  train_options.split_batches = true;
+  train_options.shuffle = true;
+  train_options.seed = static_cast<uint64_t>(FLAGS_seed);
+  accel::DataLoader<Blobs> train_data(datasets->first, train_options);
+  accel::DataLoaderOptions eval_options = train_options;
+  eval_options.shuffle = false;
+  accel::DataLoader<Blobs> eval_data(datasets->second, eval_options);
+
+  torch::nn::Sequential net(torch::nn::Linear(kFeatures, 64), torch::nn::ReLU(),
+                            torch::nn::Linear(64, kClasses));
+  torch::optim::AdamW adamw(net->parameters(),
+                            torch::optim::AdamWOptions(FLAGS_lr));
+  // Steps of one process over the whole run, as the schedule counts them.
+  const int64_t training_steps = static_cast<int64_t>(train_data.size()) *
+                                 FLAGS_epochs /
+                                 accelerator.gradient_accumulation_steps();
+  auto [model, optimizer, train_loader, eval_loader, lr_scheduler] =
+      accelerator.prepare(net, adamw, train_data, eval_data,
+                          accel::get_linear_schedule_with_warmup(
+                              adamw, FLAGS_num_warmup_steps, training_steps));
+
+  if (FLAGS_resume) {
+    if (const std::string latest = accelerator.latest_checkpoint();
+        !latest.empty()) {
+      accelerator.load_state(latest);
+      accelerator.print("Resumed from", latest, "at epoch",
+                        train_loader.epoch() + 1, "after batch",
+                        train_loader.state()->resume_skip);
+    }
+  }
+
+  int steps_this_run = 0;
+  for (int64_t epoch = train_loader.epoch(); epoch < FLAGS_epochs; ++epoch) {
+    model->train();
+    for (auto& batch : train_loader) {
+      auto accumulate = accelerator.accumulate(model);
+      torch::Tensor loss;
+      {
+        auto autocast = accelerator.autocast();
+        loss = torch::nn::functional::cross_entropy(model->forward(batch.data),
+                                                    batch.target);
+      }
+      accelerator.backward(loss);
+      if (accelerator.sync_gradients()) {
+        accelerator.clip_grad_norm_(model->parameters(), 1.0);
+      }
+      optimizer.step();
+      lr_scheduler.step();
+      optimizer.zero_grad();
+      if (!accelerator.sync_gradients()) continue;
+      ++steps_this_run;
+      if (checkpoint_every > 0 && steps_this_run % checkpoint_every == 0) {
+        accelerator.save_state();
+      }
+      if (FLAGS_stop_after_steps > 0 &&
+          steps_this_run >= FLAGS_stop_after_steps) {
+        accelerator.print("Stopped after", steps_this_run, "steps");
+        accelerator.end_training();
+        return 0;
+      }
+    }
+
+    model->eval();
+    int64_t correct = 0;
+    int64_t total = 0;
+    for (auto& batch : eval_loader) {
+      torch::Tensor predictions;
+      {
+        torch::NoGradGuard no_grad;
+        auto autocast = accelerator.autocast();
+        predictions = model->forward(batch.data).argmax(-1);
+      }
+      torch::Tensor all_predictions =
+          accelerator.gather_for_metrics(predictions);
+      torch::Tensor references = accelerator.gather_for_metrics(batch.target);
+      correct += all_predictions.eq(references).sum().item<int64_t>();
+      total += references.numel();
+    }
+    accelerator.print("Epoch", epoch + 1, "- accuracy",
+                      std::to_string(static_cast<double>(correct) / total),
+                      "on", total, "samples, learning rate",
+                      lr_scheduler.get_last_lr()[0]);
+    if (FLAGS_checkpointing_steps == "epoch") accelerator.save_state();
+  }
+
+  accelerator.wait_for_everyone();
+  accelerator.save_model(model, FLAGS_output_dir + "/model");
+  accelerator.print("Saved the weights to", FLAGS_output_dir + "/model");
+  accelerator.end_training();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  accel::InitProgram(&argc, &argv);
+  return accel::RunAndReportErrors(Main, argc, argv);
+}
