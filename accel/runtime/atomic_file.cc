@@ -1,0 +1,103 @@
+#include "accel/runtime/atomic_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "accel/runtime/errors.h"
+
+namespace accel {
+namespace {
+
+std::string FolderOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+// Unique among the threads and processes that may save the same file.
+std::string TemporaryName(const std::string& path) {
+  static std::atomic<uint64_t> counter{0};
+  return path + ".partial." + std::to_string(getpid()) + "." +
+         std::to_string(counter++);
+}
+
+}  // namespace
+
+AtomicFile::AtomicFile(std::string path)
+    : path_(std::move(path)), temporary_(TemporaryName(path_)) {
+  fd_ = open(temporary_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd_ < 0) Fail("create");
+}
+
+AtomicFile::~AtomicFile() { Discard(); }
+
+void AtomicFile::Discard() {
+  if (fd_ < 0) return;
+  close(fd_);
+  fd_ = -1;
+  std::remove(temporary_.c_str());
+}
+
+void AtomicFile::Fail(const std::string& action) {
+  const std::string reason = std::strerror(errno);
+  Discard();
+  throw CheckpointError("cannot " + action + " '" + temporary_ + "' (for '" +
+                        path_ + "'): " + reason);
+}
+
+void AtomicFile::Write(const void* data, size_t size) {
+  if (fd_ < 0) {
+    throw CheckpointError("AtomicFile::Write after Commit or a failure of '" +
+                          path_ + "'");
+  }
+  const char* bytes = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t written = write(fd_, bytes, size);
+    if (written < 0) {
+      if (errno == EINTR) continue;
+      Fail("write");
+    }
+    bytes += written;
+    size -= static_cast<size_t>(written);
+  }
+}
+
+void AtomicFile::Commit() {
+  if (fd_ < 0) {
+    throw CheckpointError("AtomicFile::Commit twice or after a failure of '" +
+                          path_ + "'");
+  }
+  if (fsync(fd_) != 0) Fail("flush");
+  if (close(fd_) != 0) {
+    fd_ = -1;
+    const std::string reason = std::strerror(errno);
+    std::remove(temporary_.c_str());
+    throw CheckpointError("cannot close '" + temporary_ + "': " + reason);
+  }
+  fd_ = -1;
+  if (std::rename(temporary_.c_str(), path_.c_str()) != 0) {
+    const std::string reason = std::strerror(errno);
+    std::remove(temporary_.c_str());
+    throw CheckpointError("cannot rename '" + temporary_ + "' to '" + path_ +
+                          "': " + reason);
+  }
+  const int folder =
+      open(FolderOf(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (folder >= 0) {
+    fsync(folder);  // Best effort: some file systems refuse it.
+    close(folder);
+  }
+}
+
+void WriteFileAtomically(const std::string& path, std::string_view contents) {
+  AtomicFile file(path);
+  file.Write(contents);
+  file.Commit();
+}
+
+}  // namespace accel

@@ -1,0 +1,51 @@
+// Writes a file so that readers see either its old contents or the complete
+// new ones, never a mix: a crash or an error mid-write leaves the old file
+// whole (checkpoints and saved weights rely on this).
+//
+//   accel::AtomicFile file(dir + "/model.safetensors");
+//   file.Write(header);
+//   file.Write(tensor_bytes, tensor_size);
+//   file.Commit();  // Now visible under its name. Without Commit, the
+//                   // destructor removes the partial file.
+//
+//   accel::WriteFileAtomically(dir + "/index.json", text);  // All in one go.
+//
+// The bytes go to a temporary file beside the final one (same file system,
+// so the rename is atomic), which is flushed to disk, renamed over the final
+// name, and then the folder is flushed so the rename survives a power loss.
+// Errors are CheckpointError naming the file and the system's reason.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace accel {
+
+class AtomicFile {
+ public:
+  // Creates the temporary file; the folder must exist.
+  explicit AtomicFile(std::string path);
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  void Write(const void* data, size_t size);
+  void Write(std::string_view bytes) { Write(bytes.data(), bytes.size()); }
+  // Flushes and renames into place. Nothing may be written afterwards.
+  void Commit();
+
+  const std::string& path() const { return path_; }
+
+ private:
+  [[noreturn]] void Fail(const std::string& action);
+  void Discard();
+
+  std::string path_;
+  std::string temporary_;
+  int fd_ = -1;
+};
+
+void WriteFileAtomically(const std::string& path, std::string_view contents);
+
+}  // namespace accel

@@ -1,0 +1,85 @@
+#include "accel/runtime/atomic_file.h"
+
+#include <dirent.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "accel/runtime/errors.h"
+
+namespace accel {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+std::string FreshDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(base ? base : "/tmp") + "/" + name;
+  mkdir(dir.c_str(), 0755);
+  return dir;
+}
+
+std::string Read(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream contents;
+  contents << in.rdbuf();
+  return contents.str();
+}
+
+std::vector<std::string> Listing(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* folder = opendir(dir.c_str());
+  while (dirent* entry = readdir(folder)) {
+    const std::string name = entry->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  closedir(folder);
+  return names;
+}
+
+TEST(AtomicFileTest, CommitReplacesTheFileWhole) {
+  const std::string dir = FreshDir("commit");
+  WriteFileAtomically(dir + "/f", "old");
+  AtomicFile file(dir + "/f");
+  file.Write("new ");
+  EXPECT_EQ(Read(dir + "/f"), "old");  // Not visible before Commit.
+  file.Write(std::string(100000, 'x'));
+  file.Commit();
+  EXPECT_EQ(Read(dir + "/f"), "new " + std::string(100000, 'x'));
+  EXPECT_THAT(Listing(dir), ElementsAre("f"));
+  EXPECT_THROW(file.Write("more"), CheckpointError);
+}
+
+TEST(AtomicFileTest, WithoutCommitTheOldFileStaysAndNothingIsLeft) {
+  const std::string dir = FreshDir("abandon");
+  WriteFileAtomically(dir + "/f", "old");
+  {
+    AtomicFile file(dir + "/f");
+    file.Write("partial");
+  }
+  EXPECT_EQ(Read(dir + "/f"), "old");
+  EXPECT_THAT(Listing(dir), ElementsAre("f"));
+}
+
+TEST(AtomicFileTest, ErrorsNameTheFile) {
+  EXPECT_THAT([] { WriteFileAtomically("/nonexistent-folder/f", "x"); },
+              ::testing::ThrowsMessage<CheckpointError>(::testing::AllOf(
+                  HasSubstr("cannot create '/nonexistent-folder/f.partial."),
+                  HasSubstr("No such file or directory"))));
+  const std::string dir = FreshDir("folder_in_the_way");
+  mkdir((dir + "/sub").c_str(), 0755);
+  mkdir((dir + "/sub/child").c_str(), 0755);
+  EXPECT_THAT(
+      [&] { WriteFileAtomically(dir + "/sub", "x"); },
+      ::testing::ThrowsMessage<CheckpointError>(HasSubstr("cannot rename")));
+  EXPECT_THAT(Listing(dir), ElementsAre("sub"));
+}
+
+}  // namespace
+}  // namespace accel
