@@ -1,6 +1,7 @@
-#include "accel/runtime/atomic_file.h"
+#include "accel/runtime/files.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -98,6 +99,32 @@ void WriteFileAtomically(const std::string& path, std::string_view contents) {
   AtomicFile file(path);
   file.Write(contents);
   file.Commit();
+}
+
+void MakeDirectories(const std::string& dir) {
+  std::string path;
+  size_t start = 0;
+  while (start <= dir.size()) {
+    size_t slash = dir.find('/', start);
+    if (slash == std::string::npos) slash = dir.size();
+    path = dir.substr(0, slash);
+    start = slash + 1;
+    if (path.empty()) continue;  // The root of an absolute path.
+    if (mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
+      throw CheckpointError("cannot create folder '" + path +
+                            "': " + std::strerror(errno));
+    }
+  }
+  struct stat info;
+  if (stat(dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
+    throw CheckpointError("cannot create folder '" + dir +
+                          "': a file of that name is in the way");
+  }
+}
+
+bool IsFile(const std::string& path) {
+  struct stat info;
+  return stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
 }
 
 }  // namespace accel

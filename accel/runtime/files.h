@@ -1,6 +1,8 @@
-// Writes a file so that readers see either its old contents or the complete
-// new ones, never a mix: a crash or an error mid-write leaves the old file
-// whole (checkpoints and saved weights rely on this).
+// Files that are written whole or not at all, and the folders they go in.
+//
+// AtomicFile writes a file so that readers see either its old contents or
+// the complete new ones, never a mix: a crash or an error mid-write leaves
+// the old file whole (checkpoints and saved weights rely on this).
 //
 //   accel::AtomicFile file(dir + "/model.safetensors");
 //   file.Write(header);
@@ -9,6 +11,7 @@
 //                   // destructor removes the partial file.
 //
 //   accel::WriteFileAtomically(dir + "/index.json", text);  // All in one go.
+//   accel::MakeDirectories("checkpoints/checkpoint_3");     // mkdir -p
 //
 // The bytes go to a temporary file beside the final one (same file system,
 // so the rename is atomic), which is flushed to disk, renamed over the final
@@ -47,5 +50,12 @@ class AtomicFile {
 };
 
 void WriteFileAtomically(const std::string& path, std::string_view contents);
+
+// Creates `dir` and its missing parents (mkdir -p); CheckpointError names the
+// folder that could not be created and why.
+void MakeDirectories(const std::string& dir);
+
+// Whether `path` names an existing file (not a folder).
+bool IsFile(const std::string& path);
 
 }  // namespace accel

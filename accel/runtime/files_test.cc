@@ -1,4 +1,4 @@
-#include "accel/runtime/atomic_file.h"
+#include "accel/runtime/files.h"
 
 #include <dirent.h>
 #include <gmock/gmock.h>
@@ -43,7 +43,7 @@ std::vector<std::string> Listing(const std::string& dir) {
   return names;
 }
 
-TEST(AtomicFileTest, CommitReplacesTheFileWhole) {
+TEST(FilesTest, CommitReplacesTheFileWhole) {
   const std::string dir = FreshDir("commit");
   WriteFileAtomically(dir + "/f", "old");
   AtomicFile file(dir + "/f");
@@ -56,7 +56,7 @@ TEST(AtomicFileTest, CommitReplacesTheFileWhole) {
   EXPECT_THROW(file.Write("more"), CheckpointError);
 }
 
-TEST(AtomicFileTest, WithoutCommitTheOldFileStaysAndNothingIsLeft) {
+TEST(FilesTest, WithoutCommitTheOldFileStaysAndNothingIsLeft) {
   const std::string dir = FreshDir("abandon");
   WriteFileAtomically(dir + "/f", "old");
   {
@@ -67,7 +67,7 @@ TEST(AtomicFileTest, WithoutCommitTheOldFileStaysAndNothingIsLeft) {
   EXPECT_THAT(Listing(dir), ElementsAre("f"));
 }
 
-TEST(AtomicFileTest, ErrorsNameTheFile) {
+TEST(FilesTest, ErrorsNameTheFile) {
   EXPECT_THAT([] { WriteFileAtomically("/nonexistent-folder/f", "x"); },
               ::testing::ThrowsMessage<CheckpointError>(::testing::AllOf(
                   HasSubstr("cannot create '/nonexistent-folder/f.partial."),
@@ -79,6 +79,24 @@ TEST(AtomicFileTest, ErrorsNameTheFile) {
       [&] { WriteFileAtomically(dir + "/sub", "x"); },
       ::testing::ThrowsMessage<CheckpointError>(HasSubstr("cannot rename")));
   EXPECT_THAT(Listing(dir), ElementsAre("sub"));
+}
+
+TEST(FilesTest, MakeDirectoriesCreatesParentsAndNamesFailures) {
+  const std::string dir = FreshDir("mkdir");
+  MakeDirectories(dir + "/a/b/c");
+  MakeDirectories(dir + "/a/b/c/");  // Again, with a trailing slash.
+  EXPECT_THAT(Listing(dir + "/a/b"), ElementsAre("c"));
+  EXPECT_FALSE(IsFile(dir + "/a"));
+  WriteFileAtomically(dir + "/a/file", "x");
+  EXPECT_TRUE(IsFile(dir + "/a/file"));
+  EXPECT_THAT([&] { MakeDirectories(dir + "/a/file/sub"); },
+              ::testing::ThrowsMessage<CheckpointError>(
+                  HasSubstr("cannot create folder '" + dir +
+                            "/a/file/sub': Not a "
+                            "directory")));
+  EXPECT_THAT([&] { MakeDirectories(dir + "/a/file"); },
+              ::testing::ThrowsMessage<CheckpointError>(
+                  HasSubstr("a file of that name is in the way")));
 }
 
 }  // namespace
