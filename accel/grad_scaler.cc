@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "accel/runtime/errors.h"
+#include "accel/state_archive.h"
 
 namespace accel {
 namespace {
@@ -88,27 +89,6 @@ bool UnscaleGradients(torch::optim::Optimizer& optimizer, float inv_scale) {
     found_inf = found_inf || found;
   }
   return found_inf;
-}
-
-template <typename T>
-T ReadValue(torch::serialize::InputArchive& archive, const char* key) {
-  c10::IValue value;
-  try {
-    if (!archive.try_read(key, value)) {
-      throw CheckpointError(std::string("GradScaler state has no '") + key +
-                            "'; was it saved by a GradScaler?");
-    }
-    if constexpr (std::is_same_v<T, bool>) {
-      return value.toBool();
-    } else if constexpr (std::is_same_v<T, int64_t>) {
-      return value.toInt();
-    } else {
-      return value.toDouble();
-    }
-  } catch (const c10::Error& e) {
-    throw CheckpointError(std::string("GradScaler state: cannot read '") + key +
-                          "': " + e.what_without_backtrace());
-  }
 }
 
 }  // namespace
@@ -214,18 +194,22 @@ void GradScaler::save(torch::serialize::OutputArchive& archive) const {
 
 void GradScaler::load(torch::serialize::InputArchive& archive) {
   if (!options_.enabled) return;
-  if (!ReadValue<bool>(archive, "enabled")) {
+  if (!ReadArchiveValue<bool>(archive, "GradScaler", "enabled")) {
     throw CheckpointError(
         "GradScaler state was saved by a disabled scaler (mixed precision "
         "other than fp16?) and cannot restore an enabled one");
   }
   GradScalerOptions options = options_;
-  const double scale = ReadValue<double>(archive, "scale");
+  const double scale = ReadArchiveValue<double>(archive, "GradScaler", "scale");
   options.init_scale = scale;
-  options.growth_factor = ReadValue<double>(archive, "growth_factor");
-  options.backoff_factor = ReadValue<double>(archive, "backoff_factor");
-  options.growth_interval = ReadValue<int64_t>(archive, "growth_interval");
-  const int64_t tracker = ReadValue<int64_t>(archive, "growth_tracker");
+  options.growth_factor =
+      ReadArchiveValue<double>(archive, "GradScaler", "growth_factor");
+  options.backoff_factor =
+      ReadArchiveValue<double>(archive, "GradScaler", "backoff_factor");
+  options.growth_interval =
+      ReadArchiveValue<int64_t>(archive, "GradScaler", "growth_interval");
+  const int64_t tracker =
+      ReadArchiveValue<int64_t>(archive, "GradScaler", "growth_tracker");
   Validate(options, static_cast<float>(scale), [](const std::string& message) {
     throw CheckpointError("GradScaler state is invalid: " + message);
   });

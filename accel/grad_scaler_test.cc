@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "accel/runtime/errors.h"
+#include "accel/state_archive.h"
 
 namespace accel {
 namespace {
@@ -310,18 +311,12 @@ TEST(GradScalerTest, MisuseIsAUsageError) {
       },
       ::testing::ThrowsMessage<UsageError>(HasSubstr(
           "GradScaler: the scale must be a positive finite float32")));
-  EXPECT_THROW(
-      GradScaler(Options([](GradScalerOptions& o) { o.init_scale = 0; })),
-      UsageError);
-  EXPECT_THROW(
-      GradScaler(Options([](GradScalerOptions& o) { o.growth_factor = 1; })),
-      UsageError);
-  EXPECT_THROW(
-      GradScaler(Options([](GradScalerOptions& o) { o.backoff_factor = 1; })),
-      UsageError);
-  EXPECT_THROW(
-      GradScaler(Options([](GradScalerOptions& o) { o.growth_interval = 0; })),
-      UsageError);
+  for (auto change : {+[](GradScalerOptions& o) { o.init_scale = 0; },
+                      +[](GradScalerOptions& o) { o.growth_factor = 1; },
+                      +[](GradScalerOptions& o) { o.backoff_factor = 1; },
+                      +[](GradScalerOptions& o) { o.growth_interval = 0; }}) {
+    EXPECT_THROW(GradScaler(Options(change)), UsageError);
+  }
   EXPECT_THROW(scaler.scale(torch::Tensor()), UsageError);
 }
 
@@ -341,19 +336,10 @@ TEST(GradScalerTest, DisabledPassesEverythingThrough) {
   ExpectSameTensors(passed.Parameters(), plain.Parameters());
 }
 
-std::string Save(const GradScaler& scaler) {
-  torch::serialize::OutputArchive archive;
-  scaler.save(archive);
-  std::ostringstream bytes;
-  archive.save_to(bytes);
-  return bytes.str();
-}
+std::string Save(const GradScaler& scaler) { return SaveStateToBytes(scaler); }
 
 void Load(GradScaler& scaler, const std::string& bytes) {
-  torch::serialize::InputArchive archive;
-  std::istringstream in(bytes);
-  archive.load_from(in);
-  scaler.load(archive);
+  LoadStateFromBytes(scaler, bytes);
 }
 
 TEST(GradScalerTest, SaveLoadRoundTrip) {

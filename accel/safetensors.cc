@@ -1,6 +1,5 @@
 #include "accel/safetensors.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -473,17 +472,11 @@ std::vector<NamedTensors> SplitIntoShards(const NamedTensors& entries,
 // Removes what an earlier save left in `dir` that this one did not write.
 void RemoveStaleFiles(const std::string& dir,
                       const std::set<std::string>& written) {
-  DIR* folder = opendir(dir.c_str());
-  if (folder == nullptr) return;
-  std::vector<std::string> stale;
-  while (const dirent* entry = readdir(folder)) {
-    const std::string name = entry->d_name;
+  for (const std::string& name : ListFolder(dir)) {
     const bool ours =
         IsShardName(name) || name == kSingleFile || name == kIndexFile;
-    if (ours && written.count(name) == 0) stale.push_back(name);
+    if (ours && written.count(name) == 0) std::remove(Join(dir, name).c_str());
   }
-  closedir(folder);
-  for (const std::string& name : stale) std::remove(Join(dir, name).c_str());
 }
 
 // "a, b and 3 more".

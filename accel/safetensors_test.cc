@@ -3,7 +3,6 @@
 // Accelerate's sharded save_model layout.
 #include "accel/safetensors.h"
 
-#include <dirent.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/nn/modules/batchnorm.h>
@@ -17,6 +16,7 @@
 #include <sstream>
 
 #include "accel/runtime/errors.h"
+#include "accel/runtime/files.h"
 #include "tests/subprocess.h"
 
 namespace accel {
@@ -43,25 +43,14 @@ std::string LengthPrefix(uint64_t length) {
   return std::string(reinterpret_cast<const char*>(&length), 8);
 }
 
-std::vector<std::string> Listing(const std::string& dir) {
-  std::vector<std::string> names;
-  DIR* folder = opendir(dir.c_str());
-  while (dirent* entry = readdir(folder)) {
-    const std::string name = entry->d_name;
-    if (name != "." && name != "..") names.push_back(name);
-  }
-  closedir(folder);
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
 // Same dtype, shape and bytes (so NaNs and -0.0 compare too).
 bool SameBytes(const torch::Tensor& a, const torch::Tensor& b) {
   if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) {
     return false;
   }
   const torch::Tensor x = a.contiguous(), y = b.contiguous();
-  return std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
+  return x.nbytes() == 0 ||
+         std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
 }
 
 void ExpectSameTensors(const TensorMap& actual, const TensorMap& expected) {
@@ -167,7 +156,7 @@ TEST(SafetensorsTest, SaveRejectsWhatTheFormatCannotHold) {
   EXPECT_THAT([&] { safetensors::Save({}, "/nonexistent-folder/t"); },
               ::testing::ThrowsMessage<CheckpointError>(
                   HasSubstr("/nonexistent-folder/t")));
-  EXPECT_THAT(Listing(dir), ::testing::IsEmpty());  // No partial files.
+  EXPECT_THAT(ListFolder(dir), ::testing::IsEmpty());  // No partial files.
 }
 
 // Python (torch, json and struct only) reads our file and writes its own,
@@ -532,16 +521,16 @@ TEST(ModelWeightsTest, ANewSaveRemovesTheFilesOfTheOldOne) {
   const std::string dir = testing::MakeTempDir("resave");
   auto model = MakeModel();
   SaveModelWeights(*model, dir, "1KB");
-  EXPECT_EQ(Listing(dir).size(), 5u);
+  EXPECT_EQ(ListFolder(dir).size(), 5u);
   EXPECT_THAT(SaveModelWeights(*model, dir),
               ElementsAre(dir + "/model.safetensors"));
-  EXPECT_THAT(Listing(dir), ElementsAre("model.safetensors"));
+  EXPECT_THAT(ListFolder(dir), ElementsAre("model.safetensors"));
   ExpectSameTensors(LoadModelWeights(dir), StateOf(*model));
 
   WriteBytes(dir + "/unrelated.txt", "kept");
   // [0.weight, 0.bias], [1.weight] (4440 bytes would overflow), the rest.
   SaveModelWeights(*model, dir, "4000B");
-  EXPECT_THAT(Listing(dir),
+  EXPECT_THAT(ListFolder(dir),
               ElementsAre("model-00001-of-00003.safetensors",
                           "model-00002-of-00003.safetensors",
                           "model-00003-of-00003.safetensors",

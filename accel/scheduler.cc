@@ -4,10 +4,10 @@
 
 #include <cmath>
 #include <string>
-#include <type_traits>
 #include <utility>
 
 #include "accel/runtime/errors.h"
+#include "accel/state_archive.h"
 
 namespace accel {
 namespace {
@@ -48,28 +48,6 @@ double DecayProgress(int64_t step, int64_t num_warmup_steps,
   return static_cast<double>(step - num_warmup_steps) /
          static_cast<double>(
              std::max<int64_t>(1, num_training_steps - num_warmup_steps));
-}
-
-template <typename T>
-T ReadValue(torch::serialize::InputArchive& archive, const char* scheduler,
-            const char* key) {
-  c10::IValue value;
-  try {
-    if (!archive.try_read(key, value)) {
-      throw CheckpointError(std::string(scheduler) + " state has no '" + key +
-                            "'; was it saved by a scheduler?");
-    }
-    if constexpr (std::is_same_v<T, int64_t>) {
-      return value.toInt();
-    } else if constexpr (std::is_same_v<T, double>) {
-      return value.toDouble();
-    } else {
-      return value.toDoubleVector();
-    }
-  } catch (const c10::Error& e) {
-    throw CheckpointError(std::string(scheduler) + " state: cannot read '" +
-                          key + "': " + e.what_without_backtrace());
-  }
 }
 
 }  // namespace
@@ -157,11 +135,12 @@ void LRScheduler::save(torch::serialize::OutputArchive& archive) const {
 
 void LRScheduler::load(torch::serialize::InputArchive& archive) {
   RequireInitialStep("load");
-  const auto last_epoch = ReadValue<int64_t>(archive, name(), "last_epoch");
+  const auto last_epoch =
+      ReadArchiveValue<int64_t>(archive, name(), "last_epoch");
   const auto base_lrs =
-      ReadValue<std::vector<double>>(archive, name(), "base_lrs");
+      ReadArchiveValue<std::vector<double>>(archive, name(), "base_lrs");
   const auto last_lrs =
-      ReadValue<std::vector<double>>(archive, name(), "last_lrs");
+      ReadArchiveValue<std::vector<double>>(archive, name(), "last_lrs");
   const size_t groups = optimizer_.param_groups().size();
   if (base_lrs.size() != groups || last_lrs.size() != groups) {
     throw CheckpointError(std::string(name()) + " state is for " +
@@ -248,8 +227,9 @@ void StepLR::save(torch::serialize::OutputArchive& archive) const {
 }
 
 void StepLR::load(torch::serialize::InputArchive& archive) {
-  const auto step_size = ReadValue<int64_t>(archive, name(), "step_size");
-  const auto gamma = ReadValue<double>(archive, name(), "gamma");
+  const auto step_size =
+      ReadArchiveValue<int64_t>(archive, name(), "step_size");
+  const auto gamma = ReadArchiveValue<double>(archive, name(), "gamma");
   if (step_size <= 0 || !(gamma >= 0) || !std::isfinite(gamma)) {
     throw CheckpointError("StepLR state has step_size " +
                           std::to_string(step_size) + " and gamma " +

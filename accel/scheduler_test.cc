@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "accel/runtime/errors.h"
+#include "accel/state_archive.h"
 #include "tests/subprocess.h"
 
 namespace accel {
@@ -358,20 +359,12 @@ TEST(SchedulerTest, RejectsBadArguments) {
                   "built for 2")));
 }
 
-// Saves to bytes and reads them back, as a checkpoint file would.
-std::string Save(const LRScheduler& scheduler) {
-  torch::serialize::OutputArchive archive;
-  scheduler.save(archive);
-  std::ostringstream bytes;
-  archive.save_to(bytes);
-  return bytes.str();
+void Load(LRScheduler& scheduler, const std::string& bytes) {
+  LoadStateFromBytes(scheduler, bytes);
 }
 
-void Load(LRScheduler& scheduler, const std::string& bytes) {
-  torch::serialize::InputArchive archive;
-  std::istringstream in(bytes);
-  archive.load_from(in);
-  scheduler.load(archive);
+std::string Save(const LRScheduler& scheduler) {
+  return SaveStateToBytes(scheduler);
 }
 
 TEST(SchedulerTest, SaveLoadResumesTheSchedule) {

@@ -1,9 +1,11 @@
 #include "accel/runtime/files.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -125,6 +127,22 @@ void MakeDirectories(const std::string& dir) {
 bool IsFile(const std::string& path) {
   struct stat info;
   return stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
+}
+
+std::vector<std::string> ListFolder(const std::string& dir) {
+  DIR* folder = opendir(dir.c_str());
+  if (folder == nullptr) {
+    throw CheckpointError("cannot list folder '" + dir +
+                          "': " + std::strerror(errno));
+  }
+  std::vector<std::string> names;
+  while (const dirent* entry = readdir(folder)) {
+    const std::string name = entry->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  closedir(folder);
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 }  // namespace accel

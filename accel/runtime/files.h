@@ -12,6 +12,7 @@
 //
 //   accel::WriteFileAtomically(dir + "/index.json", text);  // All in one go.
 //   accel::MakeDirectories("checkpoints/checkpoint_3");     // mkdir -p
+//   for (const std::string& name : accel::ListFolder(dir)) ...  // Sorted.
 //
 // The bytes go to a temporary file beside the final one (same file system,
 // so the rename is atomic), which is flushed to disk, renamed over the final
@@ -22,6 +23,7 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace accel {
 
@@ -57,5 +59,9 @@ void MakeDirectories(const std::string& dir);
 
 // Whether `path` names an existing file (not a folder).
 bool IsFile(const std::string& path);
+
+// The names in folder `dir` (without "." and ".."), sorted; CheckpointError
+// when it cannot be read.
+std::vector<std::string> ListFolder(const std::string& dir);
 
 }  // namespace accel

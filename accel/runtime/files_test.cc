@@ -1,6 +1,5 @@
 #include "accel/runtime/files.h"
 
-#include <dirent.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -32,17 +31,6 @@ std::string Read(const std::string& path) {
   return contents.str();
 }
 
-std::vector<std::string> Listing(const std::string& dir) {
-  std::vector<std::string> names;
-  DIR* folder = opendir(dir.c_str());
-  while (dirent* entry = readdir(folder)) {
-    const std::string name = entry->d_name;
-    if (name != "." && name != "..") names.push_back(name);
-  }
-  closedir(folder);
-  return names;
-}
-
 TEST(FilesTest, CommitReplacesTheFileWhole) {
   const std::string dir = FreshDir("commit");
   WriteFileAtomically(dir + "/f", "old");
@@ -52,7 +40,7 @@ TEST(FilesTest, CommitReplacesTheFileWhole) {
   file.Write(std::string(100000, 'x'));
   file.Commit();
   EXPECT_EQ(Read(dir + "/f"), "new " + std::string(100000, 'x'));
-  EXPECT_THAT(Listing(dir), ElementsAre("f"));
+  EXPECT_THAT(ListFolder(dir), ElementsAre("f"));
   EXPECT_THROW(file.Write("more"), CheckpointError);
 }
 
@@ -64,7 +52,7 @@ TEST(FilesTest, WithoutCommitTheOldFileStaysAndNothingIsLeft) {
     file.Write("partial");
   }
   EXPECT_EQ(Read(dir + "/f"), "old");
-  EXPECT_THAT(Listing(dir), ElementsAre("f"));
+  EXPECT_THAT(ListFolder(dir), ElementsAre("f"));
 }
 
 TEST(FilesTest, ErrorsNameTheFile) {
@@ -78,14 +66,14 @@ TEST(FilesTest, ErrorsNameTheFile) {
   EXPECT_THAT(
       [&] { WriteFileAtomically(dir + "/sub", "x"); },
       ::testing::ThrowsMessage<CheckpointError>(HasSubstr("cannot rename")));
-  EXPECT_THAT(Listing(dir), ElementsAre("sub"));
+  EXPECT_THAT(ListFolder(dir), ElementsAre("sub"));
 }
 
 TEST(FilesTest, MakeDirectoriesCreatesParentsAndNamesFailures) {
   const std::string dir = FreshDir("mkdir");
   MakeDirectories(dir + "/a/b/c");
   MakeDirectories(dir + "/a/b/c/");  // Again, with a trailing slash.
-  EXPECT_THAT(Listing(dir + "/a/b"), ElementsAre("c"));
+  EXPECT_THAT(ListFolder(dir + "/a/b"), ElementsAre("c"));
   EXPECT_FALSE(IsFile(dir + "/a"));
   WriteFileAtomically(dir + "/a/file", "x");
   EXPECT_TRUE(IsFile(dir + "/a/file"));
@@ -97,6 +85,19 @@ TEST(FilesTest, MakeDirectoriesCreatesParentsAndNamesFailures) {
   EXPECT_THAT([&] { MakeDirectories(dir + "/a/file"); },
               ::testing::ThrowsMessage<CheckpointError>(
                   HasSubstr("a file of that name is in the way")));
+}
+
+TEST(FilesTest, ListFolderIsSortedAndNamesFailures) {
+  const std::string dir = FreshDir("list");
+  for (const char* name : {"b", "a", "c.txt"}) {
+    WriteFileAtomically(dir + "/" + name, "");
+  }
+  MakeDirectories(dir + "/sub");
+  EXPECT_THAT(ListFolder(dir), ElementsAre("a", "b", "c.txt", "sub"));
+  EXPECT_THAT([&] { ListFolder(dir + "/missing"); },
+              ::testing::ThrowsMessage<CheckpointError>(
+                  HasSubstr("cannot list folder '" + dir +
+                            "/missing': No such file or directory")));
 }
 
 }  // namespace
