@@ -390,6 +390,10 @@ TEST(GradScalerTest, LoadRejectsWhatItCannotRestore) {
   // A disabled scaler ignores any state, as torch's does.
   EXPECT_NO_THROW(Load(disabled, Save(enabled)));
 
+  EXPECT_THAT([&] { Load(enabled, "not an archive"); },
+              ::testing::ThrowsMessage<CheckpointError>(
+                  HasSubstr("not a LibTorch archive")));
+
   torch::serialize::OutputArchive empty;
   std::ostringstream bytes;
   empty.save_to(bytes);

@@ -18,46 +18,40 @@
 // after optimizer.step(), once per optimizer step (Accelerate's prepared
 // scheduler does this for you).
 //
-// What is provided, with the lr after n steps (base lr 1.0):
+// What is provided, with the lr after 0, 1, 2, ... steps (base lr 1.0):
 //
-//   // Constant (factor 1) after a linear warmup from 0.
-//   get_constant_schedule(optimizer);                    // 1, 1, 1, ...
-//   get_constant_schedule_with_warmup(optimizer, 4);     // 0, .25, .5, .75, 1,
-//   1
+//   // Constant, optionally after a linear warmup from 0.
+//   get_constant_schedule(optimizer);                 // 1, 1, 1, ...
+//   get_constant_schedule_with_warmup(optimizer, 4);  // 0, .25, .5, .75, 1, 1
 //
-//   // Linear warmup to 1, then linear decay to 0 at num_training_steps,
-//   // 0 afterwards.
-//   get_linear_schedule_with_warmup(optimizer, 2, 10);   // 0, .5, 1, .875, .75
-//                                                        // ... n=10: 0, n=11:
-//                                                        0
+//   // Linear warmup to 1, then linear decay to 0 at num_training_steps.
+//   get_linear_schedule_with_warmup(optimizer, 2, 10);
+//   // 0, .5, 1, .875, .75, ... 0 at step 10 and after
 //
 //   // Linear warmup, then cosine decay over num_cycles periods (0.5: one
 //   // half-wave from 1 down to 0 at num_training_steps).
-//   get_cosine_schedule_with_warmup(optimizer, 0, 4);    // 1, .854, .5, .146,
-//   0
+//   get_cosine_schedule_with_warmup(optimizer, 0, 4);  // 1, .854, .5, .146, 0
 //
 //   // Cosine decay that jumps back to 1 num_cycles times; 0 at the end.
 //   get_cosine_with_hard_restarts_schedule_with_warmup(optimizer, 0, 4, 2);
-//                                                        // 1, .5, 1, .5, 0
+//   // 1, .5, 1, .5, 0
 //
-//   // Polynomial decay from the optimizer's default lr down to lr_end.
+//   // Polynomial decay (power 2 here) from the optimizer's default lr down
+//   // to lr_end (0 here).
 //   get_polynomial_decay_schedule_with_warmup(optimizer, 0, 4, 0.0, 2.0);
-//                                                        // 1, .5625, .25,
-//                                                        .0625, 0
+//   // 1, .5625, .25, .0625, 0
 //
 //   // Any factor of the step (torch.optim.lr_scheduler.LambdaLR).
-//   accel::LambdaLR exponential(optimizer, [](int64_t step) {
-//     return std::pow(0.9, step);
-//   });                                                  // 1, .9, .81, ...
+//   accel::LambdaLR exponential(
+//       optimizer, [](int64_t step) { return std::pow(0.9, step); });
+//   // 1, .9, .81, ...
 //
 //   // One factor per param group, in group order.
-//   accel::LambdaLR per_group(optimizer, {factor_for_group0,
-//   factor_for_group1});
+//   accel::LambdaLR per_group(optimizer, {warmup_factor, constant_factor});
 //
-//   // Multiply by gamma every step_size steps
-//   (torch.optim.lr_scheduler.StepLR). accel::StepLR step_lr(optimizer,
-//   /*step_size=*/2, /*gamma=*/0.1);
-//                                                        // 1, 1, .1, .1, .01
+//   // Multiply by gamma every step_size steps (torch's StepLR).
+//   accel::StepLR step_lr(optimizer, /*step_size=*/2, /*gamma=*/0.1);
+//   // 1, 1, .1, .1, .01
 //
 // Writing your own: most schedules are a LambdaLR with your factor. For
 // anything else, derive from LRScheduler, compute each group's lr from the
@@ -66,21 +60,22 @@
 //
 //   class HalveEveryEpoch : public accel::LRScheduler {
 //    public:
-//     HalveEveryEpoch(torch::optim::Optimizer& optimizer, int64_t
-//     steps_per_epoch)
-//         : LRScheduler(optimizer), steps_per_epoch_(steps_per_epoch) {
+//     HalveEveryEpoch(torch::optim::Optimizer& optimizer, int64_t epoch_steps)
+//         : LRScheduler(optimizer), epoch_steps_(epoch_steps) {
 //       InitialStep();
 //     }
+//
 //    protected:
 //     std::vector<double> ComputeLearningRates(int64_t step) const override {
 //       std::vector<double> lrs;
 //       for (double base : base_lrs()) {
-//         lrs.push_back(base * std::pow(0.5, step / steps_per_epoch_));
+//         lrs.push_back(base * std::pow(0.5, step / epoch_steps_));
 //       }
 //       return lrs;
 //     }
+//
 //    private:
-//     int64_t steps_per_epoch_;
+//     int64_t epoch_steps_;
 //   };
 //
 // save() stores last_epoch, the base lrs and the last lrs (and StepLR's
@@ -141,8 +136,8 @@ class LRScheduler {
   // Torch's initial step: last_epoch becomes 0 and every lr is set.
   void InitialStep();
 
-  // The name used in messages ("LambdaLR").
-  virtual const char* name() const = 0;
+  // The name used in messages ("LambdaLR"); override it in your own.
+  virtual const char* name() const { return "LRScheduler"; }
 
  private:
   void ApplyLearningRates(int64_t step);

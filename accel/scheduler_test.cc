@@ -277,7 +277,6 @@ class HalveEveryEpoch : public LRScheduler {
     }
     return lrs;
   }
-  const char* name() const override { return "HalveEveryEpoch"; }
 
  private:
   int64_t steps_per_epoch_;

@@ -11,8 +11,7 @@
 //   // Every rank's list becomes rank 0's (any length; see below).
 //   std::vector<std::map<std::string, double>> config;
 //   if (comm.rank() == 0) config = {{{"lr", 3e-4}, {"warmup", 100}}};
-//   accel::BroadcastObjectList(comm, config);  // config == rank 0's,
-//   everywhere
+//   accel::BroadcastObjectList(comm, config);  // Rank 0's, everywhere.
 //
 // Accelerate pickles arbitrary Python objects; C++ has no reflection, so a
 // value travels through an ObjectCodec<T>. Codecs are provided for bool,
