@@ -1,0 +1,67 @@
+// Files that are written whole or not at all, and the folders they go in.
+//
+// AtomicFile writes a file so that readers see either its old contents or
+// the complete new ones, never a mix: a crash or an error mid-write leaves
+// the old file whole (checkpoints and saved weights rely on this).
+//
+//   accel::AtomicFile file(dir + "/model.safetensors");
+//   file.Write(header);
+//   file.Write(tensor_bytes, tensor_size);
+//   file.Commit();  // Now visible under its name. Without Commit, the
+//                   // destructor removes the partial file.
+//
+//   accel::WriteFileAtomically(dir + "/index.json", text);  // All in one go.
+//   accel::MakeDirectories("checkpoints/checkpoint_3");     // mkdir -p
+//   for (const std::string& name : accel::ListFolder(dir)) ...  // Sorted.
+//
+// The bytes go to a temporary file beside the final one (same file system,
+// so the rename is atomic), which is flushed to disk, renamed over the final
+// name, and then the folder is flushed so the rename survives a power loss.
+// Errors are CheckpointError naming the file and the system's reason.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace accel {
+
+class AtomicFile {
+ public:
+  // Creates the temporary file; the folder must exist.
+  explicit AtomicFile(std::string path);
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  void Write(const void* data, size_t size);
+  void Write(std::string_view bytes) { Write(bytes.data(), bytes.size()); }
+  // Flushes and renames into place. Nothing may be written afterwards.
+  void Commit();
+
+  const std::string& path() const { return path_; }
+
+ private:
+  [[noreturn]] void Fail(const std::string& action);
+  void Discard();
+
+  std::string path_;
+  std::string temporary_;
+  int fd_ = -1;
+};
+
+void WriteFileAtomically(const std::string& path, std::string_view contents);
+
+// Creates `dir` and its missing parents (mkdir -p); CheckpointError names the
+// folder that could not be created and why.
+void MakeDirectories(const std::string& dir);
+
+// Whether `path` names an existing file (not a folder).
+bool IsFile(const std::string& path);
+
+// The names in folder `dir` (without "." and ".."), sorted; CheckpointError
+// when it cannot be read.
+std::vector<std::string> ListFolder(const std::string& dir);
+
+}  // namespace accel
