@@ -4,6 +4,9 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/utils.h>
 
+#include <cstdio>
+#include <random>
+
 #include "accel/runtime/error_report.h"
 #include "accel/runtime/errors.h"
 #include "accel/runtime/process_group.h"
@@ -136,6 +139,7 @@ Accelerator::Accelerator(AcceleratorOptions options)
                    "autocasts on the CPU)\n");
     }
   }
+  contents_.run_id = AgreeOnRunId();
   if (options_.seed) set_seed(*options_.seed);
   // Numbering continues after earlier runs' checkpoints. No rank can save
   // before every rank got here (saving follows collectives), so all agree.
@@ -143,6 +147,21 @@ Accelerator::Accelerator(AcceleratorOptions options)
     const std::vector<int> indices = CheckpointIndices(options_.project_dir);
     if (!indices.empty()) next_checkpoint_ = indices.back() + 1;
   }
+}
+
+std::string Accelerator::AgreeOnRunId() {
+  // Rank 0's random id, through the store (not a collective: collective
+  // numbers stay those of the program's own calls).
+  const std::string key =
+      "accelerator/run_id/" + std::to_string(env_.restart_count);
+  if (is_main_process()) {
+    std::random_device random;
+    char id[17];
+    std::snprintf(id, sizeof(id), "%08x%08x", random(), random());
+    if (num_processes() > 1) group_->store().set(key, id);
+    return id;
+  }
+  return group_->store().get(key, options_.rendezvous_timeout);
 }
 
 Accelerator::~Accelerator() {
@@ -409,11 +428,12 @@ void Accelerator::set_seed(uint64_t seed, bool device_specific) {
 }
 
 void Accelerator::save_state(const std::string& dir) {
+  for (const StateHook& hook : save_hooks_) hook(contents_.models, dir);
   SaveCheckpoint(dir, process_index(), num_processes(), is_main_process(),
                  contents_);
 }
 
-std::string Accelerator::save_state() {
+std::string Accelerator::save_state(CallSite site) {
   if (options_.project_dir.empty()) {
     throw UsageError(
         "save_state() without a folder needs AcceleratorOptions::project_dir "
@@ -422,6 +442,27 @@ std::string Accelerator::save_state() {
   const std::string dir =
       CheckpointFolder(options_.project_dir, next_checkpoint_++);
   save_state(dir);
+  if (!checked_shared_folder_ && env_.local_world_size < num_processes()) {
+    // Across machines, automatic naming (pruning, resuming) needs one folder
+    // that every machine sees: find out at the first save, not at a resume.
+    checked_shared_folder_ = true;
+    wait_for_everyone(site);
+    const std::string marker = dir + "/" + kStateFile;
+    std::vector<std::string> blind = gather_object(
+        std::vector<std::string>{IsFile(marker) ? "" : "x"}, site);
+    std::string ranks;
+    for (size_t r = 0; r < blind.size(); ++r) {
+      if (!blind[r].empty())
+        ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    }
+    if (!ranks.empty()) {
+      throw CheckpointError(
+          "save_state: rank(s) " + ranks + " do not see '" + marker +
+          "', which rank 0 wrote: '" + options_.project_dir +
+          "' is not on a disk that every machine shares. Automatic "
+          "checkpoint naming and resuming need a shared project_dir");
+    }
+  }
   if (is_main_process()) {
     PruneCheckpoints(options_.project_dir, options_.total_limit);
   }
@@ -434,22 +475,74 @@ std::string Accelerator::latest_checkpoint() const {
 }
 
 void Accelerator::load_state(const std::string& dir) {
+  for (const StateHook& hook : load_hooks_) hook(contents_.models, dir);
   LoadCheckpoint(dir, process_index(), num_processes(), contents_);
 }
 
-std::string Accelerator::load_state() {
+std::string Accelerator::load_state(CallSite site) {
   if (options_.project_dir.empty()) {
     throw UsageError(
         "load_state() without a folder needs AcceleratorOptions::project_dir "
         "(automatic checkpoint naming)");
   }
-  const std::string dir = latest_checkpoint();
-  if (dir.empty()) {
-    throw CheckpointError("no complete checkpoint in '" + options_.project_dir +
-                          "/checkpoints' to load");
+  // Rank 0's list decides, so that every rank tries the same folders.
+  std::vector<std::string> candidates;
+  if (is_main_process()) {
+    const std::vector<int> indices = CheckpointIndices(options_.project_dir);
+    for (auto it = indices.rbegin(); it != indices.rend(); ++it) {
+      candidates.push_back(CheckpointFolder(options_.project_dir, *it));
+    }
   }
-  load_state(dir);
-  return dir;
+  if (num_processes() > 1) broadcast_object_list(candidates, 0, site);
+  std::vector<std::string> skipped;
+  bool unshared = false;
+  for (const std::string& dir : candidates) {
+    std::vector<std::string> problems = {
+        CheckCheckpoint(dir, process_index(), num_processes())};
+    if (num_processes() > 1) problems = gather_object(problems, site);
+    std::string why;
+    for (size_t r = 0; r < problems.size(); ++r) {
+      if (problems[r].empty()) continue;
+      why += (why.empty() ? "" : "; ") + std::string("rank ") +
+             std::to_string(r) + ": " + problems[r];
+      unshared |= r > 0 && problems[0].empty() &&
+                  problems[r].find("is missing") != std::string::npos;
+    }
+    if (why.empty()) {
+      if (is_main_process()) {
+        for (const std::string& note : skipped) {
+          std::fprintf(stderr, "accel: note: skipped checkpoint %s\n",
+                       note.c_str());
+        }
+      }
+      load_state(dir);
+      return dir;
+    }
+    skipped.push_back(dir + " (" + why + ")");
+  }
+  if (candidates.empty()) return "";
+  std::string message = "no checkpoint in '" + options_.project_dir +
+                        "/checkpoints' that every rank can load: ";
+  for (size_t i = 0; i < skipped.size(); ++i) {
+    message += (i ? ", " : "") + skipped[i];
+  }
+  if (unshared) {
+    message += ". Rank 0 has files that other ranks lack: is '" +
+               options_.project_dir + "' on a disk that every machine shares?";
+  }
+  throw CheckpointError(message);
+}
+
+std::map<std::string, torch::Tensor> Accelerator::StateDictOf(
+    const torch::nn::Module& module) {
+  std::map<std::string, torch::Tensor> state;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    state[item.key()] = item.value().detach().cpu();
+  }
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
+    state[item.key()] = item.value().detach().cpu();
+  }
+  return state;
 }
 
 void Accelerator::end_training(CallSite site) {
@@ -462,9 +555,11 @@ void Accelerator::end_training(CallSite site) {
 void Accelerator::free_memory() {
   synchronizers_.clear();
   const int64_t step = contents_.step;
+  const std::string run_id = contents_.run_id;
   contents_ = CheckpointContents{};
   contents_.scaler = state_->scaler;
   contents_.step = step;
+  contents_.run_id = run_id;
   state_->optimizers.clear();
 }
 

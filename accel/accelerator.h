@@ -37,9 +37,11 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 #include <torch/optim/optimizer.h>
+#include <torch/serialize.h>
 #include <torch/types.h>
 
 #include <chrono>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -61,6 +63,10 @@
 #include "accel/process_control.h"
 #include "accel/runtime/communicator.h"
 #include "accel/runtime/environment.h"
+#include "accel/runtime/files.h"
+#include "accel/runtime/object_collectives.h"
+#include "accel/runtime/program.h"
+#include "accel/safetensors.h"
 #include "accel/scheduler.h"
 #include "accel/tensor_format.h"
 #include "accel/training_state.h"
@@ -290,6 +296,34 @@ class Accelerator {
   std::map<std::string, torch::Tensor> gather_for_metrics(
       const std::map<std::string, torch::Tensor>& tensors,
       CallSite site = CallSite::Here());
+  // gather_for_metrics of plain values (see gather_object).
+  template <typename T>
+  std::vector<T> gather_for_metrics(const std::vector<T>& objects,
+                                    CallSite site = CallSite::Here()) {
+    std::vector<T> all = gather_object(objects, site);
+    const GradientState& gradients = state_->gradients;
+    if (gradients.end_of_dataloader() && gradients.remainder() > 0 &&
+        all.size() > static_cast<size_t>(gradients.remainder())) {
+      all.resize(static_cast<size_t>(gradients.remainder()));
+    }
+    return all;
+  }
+  // Strings and other plain values (see accel/runtime/object_collectives.h
+  // for the types and how to add yours): every rank passes a list and gets
+  // the concatenation of all lists in rank order.
+  template <typename T>
+  std::vector<T> gather_object(const std::vector<T>& objects,
+                               CallSite site = CallSite::Here()) {
+    return GatherObject(communicator(), objects, At(site, "gather_object"));
+  }
+  // In place: every rank's list becomes from_process's list.
+  template <typename T>
+  std::vector<T>& broadcast_object_list(std::vector<T>& objects,
+                                        int from_process = 0,
+                                        CallSite site = CallSite::Here()) {
+    return BroadcastObjectList(communicator(), objects, from_process,
+                               At(site, "broadcast_object_list"));
+  }
   torch::Tensor reduce(const torch::Tensor& tensor,
                        const std::string& reduction = "sum",
                        CallSite site = CallSite::Here());
@@ -369,11 +403,15 @@ class Accelerator {
   void save_state(const std::string& dir);
   // With AcceleratorOptions::project_dir: the next automatically named
   // checkpoint (every rank must call it, as many times); returns its folder.
-  std::string save_state();
+  std::string save_state(CallSite site = CallSite::Here());
   void load_state(const std::string& dir);
-  // Loads the newest complete automatically named checkpoint and returns
-  // its folder; CheckpointError when there is none.
-  std::string load_state();
+  // Loads the newest automatically named checkpoint that every rank can
+  // load (rank 0 lists them, newest first; each rank checks its files;
+  // skipped ones are reported with the reason) and returns its folder, or ""
+  // when there is none at all (so `--resume` on a first run starts afresh).
+  // CheckpointError when there are checkpoints but none that every rank can
+  // load, naming what each rank lacks.
+  std::string load_state(CallSite site = CallSite::Here());
   // The newest complete automatically named checkpoint, or "" when there is
   // none (to resume only when there is something to resume from).
   std::string latest_checkpoint() const;
@@ -401,6 +439,47 @@ class Accelerator {
       const DataLoader<Dataset, Batch>& loader, int64_t batches) const {
     return loader.SkipFirstBatches(batches);
   }
+  // Called with the models and the folder before save_state writes, or
+  // before load_state reads (Accelerate's register_save_state_pre_hook).
+  using StateHook = std::function<void(
+      const std::vector<std::shared_ptr<torch::nn::Module>>& models,
+      const std::string& dir)>;
+  void register_save_state_pre_hook(StateHook hook) {
+    save_hooks_.push_back(std::move(hook));
+  }
+  void register_load_state_pre_hook(StateHook hook) {
+    load_hooks_.push_back(std::move(hook));
+  }
+  // Number of the next automatically named checkpoint.
+  int save_iteration() const { return next_checkpoint_; }
+
+  // --- Weights ------------------------------------------------------------
+  // The model's parameters and buffers by name, on the CPU.
+  template <typename Model>
+  std::map<std::string, torch::Tensor> get_state_dict(
+      const Model& model) const {
+    return StateDictOf(*ModulePointer(model));
+  }
+  // Writes the model's weights as safetensors (model.safetensors, or shards
+  // of at most max_shard_size with model.safetensors.index.json) on the main
+  // process; read them back with accel::LoadModelWeightsInto.
+  template <typename Model>
+  void save_model(const Model& model, const std::string& dir,
+                  const std::string& max_shard_size = "10GB") const {
+    if (is_main_process()) {
+      SaveModelWeights(*ModulePointer(model), dir, max_shard_size);
+    }
+  }
+  // torch::save(value, path) on the main process, written aside and renamed
+  // into place.
+  template <typename T>
+  void save(const T& value, const std::string& path) const {
+    if (!is_main_process()) return;
+    std::ostringstream bytes;
+    torch::save(value, bytes);
+    WriteFileAtomically(path, bytes.str());
+  }
+
   // Backward passes run so far (restored by load_state).
   int64_t step() const { return contents_.step; }
 
@@ -504,6 +583,8 @@ class Accelerator {
     };
   }
 
+  static std::map<std::string, torch::Tensor> StateDictOf(
+      const torch::nn::Module& module);
   template <typename M>
   static const torch::nn::Module* ModulePointer(const M& model) {
     if constexpr (std::is_base_of_v<torch::detail::ModuleHolderIndicator, M>) {
@@ -521,6 +602,7 @@ class Accelerator {
   GradientSynchronizer* SynchronizerOf(const torch::nn::Module* model,
                                        const char* operation);
 
+  std::string AgreeOnRunId();
   void PrepareModule(const std::shared_ptr<torch::nn::Module>& module);
   std::shared_ptr<PreparedOptimizer> PrepareOptimizer(
       torch::optim::Optimizer& optimizer);
@@ -541,7 +623,10 @@ class Accelerator {
   std::shared_ptr<TrainingState> state_;
   CheckpointContents contents_;
   int next_checkpoint_ = 1;
+  bool checked_shared_folder_ = false;
   bool trigger_ = false;
+  std::vector<StateHook> save_hooks_;
+  std::vector<StateHook> load_hooks_;
 };
 
 }  // namespace accel

@@ -13,82 +13,30 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <sstream>
 
+#include "accel/checkpoint_file.h"
 #include "accel/runtime/error_report.h"
 #include "accel/runtime/errors.h"
+#include "accel/runtime/files.h"
+#include "accel/state_archive.h"
 #include "accel/tensor_ops.h"
 
 namespace accel {
 namespace {
 
-constexpr int64_t kFormat = 2;
-
 std::string Join(const std::string& dir, const std::string& file) {
   return dir + "/" + file;
 }
 
-void MakeDirs(const std::string& dir) {
-  std::string path;
-  std::stringstream parts(dir);
-  std::string part;
-  if (!dir.empty() && dir[0] == '/') path = "/";
-  while (std::getline(parts, part, '/')) {
-    if (part.empty()) continue;
-    path += part + "/";
-    if (mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
-      throw CheckpointError("cannot create checkpoint folder '" + path +
-                            "': " + std::strerror(errno));
-    }
-  }
-}
-
-void SyncPath(const std::string& path, int flags) {
-  const int fd = open(path.c_str(), flags | O_CLOEXEC);
-  if (fd < 0) return;
-  fsync(fd);
-  close(fd);
-}
-
-// Writes `archive` to `path` so that readers see the old file or the new
-// one, never a mix: temporary file, fsync, rename, fsync of the folder.
-void WriteAtomically(torch::serialize::OutputArchive& archive,
-                     const std::string& dir, const std::string& file) {
-  const std::string path = Join(dir, file);
-  const std::string temporary = path + ".partial." + std::to_string(getpid());
-  try {
-    archive.save_to(temporary);
-  } catch (const c10::Error& e) {
-    std::remove(temporary.c_str());
-    throw CheckpointError("cannot write '" + temporary +
-                          "': " + e.what_without_backtrace());
-  }
-  SyncPath(temporary, O_RDONLY);
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    const std::string error = std::strerror(errno);
-    std::remove(temporary.c_str());
-    throw CheckpointError("cannot rename '" + temporary + "' to '" + path +
-                          "': " + error);
-  }
-  SyncPath(dir, O_RDONLY | O_DIRECTORY);
+std::string RandomStatesRole(int rank) {
+  return "random_states_" + std::to_string(rank);
 }
 
 bool Exists(const std::string& path) {
   struct stat info;
   return stat(path.c_str(), &info) == 0;
-}
-
-void ReadArchive(torch::serialize::InputArchive& archive,
-                 const std::string& path) {
-  try {
-    archive.load_from(path);
-  } catch (const c10::Error& e) {
-    std::string reason = e.what_without_backtrace();
-    reason = reason.substr(0, reason.find('\n'));
-    throw CheckpointError("'" + path +
-                          "' is corrupt or not an accel checkpoint file (" +
-                          reason + ")");
-  }
 }
 
 c10::IValue ReadValue(torch::serialize::InputArchive& archive,
@@ -246,28 +194,60 @@ void LoadAllOrNothing(const std::vector<Stateful>& parts,
                       std::vector<torch::serialize::InputArchive>& archives,
                       const std::string& path) {
   std::vector<std::string> backups;
-  for (const Stateful& part : parts) {
-    torch::serialize::OutputArchive backup;
-    part.save(backup);
-    std::ostringstream bytes;
-    backup.save_to(bytes);
-    backups.push_back(bytes.str());
-  }
+  for (const Stateful& part : parts) backups.push_back(SaveStateToBytes(part));
   for (size_t i = 0; i < parts.size(); ++i) {
     try {
       parts[i].load(archives[i]);
-    } catch (const std::exception& e) {
+    } catch (const std::exception&) {
+      const std::string reason = DescribeException(std::current_exception());
       for (size_t j = 0; j <= i; ++j) {
-        std::istringstream bytes(backups[j]);
-        torch::serialize::InputArchive restore;
-        restore.load_from(bytes);
-        parts[j].load(restore);
+        Stateful part = parts[j];
+        LoadStateFromBytes(part, backups[j]);
       }
       throw CheckpointError("'" + path + "': " + parts[i].name +
-                            " does not match this program's (" +
-                            DescribeException(std::current_exception()) + ")");
+                            " does not match this program's (" + reason + ")");
     }
   }
+}
+
+// What this rank reads of a checkpoint, checked: the shared state and, when
+// it is there, this rank's random state.
+struct CheckedFiles {
+  CheckpointFileContents state;
+  std::optional<CheckpointFileContents> random;
+  std::string state_path;
+  std::string random_path;
+};
+
+CheckedFiles ReadFiles(const std::string& dir, int rank, int world_size) {
+  struct stat info;
+  if (stat(dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
+    throw CheckpointError("checkpoint folder '" + dir + "' does not exist");
+  }
+  CheckedFiles files;
+  files.state_path = Join(dir, kStateFile);
+  if (!Exists(files.state_path)) {
+    throw CheckpointError("'" + files.state_path + "' is missing: '" + dir +
+                          "' is not a complete accel checkpoint");
+  }
+  files.state = ReadCheckpointFile(files.state_path, "accelerator_state");
+  files.random_path = Join(dir, RandomStatesFile(rank));
+  if (Exists(files.random_path)) {
+    files.random =
+        ReadCheckpointFile(files.random_path, RandomStatesRole(rank));
+    const CheckpointIdentity& mine = files.random->identity;
+    const CheckpointIdentity& shared = files.state.identity;
+    if (mine.run != shared.run || mine.step != shared.step) {
+      throw CheckpointError("'" + files.random_path + "' was saved by run " +
+                            mine.run + " at step " + std::to_string(mine.step) +
+                            ", but '" + files.state_path + "' by run " +
+                            shared.run + " at step " +
+                            std::to_string(shared.step) +
+                            ": the files come from different saves");
+    }
+  }
+  (void)world_size;
+  return files;
 }
 
 }  // namespace
@@ -278,148 +258,168 @@ std::string RandomStatesFile(int rank) {
 
 void SaveCheckpoint(const std::string& dir, int rank, int world_size,
                     bool write_shared, const CheckpointContents& contents) {
-  MakeDirs(dir);
-  // This rank's file first: the shared file, written last, marks the
-  // checkpoint complete.
-  torch::serialize::OutputArchive random;
-  random.write("format", c10::IValue(kFormat));
-  random.write("step", c10::IValue(contents.step));
-  {
-    at::Generator generator = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    random.write("cpu_rng", generator.get_state());
-  }
-  WriteAtomically(random, dir, RandomStatesFile(rank));
-  if (!write_shared) return;
-  torch::serialize::OutputArchive state;
-  state.write("format", c10::IValue(kFormat));
-  state.write("step", c10::IValue(contents.step));
-  state.write("num_processes", c10::IValue(int64_t{world_size}));
-  state.write("num_models", c10::IValue(int64_t(contents.models.size())));
-  for (size_t i = 0; i < contents.models.size(); ++i) {
-    auto model = SaveModel(*contents.models[i]);
-    state.write("model_" + std::to_string(i), model);
-  }
-  for (const StatefulKind& kind : StatefulKinds(contents)) {
-    state.write("num_" + kind.plural, c10::IValue(int64_t(kind.parts.size())));
-    for (size_t i = 0; i < kind.parts.size(); ++i) {
-      torch::serialize::OutputArchive archive;
-      kind.parts[i].save(archive);
-      state.write(kind.singular + "_" + std::to_string(i), archive);
+  const bool existed = Exists(dir);
+  MakeDirectories(dir);
+  const CheckpointIdentity base{contents.run_id, contents.step, ""};
+  std::vector<std::string> written;
+  try {
+    // This rank's file first: the shared file, written last, marks the
+    // checkpoint complete.
+    torch::serialize::OutputArchive random;
+    {
+      at::Generator generator = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      random.write("cpu_rng", generator.get_state());
     }
+    CheckpointIdentity id = base;
+    id.role = RandomStatesRole(rank);
+    written.push_back(Join(dir, RandomStatesFile(rank)));
+    WriteCheckpointFile(written.back(), id, random);
+    if (!write_shared) return;
+    torch::serialize::OutputArchive state;
+    state.write("num_processes", c10::IValue(int64_t{world_size}));
+    state.write("num_models", c10::IValue(int64_t(contents.models.size())));
+    for (size_t i = 0; i < contents.models.size(); ++i) {
+      auto model = SaveModel(*contents.models[i]);
+      state.write("model_" + std::to_string(i), model);
+    }
+    for (const StatefulKind& kind : StatefulKinds(contents)) {
+      state.write("num_" + kind.plural,
+                  c10::IValue(int64_t(kind.parts.size())));
+      for (size_t i = 0; i < kind.parts.size(); ++i) {
+        torch::serialize::OutputArchive archive;
+        kind.parts[i].save(archive);
+        state.write(kind.singular + "_" + std::to_string(i), archive);
+      }
+    }
+    c10::List<int64_t> positions;
+    for (const auto& loader : contents.loaders) {
+      const auto [epoch, done] = loader->Checkpoint();
+      positions.push_back(epoch);
+      positions.push_back(done);
+    }
+    state.write("loader_positions", c10::IValue(positions));
+    id.role = "accelerator_state";
+    written.push_back(Join(dir, kStateFile));
+    WriteCheckpointFile(written.back(), id, state);
+  } catch (...) {
+    // What this save wrote goes (the file that failed is already gone):
+    // a failed save must not keep a full disk full.
+    written.pop_back();
+    for (const std::string& path : written) std::remove(path.c_str());
+    if (!existed) rmdir(dir.c_str());
+    throw;
   }
-  c10::List<int64_t> positions;
-  for (const auto& loader : contents.loaders) {
-    const auto [epoch, done] = loader->Checkpoint();
-    positions.push_back(epoch);
-    positions.push_back(done);
+}
+
+std::string CheckCheckpoint(const std::string& dir, int rank, int world_size) {
+  try {
+    const std::string state = Join(dir, kStateFile);
+    if (!Exists(state)) return "'" + state + "' is missing";
+    const CheckpointIdentity shared =
+        VerifyCheckpointFile(state, "accelerator_state");
+    const std::string random = Join(dir, RandomStatesFile(rank));
+    if (Exists(random)) {
+      const CheckpointIdentity mine =
+          VerifyCheckpointFile(random, RandomStatesRole(rank));
+      if (mine.run != shared.run || mine.step != shared.step) {
+        return "'" + random + "' comes from another save than '" + state + "'";
+      }
+    }
+    (void)world_size;
+    return "";
+  } catch (const Error& e) {
+    return e.what();
   }
-  state.write("loader_positions", c10::IValue(positions));
-  WriteAtomically(state, dir, kStateFile);
 }
 
 void LoadCheckpoint(const std::string& dir, int rank, int world_size,
                     CheckpointContents& contents) {
-  struct stat info;
-  if (stat(dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
-    throw CheckpointError("checkpoint folder '" + dir + "' does not exist");
-  }
-  const std::string path = Join(dir, kStateFile);
-  if (!Exists(path)) {
-    throw CheckpointError("'" + path + "' is missing: '" + dir +
-                          "' is not a complete accel checkpoint");
-  }
-  torch::serialize::InputArchive state;
-  ReadArchive(state, path);
-  const int64_t format = ReadInt(state, "format", path);
-  if (format != kFormat) {
-    throw CheckpointError("'" + path + "' has format " +
-                          std::to_string(format) + ", this accel reads " +
-                          std::to_string(kFormat));
-  }
-  const int64_t num_models = ReadInt(state, "num_models", path);
-  if (num_models != static_cast<int64_t>(contents.models.size())) {
-    throw CheckpointError("'" + path + "' holds " + std::to_string(num_models) +
-                          " model(s), but this program prepared " +
-                          std::to_string(contents.models.size()));
-  }
-  // Check everything before changing anything.
-  std::vector<std::vector<torch::Tensor>> model_values;
-  for (int64_t i = 0; i < num_models; ++i) {
-    model_values.push_back(ReadModel(state, i, *contents.models[i], path));
-  }
-  const std::vector<StatefulKind> kinds = StatefulKinds(contents);
-  std::vector<Stateful> parts;
-  std::vector<torch::serialize::InputArchive> archives;
-  for (const StatefulKind& kind : kinds) {
-    const int64_t count = ReadInt(state, "num_" + kind.plural, path);
-    if (count != static_cast<int64_t>(kind.parts.size())) {
-      throw CheckpointError("'" + path + "' holds " + std::to_string(count) +
-                            " " + kind.plural + ", but this program has " +
-                            std::to_string(kind.parts.size()));
+  CheckedFiles files = ReadFiles(dir, rank, world_size);
+  const std::string& path = files.state_path;
+  torch::serialize::InputArchive& state = *files.state.archive;
+  try {
+    const int64_t num_models = ReadInt(state, "num_models", path);
+    if (num_models != static_cast<int64_t>(contents.models.size())) {
+      throw CheckpointError("'" + path + "' holds " +
+                            std::to_string(num_models) +
+                            " model(s), but this program prepared " +
+                            std::to_string(contents.models.size()));
     }
-    for (size_t i = 0; i < kind.parts.size(); ++i) {
-      const std::string key = kind.singular + "_" + std::to_string(i);
-      archives.emplace_back();
-      if (!state.try_read(key, archives.back())) {
-        throw CheckpointError("'" + path + "' has no " + key);
+    // Check everything before changing anything.
+    std::vector<std::vector<torch::Tensor>> model_values;
+    for (int64_t i = 0; i < num_models; ++i) {
+      model_values.push_back(ReadModel(state, i, *contents.models[i], path));
+    }
+    std::vector<Stateful> parts;
+    std::vector<torch::serialize::InputArchive> archives;
+    for (const StatefulKind& kind : StatefulKinds(contents)) {
+      const int64_t count = ReadInt(state, "num_" + kind.plural, path);
+      if (count != static_cast<int64_t>(kind.parts.size())) {
+        throw CheckpointError("'" + path + "' holds " + std::to_string(count) +
+                              " " + kind.plural + ", but this program has " +
+                              std::to_string(kind.parts.size()));
       }
-      parts.push_back(kind.parts[i]);
-      parts.back().name = key;
+      for (size_t i = 0; i < kind.parts.size(); ++i) {
+        const std::string key = kind.singular + "_" + std::to_string(i);
+        archives.emplace_back();
+        if (!state.try_read(key, archives.back())) {
+          throw CheckpointError("'" + path + "' has no " + key);
+        }
+        parts.push_back(kind.parts[i]);
+        parts.back().name = key;
+      }
     }
-  }
-  c10::IValue positions_value = ReadValue(state, "loader_positions", path);
-  std::vector<int64_t> positions;
-  if (positions_value.isIntList()) positions = positions_value.toIntVector();
-  if (!positions_value.isIntList() ||
-      positions.size() != 2 * contents.loaders.size()) {
-    throw CheckpointError(
-        "'" + path + "' holds " + std::to_string(positions.size() / 2) +
-        " data loader position(s), but this program "
-        "prepared " +
-        std::to_string(contents.loaders.size()) + " data loader(s)");
-  }
-  const int64_t step = ReadInt(state, "step", path);
-  const int64_t saved_world = ReadInt(state, "num_processes", path);
+    c10::IValue positions_value = ReadValue(state, "loader_positions", path);
+    std::vector<int64_t> positions;
+    if (positions_value.isIntList()) positions = positions_value.toIntVector();
+    if (positions.size() != 2 * contents.loaders.size()) {
+      throw CheckpointError(
+          "'" + path + "' holds " + std::to_string(positions.size() / 2) +
+          " data loader position(s), but this program "
+          "prepared " +
+          std::to_string(contents.loaders.size()) + " data loader(s)");
+    }
+    const int64_t saved_world = ReadInt(state, "num_processes", path);
+    torch::Tensor rng_state;
+    if (files.random) {
+      if (!files.random->archive->try_read("cpu_rng", rng_state)) {
+        throw CheckpointError("'" + files.random_path +
+                              "' has no cpu_rng entry");
+      }
+    } else if (saved_world == world_size) {
+      Note("'" + files.random_path + "' is missing (rank " +
+           std::to_string(rank) +
+           " did not call save_state); its RNG state is not restored");
+    }
 
-  const std::string random_path = Join(dir, RandomStatesFile(rank));
-  torch::Tensor rng_state;
-  if (Exists(random_path)) {
-    torch::serialize::InputArchive random;
-    ReadArchive(random, random_path);
-    const int64_t random_step = ReadInt(random, "step", random_path);
-    if (random_step != step) {
-      Note("'" + random_path + "' is from step " + std::to_string(random_step) +
-           " but the checkpoint is step " + std::to_string(step) +
-           "; RNG state not restored");
-    } else if (!random.try_read("cpu_rng", rng_state)) {
-      throw CheckpointError("'" + random_path + "' has no cpu_rng entry");
+    // Optimizers, schedulers, the scaler and registered objects can only be
+    // checked by loading them: all of them load, or none stays changed.
+    LoadAllOrNothing(parts, archives, path);
+    torch::NoGradGuard no_grad;
+    for (int64_t i = 0; i < num_models; ++i) {
+      const auto targets = NamedState(*contents.models[i]);
+      for (size_t j = 0; j < targets.size(); ++j) {
+        torch::Tensor target = targets[j].second;
+        target.copy_(model_values[i][j]);
+      }
     }
-  } else if (saved_world == world_size) {
-    Note("'" + random_path + "' is missing (rank " + std::to_string(rank) +
-         " did not call save_state); its RNG state is not restored");
-  }
-
-  // Optimizers, schedulers, the scaler and registered objects can only be
-  // checked by loading them: all of them load, or none stays changed.
-  LoadAllOrNothing(parts, archives, path);
-  torch::NoGradGuard no_grad;
-  for (int64_t i = 0; i < num_models; ++i) {
-    const auto targets = NamedState(*contents.models[i]);
-    for (size_t j = 0; j < targets.size(); ++j) {
-      torch::Tensor target = targets[j].second;
-      target.copy_(model_values[i][j]);
+    for (size_t i = 0; i < contents.loaders.size(); ++i) {
+      contents.loaders[i]->Restore(positions[2 * i], positions[2 * i + 1]);
     }
-  }
-  for (size_t i = 0; i < contents.loaders.size(); ++i) {
-    contents.loaders[i]->Restore(positions[2 * i], positions[2 * i + 1]);
-  }
-  contents.step = step;
-  if (rng_state.defined()) {
-    // A Generator is a handle: the copy shares torch's default generator.
-    at::Generator generator = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_state(rng_state);
+    contents.step = files.state.identity.step;
+    if (rng_state.defined()) {
+      // A Generator is a handle: the copy shares torch's default generator.
+      at::Generator generator = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(rng_state);
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception&) {
+    // A file that verified but does not read as this accel wrote it.
+    throw CheckpointError("'" + path + "' cannot be read: " +
+                          DescribeException(std::current_exception()));
   }
 }
 

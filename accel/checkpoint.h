@@ -56,6 +56,9 @@ struct CheckpointContents {
   std::shared_ptr<GradScaler> scaler;  // fp16 only.
   std::vector<CheckpointObject> objects;
   int64_t step = 0;
+  // The run that saves (shared by its ranks): a checkpoint's files must
+  // all come from one save.
+  std::string run_id;
 };
 
 inline constexpr const char* kStateFile = "accelerator_state.pt";
@@ -64,6 +67,10 @@ std::string RandomStatesFile(int rank);
 // Writes the shared file when `write_shared`, and this rank's RNG file.
 void SaveCheckpoint(const std::string& dir, int rank, int world_size,
                     bool write_shared, const CheckpointContents& contents);
+
+// "" when this rank can load `dir`: its files are there, intact and from
+// one save; else the reason it cannot (without parsing the archives).
+std::string CheckCheckpoint(const std::string& dir, int rank, int world_size);
 
 // Restores `contents` (and this rank's RNG) from `dir`.
 void LoadCheckpoint(const std::string& dir, int rank, int world_size,

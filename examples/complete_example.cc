@@ -139,10 +139,9 @@ int Main(int argc, char** argv) {
                               adamw, FLAGS_num_warmup_steps, training_steps));
 
   if (FLAGS_resume) {
-    if (const std::string latest = accelerator.latest_checkpoint();
-        !latest.empty()) {
-      accelerator.load_state(latest);
-      accelerator.print("Resumed from", latest, "at epoch",
+    if (const std::string resumed = accelerator.load_state();
+        !resumed.empty()) {
+      accelerator.print("Resumed from", resumed, "at epoch",
                         train_loader.epoch() + 1, "after batch",
                         train_loader.state()->resume_skip);
     }

@@ -102,13 +102,14 @@ int Main(int argc, char** argv) {
 
   auto [prepared_model, prepared_optimizer, loader] =
       accelerator.prepare(model, optimizer, data);
-  std::string resume_from = FLAGS_resume_from;
-  if (resume_from.empty() && FLAGS_resume) {
-    resume_from = accelerator.latest_checkpoint();
+  std::string resumed = FLAGS_resume_from;
+  if (!resumed.empty()) {
+    accelerator.load_state(resumed);
+  } else if (FLAGS_resume) {
+    resumed = accelerator.load_state();  // "" when there is none yet.
   }
-  if (!resume_from.empty()) {
-    accelerator.load_state(resume_from);
-    accelerator.print("Resumed from", resume_from, "at epoch", loader.epoch());
+  if (!resumed.empty()) {
+    accelerator.print("Resumed from", resumed, "at epoch", loader.epoch());
   }
 
   const bool show_progress =

@@ -178,6 +178,35 @@ TEST(ExamplesTest, AnErrorThatEscapesMainIsOneLineAndExitCode1) {
   EXPECT_THAT(r.output, ::testing::Not(HasSubstr("terminate called")));
 }
 
+TEST(ExamplesTest, TheReadmeSamplesRunAsWritten) {
+  // InitProgram runs in BUILD_WORKING_DIRECTORY, as under `bazel run`.
+  const std::string dir = MakeTempDir("readme");
+  const std::map<std::string, std::string> env = {
+      {"BUILD_WORKING_DIRECTORY", dir}};
+  const ProcessResult first =
+      RunProcess({Runfile("tests/readme_sample_1"), "--num_processes=2",
+                  "--main_process_port=0"},
+                 env, kTimeout);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_THAT(first.output, HasSubstr("saved to trained_model"));
+  EXPECT_TRUE(Exists(dir + "/trained_model/accelerator_state.pt"));
+  for (int run = 0; run < 2; ++run) {
+    const ProcessResult second =
+        RunProcess({Runfile("tests/readme_sample_2"), "--num_processes=2",
+                    "--main_process_port=0", "--gradient_accumulation_steps=2"},
+                   env, kTimeout);
+    ASSERT_EQ(second.exit_code, 0) << second.output;
+    // The second run resumes after the first's three epochs: nothing left.
+    EXPECT_EQ(Matches(second.output, "epoch [0-9] predictions 240").size(),
+              run == 0 ? 3u : 0u)
+        << second.output;
+  }
+  EXPECT_TRUE(Exists(dir + "/run/model/model.safetensors"));
+  EXPECT_TRUE(
+      Exists(dir + "/run/checkpoints/checkpoint_3/accelerator_state.pt"));
+  EXPECT_FALSE(Exists(dir + "/run/checkpoints/checkpoint_1"));  // total_limit 2
+}
+
 TEST(ExamplesTest, BarrierDemoReleasesEveryoneTogether) {
   const ProcessResult r = RunExample("barrier_demo", {"--num_processes=2"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
