@@ -561,6 +561,7 @@ void Accelerator::free_memory() {
   contents_.step = step;
   contents_.run_id = run_id;
   state_->optimizers.clear();
+  state_->split_batches = options_.split_batches;
 }
 
 }  // namespace accel

@@ -79,7 +79,7 @@ std::pair<Blobs, Blobs> LoadOrMakeData(const std::string& path) {
       torch::Tensor labels =
           torch::randint(0, kClasses, {n}, generator, torch::kLong);
       torch::Tensor inputs = centres.index_select(0, labels) +
-                             torch::randn({n, kFeatures}, generator) * 1.5;
+                             torch::randn({n, kFeatures}, generator) * 3.0;
       tensors.push_back(inputs);
       tensors.push_back(labels);
     }

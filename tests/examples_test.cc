@@ -8,6 +8,7 @@
 #include <regex>
 #include <thread>
 
+#include "accel/safetensors.h"
 #include "tests/subprocess.h"
 
 namespace accel::testing {
@@ -176,6 +177,78 @@ TEST(ExamplesTest, AnErrorThatEscapesMainIsOneLineAndExitCode1) {
       << r.output;
   EXPECT_THAT(r.output, HasSubstr("exited with code 1"));
   EXPECT_THAT(r.output, ::testing::Not(HasSubstr("terminate called")));
+}
+
+// The final weights complete_example saved in `dir`/model.
+std::map<std::string, torch::Tensor> Weights(const std::string& dir) {
+  return LoadModelWeights(dir + "/model");
+}
+
+double MaxDifference(const std::map<std::string, torch::Tensor>& a,
+                     const std::map<std::string, torch::Tensor>& b) {
+  double worst = 0;
+  for (const auto& [name, tensor] : a) {
+    worst = std::max(worst, (tensor - b.at(name)).abs().max().item<double>());
+  }
+  return worst;
+}
+
+TEST(ExamplesTest,
+     CompleteExampleGivesTheSameResultsAtOneTwoAndThreeProcesses) {
+  std::map<std::string, torch::Tensor> reference;
+  std::vector<std::string> reference_lines;
+  for (int n : {1, 2, 3}) {
+    const std::string out = MakeTempDir("complete") + "/out";
+    const ProcessResult r = RunExample(
+        "complete_example",
+        {"--num_processes=" + std::to_string(n), "--output_dir=" + out});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto lines =
+        Matches(r.output, "Epoch [0-9] - accuracy [0-9.]+ on 110");
+    ASSERT_EQ(lines.size(), 3u) << r.output;  // Every eval sample, once.
+    EXPECT_TRUE(Exists(out + "/checkpoints/checkpoint_3/accelerator_state.pt"));
+    const auto weights = Weights(out);
+    if (n == 1) {
+      reference = weights;
+      reference_lines = lines;
+      continue;
+    }
+    EXPECT_LE(MaxDifference(weights, reference), 1e-6) << n << " processes";
+    EXPECT_EQ(lines, reference_lines);
+  }
+}
+
+TEST(ExamplesTest, CompleteExampleResumesInTheMiddleOfAnEpochBitForBit) {
+  const std::string dir = MakeTempDir("complete_resume");
+  const std::vector<std::string> common = {
+      "--num_processes=2", "--checkpointing_steps=3",
+      "--gradient_accumulation_steps=2", "--mixed_precision=bf16"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), common.begin(), common.end());
+    return extra;
+  };
+  const ProcessResult straight =
+      RunExample("complete_example", with({"--output_dir=" + dir + "/a"}));
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  // 10 optimizer steps per epoch: stopped after 4, saved after 3 (mid-epoch).
+  const ProcessResult stopped =
+      RunExample("complete_example",
+                 with({"--output_dir=" + dir + "/b", "--stop_after_steps=4"}));
+  ASSERT_EQ(stopped.exit_code, 0) << stopped.output;
+  EXPECT_THAT(stopped.output, HasSubstr("Stopped after 4 steps"));
+  const ProcessResult resumed = RunExample(
+      "complete_example", with({"--output_dir=" + dir + "/b", "--resume"}));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_THAT(
+      resumed.output,
+      HasSubstr("Resumed from " + dir +
+                "/b/checkpoints/checkpoint_1 at epoch 1 after batch 6"));
+  const auto a = Weights(dir + "/a");
+  const auto b = Weights(dir + "/b");
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, tensor] : a) {
+    EXPECT_TRUE(torch::equal(tensor, b.at(name))) << name;
+  }
 }
 
 TEST(ExamplesTest, TheReadmeSamplesRunAsWritten) {
