@@ -554,6 +554,8 @@ void Accelerator::end_training(CallSite site) {
 
 void Accelerator::free_memory() {
   synchronizers_.clear();
+  save_hooks_.clear();
+  load_hooks_.clear();
   const int64_t step = contents_.step;
   const std::string run_id = contents_.run_id;
   contents_ = CheckpointContents{};

@@ -489,6 +489,7 @@ class Accelerator {
   // Forgets every prepared object (models, optimizers, schedulers, loaders,
   // registered objects) and frees accel's gradient buffers; the objects
   // themselves stay the program's.
+  // Also forgets the state hooks.
   void free_memory();
   void clear() { free_memory(); }
 

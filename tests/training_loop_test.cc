@@ -399,6 +399,59 @@ TEST_F(TrainingLoopTest, ResumingInTheMiddleOfAnEpochGivesTheSameParameters) {
   EXPECT_EQ(resumed.counter, 18);  // 8 restored + the remaining 10 steps.
 }
 
+TEST_F(TrainingLoopTest, SkipFirstBatchesSkipsThisProcesssFirstBatches) {
+  DataLoader<Indices> data(Indices(24), Loader(2, /*shuffle=*/false));
+  auto loader = A().prepare(data);
+  auto skipping = A().skip_first_batches(loader, 2);
+  std::vector<int64_t> firsts;
+  for (auto& batch : skipping) firsts.push_back(batch[0].item<int64_t>());
+  // Rank r's batches start at 2 r, 2 (r + N), ...; the first two are gone.
+  ASSERT_EQ(firsts.size(), static_cast<size_t>(12 / N() - 2));
+  EXPECT_EQ(firsts[0], 2 * (R() + 2 * N()));
+  std::vector<int64_t> next;
+  for (auto& batch : skipping) next.push_back(batch[0].item<int64_t>());
+  EXPECT_EQ(next.size(), static_cast<size_t>(12 / N()));  // Whole again.
+}
+
+TEST_F(TrainingLoopTest, TriggerSyncInBackwardSyncsInsideNoSync) {
+  torch::nn::Sequential model = A().prepare(MakeModel());
+  torch::Tensor x = torch::full({2, 6}, static_cast<float>(R() + 1));
+  auto no_sync = A().no_sync(model);
+  {
+    auto sync = A().trigger_sync_in_backward(model);
+    A().backward(model->forward(x).sum());
+  }
+  torch::Tensor all = A().gather(model->parameters()[0].grad().reshape({1, -1}));
+  for (int r = 1; r < N(); ++r) EXPECT_TRUE(torch::equal(all[r], all[0]));
+}
+
+TEST_F(TrainingLoopTest, StateHooksSeeTheModelsAndTheFolder) {
+  torch::nn::Sequential model = A().prepare(MakeModel());
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/hooks_" +
+                          std::to_string(N());
+  std::vector<std::string> calls;
+  A().register_save_state_pre_hook(
+      [&](const std::vector<std::shared_ptr<torch::nn::Module>>& models,
+          const std::string& folder) {
+        calls.push_back("save " + folder + " " + std::to_string(models.size()));
+      });
+  A().register_load_state_pre_hook(
+      [&](const std::vector<std::shared_ptr<torch::nn::Module>>& models,
+          const std::string& folder) {
+        calls.push_back("load " + folder + " " + std::to_string(models.size()));
+      });
+  A().save_state(dir);
+  A().wait_for_everyone();
+  A().load_state(dir);
+  EXPECT_THAT(calls, ElementsAre("save " + dir + " 1", "load " + dir + " 1"));
+  // save(): the main process writes, atomically.
+  A().save(std::vector<torch::Tensor>{torch::arange(3)}, dir + "/extra.pt");
+  A().wait_for_everyone();
+  std::vector<torch::Tensor> back;
+  torch::load(back, dir + "/extra.pt");
+  EXPECT_TRUE(torch::equal(back.at(0), torch::arange(3)));
+}
+
 TEST_F(TrainingLoopTest, LoadStateWithoutAFolderNeedsAProjectDir) {
   EXPECT_THROW(A().load_state(), UsageError);
   EXPECT_EQ(A().latest_checkpoint(), "");
