@@ -4,7 +4,9 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/utils.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <random>
 
 #include "accel/runtime/error_report.h"
@@ -40,7 +42,8 @@ void ValidateOptions(const AcceleratorOptions& options) {
   const std::string& mp = options.mixed_precision;
   if (mp != "no" && mp != "bf16" && mp != "fp16") {
     throw UsageError(
-        "mixed precision must be \"no\", \"bf16\" or \"fp16\", "
+        "mixed precision (--mixed_precision) must be \"no\", \"bf16\" or "
+        "\"fp16\", "
         "found \"" +
         mp + "\"");
   }
@@ -63,6 +66,18 @@ void ValidateOptions(const AcceleratorOptions& options) {
   }
 }
 
+// Checkpoints are written at the end of an epoch: find out now that they
+// cannot be.
+void CheckWritableFolder(const std::string& dir) {
+  if (dir.empty()) return;
+  MakeDirectories(dir);
+  if (!IsWritableFolder(dir)) {
+    throw UsageError(
+        "project_dir '" + dir +
+        "' is not a folder this process can write to: " + std::strerror(errno));
+  }
+}
+
 }  // namespace
 
 const char* DistributedTypeName(DistributedType type) {
@@ -78,6 +93,16 @@ const char* DistributedTypeName(DistributedType type) {
 }
 
 AcceleratorOptions AcceleratorOptions::FromFlags() {
+  // Checked here too, so that the message names the flag.
+  for (const auto& [flag, value] :
+       {std::pair<const char*, int>{"--timeout_s", FLAGS_timeout_s},
+        {"--rendezvous_timeout_s", FLAGS_rendezvous_timeout_s},
+        {"--gradient_accumulation_steps", FLAGS_gradient_accumulation_steps}}) {
+    if (value < 1) {
+      throw UsageError(std::string(flag) + " must be at least 1, found " +
+                       std::to_string(value));
+    }
+  }
   AcceleratorOptions options;
   options.backend = FLAGS_backend;
   options.mixed_precision = FLAGS_mixed_precision;
@@ -140,6 +165,7 @@ Accelerator::Accelerator(AcceleratorOptions options)
     }
   }
   contents_.run_id = AgreeOnRunId();
+  CheckWritableFolder(options_.project_dir);
   if (options_.seed) set_seed(*options_.seed);
   // Numbering continues after earlier runs' checkpoints. No rank can save
   // before every rank got here (saving follows collectives), so all agree.

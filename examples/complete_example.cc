@@ -88,23 +88,50 @@ std::pair<Blobs, Blobs> LoadOrMakeData(const std::string& path) {
   return {Blobs(tensors[0], tensors[1]), Blobs(tensors[2], tensors[3])};
 }
 
+void CheckFlags() {
+  auto require = [](bool ok, const std::string& message) {
+    if (!ok) throw accel::UsageError(message);
+  };
+  require(FLAGS_epochs >= 0, "--epochs must not be negative, found " +
+                                 std::to_string(FLAGS_epochs));
+  require(FLAGS_batch_size >= 1, "--batch_size must be at least 1, found " +
+                                     std::to_string(FLAGS_batch_size));
+  require(FLAGS_lr > 0, "--lr must be positive, found " +
+                            std::to_string(FLAGS_lr));
+  require(FLAGS_num_warmup_steps >= 0,
+          "--num_warmup_steps must not be negative, found " +
+              std::to_string(FLAGS_num_warmup_steps));
+  require(FLAGS_stop_after_steps >= 0,
+          "--stop_after_steps must not be negative, found " +
+              std::to_string(FLAGS_stop_after_steps));
+  require(!FLAGS_output_dir.empty(),
+          "--output_dir is empty; name the folder for checkpoints");
+}
+
+// Optimizer steps between checkpoints, or 0 (--checkpointing_steps=epoch
+// or no).
+int CheckpointEvery() {
+  const std::string& text = FLAGS_checkpointing_steps;
+  if (text == "epoch" || text == "no") return 0;
+  char* end = nullptr;
+  const long steps = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || steps < 1 || steps > 1000000000) {
+    throw accel::UsageError(
+        "--checkpointing_steps must be epoch, no or a positive number, "
+        "found '" +
+        text + "'");
+  }
+  return static_cast<int>(steps);
+}
+
 int Main(int argc, char** argv) {
+  CheckFlags();
+  const int checkpoint_every = CheckpointEvery();
   accel::AcceleratorOptions options = accel::AcceleratorOptions::FromFlags();
   options.seed = static_cast<uint64_t>(FLAGS_seed);
   options.project_dir = FLAGS_output_dir;
   options.total_limit = 3;
   accel::Accelerator accelerator(options);
-  int checkpoint_every = 0;
-  if (FLAGS_checkpointing_steps != "epoch" &&
-      FLAGS_checkpointing_steps != "no") {
-    checkpoint_every = std::stoi(FLAGS_checkpointing_steps);
-    if (checkpoint_every < 1) {
-      throw accel::UsageError(
-          "--checkpointing_steps must be epoch, no or a "
-          "positive number, found " +
-          FLAGS_checkpointing_steps);
-    }
-  }
 
   // The main process makes (and caches) the data set; the others then load
   // its cache instead of making their own.

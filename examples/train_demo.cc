@@ -79,7 +79,28 @@ void ShowProgress(int epoch, size_t step, size_t steps, double loss,
   std::fflush(stderr);
 }
 
+// Every rank checks the flags before anything starts.
+void CheckFlags() {
+  auto require = [](bool ok, const std::string& message) {
+    if (!ok) throw accel::UsageError(message);
+  };
+  require(FLAGS_epochs >= 0, "--epochs must not be negative, found " +
+                                 std::to_string(FLAGS_epochs));
+  require(FLAGS_batch_size >= 1, "--batch_size must be at least 1, found " +
+                                     std::to_string(FLAGS_batch_size));
+  require(FLAGS_hidden >= 1, "--hidden must be at least 1, found " +
+                                 std::to_string(FLAGS_hidden));
+  require(FLAGS_total_limit >= 0, "--total_limit must not be negative, found " +
+                                      std::to_string(FLAGS_total_limit));
+  require(FLAGS_sleep_per_step_ms >= 0,
+          "--sleep_per_step_ms must not be negative, found " +
+              std::to_string(FLAGS_sleep_per_step_ms));
+  require(!FLAGS_output_dir.empty(),
+          "--output_dir is empty; name the folder for checkpoints");
+}
+
 int Main(int argc, char** argv) {
+  CheckFlags();
   const auto start = std::chrono::steady_clock::now();
   accel::AcceleratorOptions options = accel::AcceleratorOptions::FromFlags();
   options.seed = static_cast<uint64_t>(FLAGS_seed);

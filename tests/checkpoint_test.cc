@@ -10,6 +10,9 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adamw.h>
 
+#include <signal.h>
+#include <sys/resource.h>
+
 #include <cstdio>
 #include <fstream>
 
@@ -202,6 +205,55 @@ TEST(CheckpointTest, AutomaticNamingKeepsTheNewestCompleteCheckpoints) {
   next.accelerator.load_state(next.accelerator.latest_checkpoint());
   EXPECT_EQ(next.accelerator.save_state(), folder + "5");
   EXPECT_EQ(CheckpointIndices(project), (std::vector<int>{3, 5}));
+}
+
+TEST(CheckpointTest, AFullDiskFailsTheSaveNamingTheFileAndLeavesNothing) {
+  const std::string project = MakeTempDir("full");
+  TrainingRun run(64, project);
+  const std::string good = run.accelerator.save_state();
+  run.TrainEpoch();
+  // A file-size limit stands in for a full disk: writes past it fail with
+  // EFBIG (SIGXFSZ ignored), as they would with ENOSPC.
+  signal(SIGXFSZ, SIG_IGN);
+  rlimit original;
+  getrlimit(RLIMIT_FSIZE, &original);
+  rlimit tiny = original;
+  tiny.rlim_cur = 2048;
+  setrlimit(RLIMIT_FSIZE, &tiny);
+  std::string message;
+  try {
+    run.accelerator.save_state();
+  } catch (const CheckpointError& e) {
+    message = e.what();
+  }
+  setrlimit(RLIMIT_FSIZE, &original);
+  EXPECT_THAT(message, HasSubstr("File too large"));
+  EXPECT_THAT(message, HasSubstr(project + "/checkpoints/checkpoint_2/"));
+  // Nothing of the failed save is left, and the earlier one still loads.
+  EXPECT_EQ(CheckpointIndices(project), (std::vector<int>{1}));
+  TrainingRun next(64, project);
+  EXPECT_EQ(next.accelerator.load_state(), good);
+}
+
+TEST(CheckpointTest, FilesFromAnotherSaveOrSwappedFilesAreRefused) {
+  const std::string root = MakeTempDir("mixed");
+  TrainingRun first;
+  first.accelerator.save_state(root + "/a");
+  TrainingRun second;  // Another run id.
+  second.TrainEpoch();
+  second.accelerator.save_state(root + "/b");
+  const auto before = second.Snapshot();
+  auto copy = [](const std::string& from, const std::string& to) {
+    std::ifstream in(from, std::ios::binary);
+    std::ofstream(to, std::ios::binary | std::ios::trunc) << in.rdbuf();
+  };
+  copy(root + "/a/random_states_0.pt", root + "/b/random_states_0.pt");
+  EXPECT_THAT(CheckpointErrorOf(second, root + "/b"),
+              HasSubstr("the files come from different saves"));
+  copy(root + "/a/accelerator_state.pt", root + "/b/random_states_0.pt");
+  EXPECT_THAT(CheckpointErrorOf(second, root + "/b"),
+              HasSubstr("holds accelerator_state, expected random_states_0"));
+  EXPECT_TRUE(SameValues(second.Snapshot(), before));
 }
 
 TEST(CheckpointTest, SaveStateWithoutProjectDirIsAUsageError) {

@@ -289,6 +289,37 @@ TEST(ExamplesTest, BarrierDemoReleasesEveryoneTogether) {
   EXPECT_EQ(passed.size(), 2u) << r.output;
 }
 
+TEST(ExamplesTest, BadFlagsAreOneClearErrorOnEveryRankBeforeAnyTraining) {
+  const std::string file = MakeTempDir("bad_flags") + "/a_file";
+  std::ofstream(file) << "not a folder";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--epochs=-1", "--epochs must not be negative, found -1"},
+      {"--batch_size=-4", "--batch_size must be at least 1, found -4"},
+      {"--hidden=0", "--hidden must be at least 1, found 0"},
+      {"--output_dir=", "--output_dir is empty"},
+      {"--output_dir=" + file, "cannot create folder '" + file + "'"},
+      {"--timeout_s=0", "--timeout_s must be at least 1, found 0"},
+      {"--timeout_s=-1", "--timeout_s must be at least 1, found -1"},
+      {"--rendezvous_timeout_s=-1",
+       "--rendezvous_timeout_s must be at least 1, found -1"},
+      {"--gradient_accumulation_steps=0",
+       "--gradient_accumulation_steps must be at least 1, found 0"},
+      {"--mixed_precision=fp8", "(--mixed_precision) must be"},
+  };
+  for (const auto& [flag, message] : cases) {
+    const ProcessResult r =
+        RunExample("train_demo", {"--num_processes=2", flag});
+    EXPECT_EQ(r.exit_code, 1) << flag << "\n" << r.output;
+    size_t lines = 0;
+    for (const std::string& line : Matches(r.output, "error: [^\n]*")) {
+      lines += line.find(message) != std::string::npos;
+    }
+    EXPECT_EQ(lines, 2u) << flag << "\n" << r.output;
+    EXPECT_THAT(r.output, ::testing::Not(HasSubstr("Epoch 1")));
+    EXPECT_LT(r.elapsed, kFailFast);
+  }
+}
+
 TEST(ExamplesTest, UnknownBackendIsAClearErrorOnEveryRank) {
   const ProcessResult r =
       RunExample("train_demo", {"--num_processes=2", "--backend=mpi"});

@@ -124,6 +124,16 @@ void MakeDirectories(const std::string& dir) {
   }
 }
 
+bool IsWritableFolder(const std::string& dir) {
+  struct stat info;
+  if (stat(dir.c_str(), &info) != 0) return false;
+  if (!S_ISDIR(info.st_mode)) {
+    errno = ENOTDIR;
+    return false;
+  }
+  return access(dir.c_str(), W_OK | X_OK) == 0;
+}
+
 bool IsFile(const std::string& path) {
   struct stat info;
   return stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);

@@ -60,6 +60,10 @@ void MakeDirectories(const std::string& dir);
 // Whether `path` names an existing file (not a folder).
 bool IsFile(const std::string& path);
 
+// Whether `dir` is a folder that this process can create files in; errno
+// tells why not.
+bool IsWritableFolder(const std::string& dir);
+
 // The names in folder `dir` (without "." and ".."), sorted; CheckpointError
 // when it cannot be read.
 std::vector<std::string> ListFolder(const std::string& dir);
