@@ -3,16 +3,35 @@
 # processes, kills a random rank at a random moment or in the middle of a
 # save_state, then checks that the failure ended the job (no hang), that
 # every complete checkpoint still loads (none lost), and that --resume
-# reaches the same parameters as an uninterrupted run.
+# reaches the same parameters as an uninterrupted run. As root it also fills
+# a small tmpfs during a save: one clear error per rank, nothing left behind,
+# and --resume continues from the last checkpoint that fit.
 #
 #   tools/soak.sh [RUNS]      (default 30)
+#
+# It removes everything it wrote when it ends (the logs of failed runs stay
+# in the folder it names), and leaves bazel-bin as it found it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${1:-30}
 EPOCHS=8
-bazel build -c opt //examples:train_demo >/dev/null 2>&1 || { echo "build failed"; exit 1; }
+# No convenience symlinks: bazel-bin keeps pointing at the fastbuild outputs.
+bazel build -c opt --symlink_prefix=/ //examples:train_demo >/dev/null 2>&1 || { echo "build failed"; exit 1; }
 BIN=$(bazel info -c opt bazel-bin 2>/dev/null)/examples/train_demo
 WORK=$(mktemp -d /tmp/accel-soak.XXXXXX)
+FULL=$WORK/full
+failed=0
+cleanup() {
+  mountpoint -q "$FULL" 2>/dev/null && umount "$FULL"
+  if [ $failed = 0 ]; then
+    rm -rf "$WORK"
+  else
+    # Keep the logs of what went wrong, not the checkpoints.
+    find "$WORK" -mindepth 1 -not -name '*.log' -delete 2>/dev/null
+    echo "logs of the failed runs: $WORK"
+  fi
+}
+trap cleanup EXIT
 # A wide hidden layer makes each save write ~30 MB, so that kills land
 # inside saves.
 COMMON=(--epochs=$EPOCHS --batch_size=12 --hidden=250000 --sleep_per_step_ms=20 --noprogress
@@ -21,11 +40,33 @@ COMMON=(--epochs=$EPOCHS --batch_size=12 --hidden=250000 --sleep_per_step_ms=20 
 fingerprint() { grep -o 'Parameter fingerprint: [0-9a-f]*' "$1" | tail -n 1; }
 children() { cat "/proc/$1/task/$1/children" 2>/dev/null; }
 
+full_disk=skipped
+if [ "$(id -u)" = 0 ] && mkdir -p "$FULL" && mount -t tmpfs -o size=200k tmpfs "$FULL" 2>/dev/null; then
+  # The first checkpoints fit, a later one does not.
+  full=(--num_processes=2 --hidden=500 --epochs=6 --noprogress --main_process_port=0 --output_dir="$FULL/out")
+  "$BIN" "${full[@]}" > "$WORK/full.log" 2>&1; code=$?
+  # Rank 0 names the file and the reason; every rank ends in one error line.
+  no_space=$(grep -c "^error: .*cannot write '$FULL/out/.*': No space left on device" "$WORK/full.log")
+  errors=$(grep -c "^error: " "$WORK/full.log")
+  leftovers=$(find "$FULL" -name '*.partial.*' | wc -l)
+  newest=$(ls -d "$FULL"/out/checkpoints/checkpoint_*/accelerator_state.pt 2>/dev/null | sort -V | tail -n 1)
+  "$BIN" "${full[@]}" --resume > "$WORK/full.resume.log" 2>&1
+  if [ $code = 1 ] && [ "$no_space" = 1 ] && [ "$errors" = 2 ] && [ "$leftovers" = 0 ] &&
+     [ -n "$newest" ] && grep -q "Resumed from $(dirname "$newest") " "$WORK/full.resume.log" &&
+     ! grep -q "terminate called" "$WORK/full.log" "$WORK/full.resume.log"; then
+    full_disk=passed
+  else
+    full_disk=FAILED; failed=1
+    echo "full disk: exit $code, $no_space 'No space left' errors (want 1), $errors error lines (want 2), $leftovers partial files left, newest complete '$newest' (log $WORK/full.log)"
+  fi
+  umount "$FULL"
+fi
+
 declare -A reference
 for n in 2 3 4; do
   "$BIN" --num_processes=$n "${COMMON[@]}" --output_dir="$WORK/reference$n" > "$WORK/reference$n.log" 2>&1
   reference[$n]=$(fingerprint "$WORK/reference$n.log")
-  [ -n "${reference[$n]}" ] || { echo "reference run at $n processes failed"; cat "$WORK/reference$n.log"; exit 1; }
+  [ -n "${reference[$n]}" ] || { failed=1; echo "reference run at $n processes failed"; cat "$WORK/reference$n.log"; exit 1; }
 done
 
 clear=0; resumed=0; hung=0; lost=0; wrong=0; unclear=0; torn=0
@@ -106,5 +147,6 @@ printf '%-44s %5d\n' "ended with a clear error" "$clear" \
   "lost a checkpoint" "$lost" \
   "ended without a clear message" "$unclear" \
   "resumed to a different result" "$wrong"
-echo "logs: $WORK"
-[ $hung = 0 ] && [ $lost = 0 ] && [ $wrong = 0 ] && [ $unclear = 0 ]
+printf '%-44s %5s\n' "full disk during a save (200 KB tmpfs)" "$full_disk"
+[ $hung = 0 ] && [ $lost = 0 ] && [ $wrong = 0 ] && [ $unclear = 0 ] || failed=1
+exit $failed
