@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -209,6 +210,47 @@ bool IsLoopback(const std::string& host) {
     }
   }
   return true;
+}
+
+void SetNetworkTimeout(int fd, std::chrono::milliseconds timeout) {
+  const int total_s = std::max<int>(
+      2,
+      static_cast<int>(
+          std::chrono::duration_cast<std::chrono::seconds>(timeout).count()));
+  // Probe after a quarter of the budget of silence, then a few times more.
+  const int idle_s = std::max(1, total_s / 4);
+  const int interval_s = std::max(1, total_s / 8);
+  const int probes = std::max(1, (total_s - idle_s) / interval_s);
+  const int one = 1;
+  const unsigned user_timeout_ms = static_cast<unsigned>(total_s) * 1000u;
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof(idle_s));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof(interval_s));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes));
+  // Keepalive covers idle connections; this covers unacknowledged data.
+  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms,
+             sizeof(user_timeout_ms));
+}
+
+std::string PeerAddress(int fd) {
+  sockaddr_storage peer{};
+  socklen_t len = sizeof(peer);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) != 0) {
+    return "";
+  }
+  char text[INET6_ADDRSTRLEN] = {};
+  const void* addr =
+      peer.ss_family == AF_INET6
+          ? static_cast<const void*>(
+                &reinterpret_cast<sockaddr_in6*>(&peer)->sin6_addr)
+          : static_cast<const void*>(
+                &reinterpret_cast<sockaddr_in*>(&peer)->sin_addr);
+  return inet_ntop(peer.ss_family, addr, text, sizeof(text)) ? text : "";
+}
+
+bool IsUnreachableError(int error) {
+  return error == ETIMEDOUT || error == EHOSTUNREACH || error == ENETUNREACH ||
+         error == EHOSTDOWN;
 }
 
 int FindFreePort(const std::string& host) {

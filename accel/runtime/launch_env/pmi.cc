@@ -1,0 +1,40 @@
+// The PMI variables of MPICH's and Intel MPI's Hydra launcher (mpiexec).
+#include <string>
+
+#include "accel/runtime/errors.h"
+#include "accel/runtime/launch_env/readers.h"
+#include "accel/runtime/launch_env/variables.h"
+
+namespace accel::launch_env {
+
+bool ReadPmi(const DistributedEnvironment::Lookup& lookup,
+             DistributedEnvironment* env) {
+  Variables vars(lookup, "an MPI launcher with PMI (MPICH, Intel MPI)");
+  if (!vars.AllOrNone({"PMI_RANK", "PMI_SIZE"})) return false;
+  env->engine = "PMI";
+  env->rank = vars.Int("PMI_RANK");
+  env->world_size = vars.Int("PMI_SIZE");
+  if (vars.AllOrNone({"MPI_LOCALRANKID", "MPI_LOCALNRANKS"})) {
+    env->local_rank = vars.Int("MPI_LOCALRANKID");
+    env->local_world_size = vars.Int("MPI_LOCALNRANKS");
+  } else {
+    env->local_rank = env->rank;
+    env->local_world_size = env->world_size;
+  }
+  if (env->local_world_size > 0) {
+    env->machine_rank = env->rank / env->local_world_size;
+  }
+  if (vars.Get("MASTER_ADDR") == nullptr &&
+      env->local_world_size < env->world_size) {
+    throw UsageError(
+        "the MPI launcher started " + std::to_string(env->world_size) +
+        " processes over several machines (MPI_LOCALNRANKS=" +
+        std::to_string(env->local_world_size) +
+        " < PMI_SIZE=" + std::to_string(env->world_size) +
+        ") but does not say where rank 0 runs: set MASTER_ADDR to rank 0's "
+        "host and pass it on (mpiexec -genv MASTER_ADDR host0 ...)");
+  }
+  return true;
+}
+
+}  // namespace accel::launch_env
