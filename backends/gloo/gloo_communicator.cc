@@ -131,9 +131,15 @@ GlooCommunicator::GlooCommunicator(const BackendContext& context)
       auto device = gloo::transport::tcp::CreateDevice(attr);
       auto gloo_context = std::make_shared<gloo::rendezvous::Context>(
           context.rank, context.size);
-      gloo_context->setTimeout(context.options.timeout);
-      GlooStoreAdapter store(context.store, context.options.timeout);
+      // Connecting is part of the rendezvous, bounded by what is left of
+      // its timeout; collectives then pass their own timeouts.
+      const auto connect_timeout = context.connect_timeout.count() > 0
+                                       ? context.connect_timeout
+                                       : context.options.timeout;
+      gloo_context->setTimeout(connect_timeout);
+      GlooStoreAdapter store(context.store, connect_timeout);
       gloo_context->connectFullMesh(store, device);
+      gloo_context->setTimeout(context.options.timeout);
       // A pair's address is where it listened for its peer.
       for (int peer = 0; peer < context.size; ++peer) {
         if (peer == context.rank) continue;
