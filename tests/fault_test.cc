@@ -288,25 +288,28 @@ TEST(FaultTest, ASecondJobSharingTheSecretAndPortCannotDisturbTheFirst) {
   const int port = FreePort();
   const std::map<std::string, std::string> shared = {
       {"ACCEL_RUN_SECRET", "exported-by-the-user"}};
-  // The first job: rank 0 waits ~6 s in a gather for a late rank 1, with
-  // its watchdog looking for ranks that left.
+  // The first job: rank 0 waits ~15 s in a gather for a late rank 1, its
+  // watchdog looking for ranks that left all the while.
   ProcessResult first;
   std::thread first_thread([&] {
     first = RunProcess({Runfile("tests/fault_worker"), "--num_processes=2",
                         "--main_process_port=" + std::to_string(port),
-                        "--scenario=late_rank"},
-                       shared, seconds(60));
+                        "--scenario=late_rank", "--late_s=15"},
+                       shared, seconds(90));
   });
-  std::this_thread::sleep_for(seconds(2));
-  // The second job on the same port: its rank 0 cannot listen, its rank 1
-  // reaches the first job's store, then everything of it is stopped.
+  std::this_thread::sleep_for(seconds(3));
+  // A second launch on the same port, and a rank 1 started by hand with the
+  // same secret: both reach the first job's port, then go away.
   const ProcessResult second =
       RunProcess({Runfile("tests/fault_worker"), "--num_processes=2",
                   "--main_process_port=" + std::to_string(port),
                   "--scenario=main_only_wait"},
                  shared, seconds(60));
+  const ProcessResult impostor =
+      RunOneRank(1, "127.0.0.1", port, {}, shared);
   first_thread.join();
   EXPECT_NE(second.exit_code, 0) << second.output;
+  EXPECT_EQ(impostor.exit_code, 1) << impostor.output;
   EXPECT_EQ(first.exit_code, 0) << first.output;
   EXPECT_THAT(first.output, HasSubstr("no error"));
 }

@@ -15,6 +15,7 @@ DEFINE_string(scenario, "main_only_wait",
               "main_only_wait, main_only_wait_then_exit, skip_gather, "
               "late_rank, wrong_device, stop_main, burst_then_stop, "
               "shape_mismatch or idle_then_save");
+DEFINE_int32(late_s, 6, "How late rank 1 is in --scenario=late_rank.");
 DEFINE_int32(idle_s, 6, "How long --scenario=idle_then_save idles.");
 DEFINE_string(save_dir, "", "Where --scenario=idle_then_save saves.");
 
@@ -35,7 +36,7 @@ int Main(int argc, char** argv) {
     if (!main) accelerator.gather(ones);
     accelerator.wait_for_everyone();
   } else if (FLAGS_scenario == "late_rank") {
-    if (!main) std::this_thread::sleep_for(std::chrono::seconds(6));
+    if (!main) std::this_thread::sleep_for(std::chrono::seconds(FLAGS_late_s));
     accelerator.gather(ones);
   } else if (FLAGS_scenario == "wrong_device") {
     accelerator.gather(torch::ones({2}, torch::kComplexFloat));

@@ -87,6 +87,7 @@ int Main(int argc, char** argv) {
   options.backend = FLAGS_backend;
   options.communicator.timeout = std::chrono::milliseconds(FLAGS_timeout_ms);
   options.rendezvous_timeout = std::chrono::milliseconds(FLAGS_timeout_ms);
+  options.network_timeout = std::chrono::seconds(FLAGS_network_timeout_s);
   auto group = accel::ProcessGroup::Join(
       accel::DistributedEnvironment::FromProcess(), options);
   accel::Communicator& comm = group->communicator();
