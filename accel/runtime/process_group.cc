@@ -81,6 +81,20 @@ std::shared_ptr<Store> ConnectStore(const DistributedEnvironment& env,
   return store;
 }
 
+// Where this rank's data connections listen. On one machine each rank
+// takes its own loopback address (127.0.0.0/8 is all loopback): Gloo gives
+// every pair its own listening port, and 256 ranks need 65,280 of them at
+// once, more than one address's ephemeral ports (28,232 by default).
+std::string DataAddress(const DistributedEnvironment& env) {
+  if (env.world_size == 1) return "127.0.0.1";
+  if (!net::IsLoopback(env.master_addr)) {
+    return net::LocalAddressToward(env.master_addr);
+  }
+  // 127.0.0.1 stays the store's.
+  return "127.0." + std::to_string(env.local_rank / 250) + "." +
+         std::to_string(env.local_rank % 250 + 2);
+}
+
 }  // namespace
 
 void SetAgentStoreConnector(AgentStoreConnector connector) {
@@ -107,8 +121,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::Join(
   const std::string where = "rank " + std::to_string(env.rank) + "/" +
                             std::to_string(env.world_size) + ": ";
   BackendContext context;
-  context.host = env.world_size == 1 ? "127.0.0.1"
-                                     : net::LocalAddressToward(env.master_addr);
+  context.host = DataAddress(env);
   try {
     group->store_ = ConnectStore(env, options, deadline);
     auto* tcp = dynamic_cast<TcpStore*>(group->store_.get());
