@@ -38,7 +38,7 @@ bool ReadSlurm(const DistributedEnvironment::Lookup& lookup,
   }
   const char* tasks_per_node = vars.Get("SLURM_STEP_TASKS_PER_NODE");
   const char* tasks_per_node_name = "SLURM_STEP_TASKS_PER_NODE";
-  if (tasks_per_node == nullptr) {
+  if (tasks_per_node == nullptr && vars.Get("SLURM_TASKS_PER_NODE")) {
     tasks_per_node = vars.Get("SLURM_TASKS_PER_NODE");
     tasks_per_node_name = "SLURM_TASKS_PER_NODE";
   }
