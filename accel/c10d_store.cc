@@ -1,8 +1,7 @@
 #include "accel/c10d_store.h"
 
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
-
 #include <thread>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "accel/runtime/errors.h"
 #include "accel/runtime/process_group.h"
@@ -34,21 +33,19 @@ auto Translate(const std::string& where, Fn&& fn) -> decltype(fn()) {
 
 // torchrun in its default mode: join the agent's store.
 const bool kRegistered = [] {
-  SetAgentStoreConnector(
-      [](const DistributedEnvironment& env, milliseconds timeout) {
-        return std::make_shared<C10dStore>(
-            env.master_addr, env.master_port, env.rank, env.world_size,
-            "accel/attempt_" + std::to_string(env.restart_count) + "/",
-            timeout);
-      });
+  SetAgentStoreConnector([](const DistributedEnvironment& env,
+                            milliseconds timeout) {
+    return std::make_shared<C10dStore>(
+        env.master_addr, env.master_port, env.rank, env.world_size,
+        "accel/attempt_" + std::to_string(env.restart_count) + "/", timeout);
+  });
   return true;
 }();
 
 }  // namespace
 
 C10dStore::C10dStore(const std::string& host, int port, int rank,
-                     int world_size, std::string prefix,
-                     milliseconds timeout)
+                     int world_size, std::string prefix, milliseconds timeout)
     : rank_(rank),
       world_size_(world_size),
       prefix_(std::move(prefix)),

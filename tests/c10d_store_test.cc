@@ -4,9 +4,9 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <thread>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "accel/runtime/errors.h"
 #include "accel/runtime/process_group.h"

@@ -5,13 +5,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
-#include <sys/socket.h>
-
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
-#include <map>
 #include <atomic>
+#include <map>
 #include <regex>
 #include <thread>
 
@@ -257,8 +256,7 @@ TEST(FaultTest, JobFinishesWhileAStrangerHoldsManyIdleConnections) {
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     addr.sin_port = htons(static_cast<uint16_t>(port));
-    for (int tries = 0; held.size() < 1020 && tries < 20000 && !done;
-         ++tries) {
+    for (int tries = 0; held.size() < 1020 && tries < 20000 && !done; ++tries) {
       const int fd = socket(AF_INET, SOCK_STREAM, 0);
       if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
         held.push_back(fd);
@@ -270,9 +268,9 @@ TEST(FaultTest, JobFinishesWhileAStrangerHoldsManyIdleConnections) {
   });
   // Rank 0 may hold 1,024 files in all, as under a default `ulimit -n`.
   const ProcessResult r = RunProcess(
-      {"/bin/sh", "-c",
-       "ulimit -n 1024 && exec \"$0\" \"$@\"", Runfile("tests/fault_worker"),
-       "--num_processes=2", "--main_process_port=" + std::to_string(port),
+      {"/bin/sh", "-c", "ulimit -n 1024 && exec \"$0\" \"$@\"",
+       Runfile("tests/fault_worker"), "--num_processes=2",
+       "--main_process_port=" + std::to_string(port),
        "--scenario=idle_then_save", "--idle_s=6", "--save_dir=" + save_dir},
       {}, seconds(120));
   done = true;
@@ -305,8 +303,7 @@ TEST(FaultTest, ASecondJobSharingTheSecretAndPortCannotDisturbTheFirst) {
                   "--main_process_port=" + std::to_string(port),
                   "--scenario=main_only_wait"},
                  shared, seconds(60));
-  const ProcessResult impostor =
-      RunOneRank(1, "127.0.0.1", port, {}, shared);
+  const ProcessResult impostor = RunOneRank(1, "127.0.0.1", port, {}, shared);
   first_thread.join();
   EXPECT_NE(second.exit_code, 0) << second.output;
   EXPECT_EQ(impostor.exit_code, 1) << impostor.output;

@@ -257,8 +257,8 @@ TEST(LaunchTest, RanksShowTheProgramsNameInPs) {
     const std::string pid_dir = MakeTempDir(self_launch ? "self" : "launch");
     std::vector<std::string> args = {Launcher(), "--num_processes=2",
                                      "--main_process_port=0", "--", Worker()};
-    if (self_launch) args = {Worker(), "--num_processes=2",
-                             "--main_process_port=0"};
+    if (self_launch)
+      args = {Worker(), "--num_processes=2", "--main_process_port=0"};
     args.push_back("--scenario=sleep");
     args.push_back("--pid_dir=" + pid_dir);
     std::vector<std::string> names, commands;
@@ -304,17 +304,17 @@ TEST(LaunchTest, MoreProcessesThanCoresIsAOneLineWarning) {
        "--main_process_port=0", "--", Worker(), "--scenario=collectives"},
       {}, kTimeout);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_THAT(r.output, HasSubstr("accel launch: warning: " +
-                                  std::to_string(n) +
-                                  " processes on this machine's " +
-                                  std::to_string(cores) + " cores"));
+  EXPECT_THAT(r.output,
+              HasSubstr("accel launch: warning: " + std::to_string(n) +
+                        " processes on this machine's " +
+                        std::to_string(cores) + " cores"));
 }
 
 TEST(LaunchTest, ARankThatFailsWhileOthersStartStopsTheLaunch) {
-  const ProcessResult r = RunProcess(
-      {Launcher(), "--num_processes=64", "--main_process_port=0", "--",
-       "/bin/sh", "-c", "exit 3"},
-      {}, kTimeout);
+  const ProcessResult r =
+      RunProcess({Launcher(), "--num_processes=64", "--main_process_port=0",
+                  "--", "/bin/sh", "-c", "exit 3"},
+                 {}, kTimeout);
   EXPECT_EQ(r.exit_code, 3) << r.output;
   EXPECT_THAT(r.output, HasSubstr("exited with code 3 while ranks were "
                                   "starting ("));
@@ -336,18 +336,17 @@ TEST(LaunchTest, PortZeroIsHeldFromChoiceUntilRank0ServesIt) {
       "  s.close()\n"
       "os.execv(os.environ['WORKER'], [os.environ['WORKER'],\n"
       "         '--scenario=collectives'])\n";
-  const ProcessResult r = RunProcess(
-      {Launcher(), "--num_processes=2", "--main_process_port=0", "--",
-       "/usr/bin/python3", "-c", grab},
-      {{"WORKER", Worker()}}, kTimeout);
+  const ProcessResult r =
+      RunProcess({Launcher(), "--num_processes=2", "--main_process_port=0",
+                  "--", "/usr/bin/python3", "-c", grab},
+                 {{"WORKER", Worker()}}, kTimeout);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("port was held"));
   EXPECT_THAT(r.output, HasSubstr("rank 0/2 ok"));
 }
 
 TEST(LaunchTest, HelpIsShortListsTheProgramsAndAccelsFlagsAndExitsZero) {
-  for (const std::string program :
-       {Worker(), Runfile("tests/fault_worker")}) {
+  for (const std::string program : {Worker(), Runfile("tests/fault_worker")}) {
     const ProcessResult r = RunProcess({program, "--help"}, {}, kTimeout);
     EXPECT_EQ(r.exit_code, 0) << r.output;
     EXPECT_THAT(r.output, HasSubstr("--scenario="));
@@ -366,17 +365,17 @@ TEST(LaunchTest, HelpIsShortListsTheProgramsAndAccelsFlagsAndExitsZero) {
 }
 
 TEST(LaunchTest, LaunchRejectsFlagsItDoesNotUseAndPassesOnRankFlags) {
-  const ProcessResult rejected = RunProcess(
-      {Launcher(), "--num_processes=1", "--seed=3", "--", Worker()}, {},
-      kTimeout);
+  const ProcessResult rejected =
+      RunProcess({Launcher(), "--num_processes=1", "--seed=3", "--", Worker()},
+                 {}, kTimeout);
   EXPECT_NE(rejected.exit_code, 0);
   EXPECT_THAT(rejected.output, HasSubstr("seed"));
   EXPECT_THAT(rejected.output, ::testing::Not(HasSubstr(" ok")));
-  const ProcessResult passed = RunProcess(
-      {Launcher(), "--num_processes=1", "--timeout_s=7",
-       "--rendezvous_timeout_s=9", "--", "/bin/sh", "-c", "echo args: \"$@\"",
-       "sh"},
-      {}, kTimeout);
+  const ProcessResult passed =
+      RunProcess({Launcher(), "--num_processes=1", "--timeout_s=7",
+                  "--rendezvous_timeout_s=9", "--", "/bin/sh", "-c",
+                  "echo args: \"$@\"", "sh"},
+                 {}, kTimeout);
   EXPECT_EQ(passed.exit_code, 0) << passed.output;
   EXPECT_THAT(passed.output, HasSubstr("--timeout_s=7"));
   EXPECT_THAT(passed.output, HasSubstr("--rendezvous_timeout_s=9"));
@@ -394,9 +393,9 @@ TEST(LaunchTest, LogDirKeepsEachRanksOutputAndACopyOnTheConsole) {
     EXPECT_THAT(ReadFile(dir + "/stdout.log"),
                 HasSubstr("rank " + std::to_string(rank) + "/2 ok"));
     EXPECT_EQ(access((dir + "/stderr.log").c_str(), F_OK), 0);
-    EXPECT_THAT(r.output, HasSubstr("[rank " + std::to_string(rank) +
-                                    "]: rank " + std::to_string(rank) +
-                                    "/2 ok"));
+    EXPECT_THAT(r.output,
+                HasSubstr("[rank " + std::to_string(rank) + "]: rank " +
+                          std::to_string(rank) + "/2 ok"));
   }
 }
 
@@ -405,8 +404,8 @@ TEST(LaunchTest, LauncherMessagesStartOnAFreshLine) {
   for (const bool with_logs : {false, true}) {
     std::vector<std::string> args = {Launcher(), "--num_processes=1"};
     if (with_logs) args.push_back("--log_dir=" + MakeTempDir("bar"));
-    for (const char* arg : {"--", "/bin/sh", "-c",
-                            "printf 'Epoch 1/3 [5/10]' >&2; exit 4"}) {
+    for (const char* arg :
+         {"--", "/bin/sh", "-c", "printf 'Epoch 1/3 [5/10]' >&2; exit 4"}) {
       args.push_back(arg);
     }
     const ProcessResult r = RunProcess(args, {}, kTimeout);

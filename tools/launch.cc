@@ -27,17 +27,21 @@ namespace {
 
 // Flags the launcher itself uses. Both names of the thread flag are listed
 // so that either spelling works while it is being renamed.
-const std::set<std::string> kUsed = {
-    "num_processes",     "num_machines", "machine_rank",
-    "main_process_ip",   "main_process_port", "num_threads",
-    "num_cpu_threads_per_process", "max_restarts", "log_dir"};
+const std::set<std::string> kUsed = {"num_processes",
+                                     "num_machines",
+                                     "machine_rank",
+                                     "main_process_ip",
+                                     "main_process_port",
+                                     "num_threads",
+                                     "num_cpu_threads_per_process",
+                                     "max_restarts",
+                                     "log_dir"};
 
 // Flags of the ranks that the launcher passes on, as `accelerate launch`
 // does with its training flags.
-const std::set<std::string> kForwarded = {"backend", "timeout_s",
-                                          "rendezvous_timeout_s",
-                                          "collective_checks",
-                                          "network_timeout_s"};
+const std::set<std::string> kForwarded = {
+    "backend", "timeout_s", "rendezvous_timeout_s", "collective_checks",
+    "network_timeout_s"};
 
 bool IsGflagsOwn(const gflags::CommandLineFlagInfo& flag) {
   return flag.filename.find("gflags") != std::string::npos;

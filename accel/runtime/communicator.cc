@@ -33,8 +33,7 @@ bool NeedsEveryRank(const char* name) {
 std::string Seconds(Clock::duration d) {
   const auto tenths =
       std::chrono::duration_cast<std::chrono::milliseconds>(d).count() / 100;
-  return std::to_string(tenths / 10) + "." + std::to_string(tenths % 10) +
-         " s";
+  return std::to_string(tenths / 10) + "." + std::to_string(tenths % 10) + " s";
 }
 
 // "rank 2 crashed (its process left the job)" from Store::departures().
@@ -63,9 +62,9 @@ Communicator::Communicator(const BackendContext& context)
       size_(context.size),
       timeout_(context.options.timeout),
       local_size_(std::max(1, context.local_size)),
-      store_(context.store ? context.store->WithRequestTimeout(
-                                 kDiagnosticRequestTimeout)
-                           : nullptr),
+      store_(context.store
+                 ? context.store->WithRequestTimeout(kDiagnosticRequestTimeout)
+                 : nullptr),
       options_(context.options),
       observations_(context.size) {
   worker_ = std::thread([this] { WorkerLoop(); });
@@ -108,8 +107,8 @@ std::shared_ptr<Work> Communicator::allgather_async(
   return StartAllgather(input, output, count, dtype, options, Mode::kAsync);
 }
 
-uint64_t Communicator::allgather(const void* input, void* output,
-                                 size_t count, DType dtype,
+uint64_t Communicator::allgather(const void* input, void* output, size_t count,
+                                 DType dtype,
                                  const CollectiveOptions& options) {
   return Finish(
       StartAllgather(input, output, count, dtype, options, Mode::kBlocking));
@@ -484,8 +483,8 @@ std::string Communicator::DescribeRanks(const std::vector<Status>& statuses,
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     const Status& s = statuses[r];
-    const bool same = s.known && s.running && s.departed.empty() &&
-                      !s.silent && s.sequence == mine.sequence &&
+    const bool same = s.known && s.running && s.departed.empty() && !s.silent &&
+                      s.sequence == mine.sequence &&
                       s.signature == mine.signature;
     if (only_differing && same) continue;
     // Every rank called the last collective that needed all of them, even
@@ -566,11 +565,11 @@ void Communicator::WatchdogLoop() {
       if (picture.store_lost) {
         // The store's host (rank 0) is gone: nothing can complete.
         departed = 0;
-        reason = picture.store_problem +
-                 (picture.store_problem.find("on the network") !=
-                          std::string::npos
-                      ? RanksWithRank0()
-                      : "");
+        reason =
+            picture.store_problem +
+            (picture.store_problem.find("on the network") != std::string::npos
+                 ? RanksWithRank0()
+                 : "");
       } else if (picture.store_problem.empty()) {
         for (int r = 0; r < size_; ++r) {
           const Status& s = picture.statuses[r];
@@ -600,8 +599,7 @@ void Communicator::WatchdogLoop() {
   }
 }
 
-std::exception_ptr Communicator::Diagnose(const std::string& what,
-                                          const Op& op,
+std::exception_ptr Communicator::Diagnose(const std::string& what, const Op& op,
                                           const std::exception& e) {
   const bool timed_out = dynamic_cast<const TimeoutError*>(&e) != nullptr;
   const auto* peer = dynamic_cast<const PeerError*>(&e);
@@ -645,13 +643,12 @@ std::exception_ptr Communicator::Diagnose(const std::string& what,
             ? DescribeRanks(picture.statuses, mine, /*only_differing=*/false)
             : picture.store_problem;
     return std::make_exception_ptr(TimeoutError(
-        what + "timed out after " + std::to_string(op.timeout.count()) +
-        " ms" + (ranks.empty() ? "" : ": " + ranks) + " (" + e.what() + ")"));
+        what + "timed out after " + std::to_string(op.timeout.count()) + " ms" +
+        (ranks.empty() ? "" : ": " + ranks) + " (" + e.what() + ")"));
   }
-  return std::make_exception_ptr(
-      PeerError(what + (departed.empty() ? "a peer failed" : departed) +
-                    ": " + e.what(),
-                failed_rank));
+  return std::make_exception_ptr(PeerError(
+      what + (departed.empty() ? "a peer failed" : departed) + ": " + e.what(),
+      failed_rank));
 }
 
 void Communicator::Execute(Job& job) {

@@ -154,8 +154,8 @@ class Communicator {
   // which saves a thread hand-off per call on latency-bound collectives.
   // They return the call's sequence number, for callers that report
   // problems with its result (see DescribeCall).
-  uint64_t allgather(const void* input, void* output, size_t count,
-                     DType dtype, const CollectiveOptions& options = {});
+  uint64_t allgather(const void* input, void* output, size_t count, DType dtype,
+                     const CollectiveOptions& options = {});
   uint64_t allgatherv(const void* input, void* output,
                       std::vector<size_t> counts, DType dtype,
                       const CollectiveOptions& options = {});
@@ -258,8 +258,8 @@ class Communicator {
     std::string site;
     bool published = false;  // The rank has published a status.
     uint64_t beat = 0;       // Bumped at every publication.
-    std::string departed;  // How the rank left (Store::departures()).
-    bool silent = false;   // Its status stopped changing (see heartbeats).
+    std::string departed;    // How the rank left (Store::departures()).
+    bool silent = false;     // Its status stopped changing (see heartbeats).
     std::chrono::steady_clock::duration silent_for{0};
   };
   // What this rank knows of the others beyond their statuses.

@@ -85,9 +85,10 @@ void PrintHelpAndExitIfAsked(int argc, char** argv,
     std::printf("\n%s:\n%s", only != nullptr ? "Flags" : "accel flags",
                 accel.c_str());
   }
-  std::printf("\n--helpfull lists every flag, including those of the "
-              "libraries %s links.\n",
-              program.c_str());
+  std::printf(
+      "\n--helpfull lists every flag, including those of the "
+      "libraries %s links.\n",
+      program.c_str());
   std::fflush(stdout);
   std::exit(0);
 }

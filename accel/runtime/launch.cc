@@ -71,10 +71,9 @@ std::string StableHash(const std::string& text) {
 std::string JobId(const LaunchOptions& options, const std::string& secret) {
   if (const char* given = std::getenv("ACCEL_JOB_ID")) return given;
   if (options.num_machines == 1) return "launch-" + RandomHex(8);
-  return "launch-" +
-         StableHash(secret + "\n" + options.main_process_ip + "\n" +
-                    std::to_string(options.main_process_port) + "\n" +
-                    std::to_string(options.num_processes));
+  return "launch-" + StableHash(secret + "\n" + options.main_process_ip + "\n" +
+                                std::to_string(options.main_process_port) +
+                                "\n" + std::to_string(options.num_processes));
 }
 
 std::string DescribeStatus(int status) {
@@ -86,8 +85,9 @@ std::string DescribeStatus(int status) {
                        std::to_string(WTERMSIG(status)) + " (" +
                        strsignal(WTERMSIG(status)) + ")";
     if (WTERMSIG(status) == SIGKILL) {
-      text += "; if nobody sent it, the kernel may have run out of memory "
-              "(see dmesg)";
+      text +=
+          "; if nobody sent it, the kernel may have run out of memory "
+          "(see dmesg)";
     }
     return text;
   }
@@ -144,7 +144,8 @@ int CoresAvailable() {
 // mesh): allow what the hard limit allows, as torchrun users do by hand.
 void RaiseOpenFileLimit() {
   rlimit limit{};
-  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 &&
+      limit.rlim_cur < limit.rlim_max) {
     limit.rlim_cur = limit.rlim_max;
     setrlimit(RLIMIT_NOFILE, &limit);
   }
@@ -203,12 +204,12 @@ pid_t StartRank(const std::vector<std::string>& command,
     const int error = errno;
     close(report[0]);
     close(report[1]);
-    throw Error("launch: cannot start rank " + std::to_string(rank) + " of " +
-                std::to_string(world) + ": fork failed: " +
-                std::strerror(error) +
-                (error == EAGAIN ? " (too many processes: ulimit -u is " +
-                                       ProcessLimit() + ")"
-                                 : std::string()));
+    throw Error(
+        "launch: cannot start rank " + std::to_string(rank) + " of " +
+        std::to_string(world) + ": fork failed: " + std::strerror(error) +
+        (error == EAGAIN
+             ? " (too many processes: ulimit -u is " + ProcessLimit() + ")"
+             : std::string()));
   }
   if (pid == 0) {
     setpgid(0, 0);
@@ -409,9 +410,9 @@ Attempt RunRanks(const LaunchOptions& options,
       const Rank* failed = nullptr;
       int status = 0;
       if (ranks.ReapExited(&failed, &status)) {
-        const std::string when =
-            " while ranks were starting (" + std::to_string(ranks.started()) +
-            " of " + std::to_string(local_world_size) + " started)";
+        const std::string when = " while ranks were starting (" +
+                                 std::to_string(ranks.started()) + " of " +
+                                 std::to_string(local_world_size) + " started)";
         const Attempt attempt = ranks.FailWith(*failed, status, when.c_str());
         if (output) output->Finish();
         return attempt;

@@ -44,6 +44,18 @@ std::string Endpoint(const std::string& host, int port) {
   return host + ":" + std::to_string(port);
 }
 
+// The IP address of `addr` as text ("" if it has none).
+std::string AddressText(const sockaddr_storage& addr) {
+  char text[INET6_ADDRSTRLEN] = {};
+  const void* ip =
+      addr.ss_family == AF_INET6
+          ? static_cast<const void*>(
+                &reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_addr)
+          : static_cast<const void*>(
+                &reinterpret_cast<const sockaddr_in*>(&addr)->sin_addr);
+  return inet_ntop(addr.ss_family, ip, text, sizeof(text)) ? text : "";
+}
+
 int PortOf(int fd) {
   sockaddr_storage addr{};
   socklen_t len = sizeof(addr);
@@ -184,16 +196,8 @@ std::string LocalAddressToward(const std::string& host) {
         getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0;
     close(fd);
     if (!ok) continue;
-    char text[INET6_ADDRSTRLEN] = {};
-    const void* addr =
-        local.ss_family == AF_INET6
-            ? static_cast<const void*>(
-                  &reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
-            : static_cast<const void*>(
-                  &reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
-    if (inet_ntop(local.ss_family, addr, text, sizeof(text)) != nullptr) {
-      return text;
-    }
+    const std::string text = AddressText(local);
+    if (!text.empty()) return text;
   }
   throw UsageError("no local network route toward '" + host + "'");
 }
@@ -238,14 +242,7 @@ std::string PeerAddress(int fd) {
   if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) != 0) {
     return "";
   }
-  char text[INET6_ADDRSTRLEN] = {};
-  const void* addr =
-      peer.ss_family == AF_INET6
-          ? static_cast<const void*>(
-                &reinterpret_cast<sockaddr_in6*>(&peer)->sin6_addr)
-          : static_cast<const void*>(
-                &reinterpret_cast<sockaddr_in*>(&peer)->sin_addr);
-  return inet_ntop(peer.ss_family, addr, text, sizeof(text)) ? text : "";
+  return AddressText(peer);
 }
 
 bool IsUnreachableError(int error) {

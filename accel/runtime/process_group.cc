@@ -1,6 +1,7 @@
 #include "accel/runtime/process_group.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <mutex>
 #include <thread>
 
@@ -68,6 +69,14 @@ std::shared_ptr<Store> ConnectStore(const DistributedEnvironment& env,
         std::max<size_t>(server_options.max_unauthenticated,
                          static_cast<size_t>(env.world_size) + 16);
     server = std::make_unique<TcpStoreServer>(server_options);
+    if (env.run_secret.empty() && !net::IsLoopback(env.master_addr)) {
+      std::fprintf(stderr,
+                   "warning: rank 0's rendezvous store on %s:%d has no "
+                   "ACCEL_RUN_SECRET: anyone who can reach that port can join "
+                   "or change it; export the same secret on every rank (e.g. "
+                   "ACCEL_RUN_SECRET=$(openssl rand -hex 16))\n",
+                   env.master_addr.c_str(), server->port());
+    }
   }
   TcpStoreOptions store_options;
   store_options.secret = env.run_secret;
@@ -75,8 +84,8 @@ std::shared_ptr<Store> ConnectStore(const DistributedEnvironment& env,
   store_options.rank = env.rank;
   store_options.connect_timeout = Left(deadline);
   store_options.network_timeout = options.network_timeout;
-  auto store =
-      std::make_shared<TcpStore>(env.master_addr, env.master_port, store_options);
+  auto store = std::make_shared<TcpStore>(env.master_addr, env.master_port,
+                                          store_options);
   if (server) store->AdoptServer(std::move(server));
   return store;
 }

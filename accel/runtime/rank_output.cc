@@ -65,8 +65,8 @@ RankOutput::Pipes RankOutput::Add(int rank) {
   std::lock_guard<std::mutex> lock(mutex_);
   for (const char* name : {"stdout", "stderr"}) {
     const std::string path = rank_dir + "/" + name + ".log";
-    const int file = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
-                          0644);
+    const int file =
+        open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (file < 0) {
       throw UsageError("--log_dir: cannot create " + path + ": " +
                        std::strerror(errno));
@@ -98,8 +98,7 @@ void RankOutput::StartedRank(int rank) {
 
 void RankOutput::Message(const std::string& text) {
   std::lock_guard<std::mutex> lock(mutex_);
-  const std::string line =
-      (console_at_line_start_ ? "" : "\n") + text + "\n";
+  const std::string line = (console_at_line_start_ ? "" : "\n") + text + "\n";
   WriteAll(2, line.data(), line.size());
   console_at_line_start_ = true;
 }

@@ -47,8 +47,8 @@ std::string DescribeMissing(const std::vector<int>& missing,
       text += (first ? "" : ", ") + std::to_string(machine);
       first = false;
     }
-    text += ", at " + std::to_string(env.local_world_size) +
-            " ranks per machine)";
+    text +=
+        ", at " + std::to_string(env.local_world_size) + " ranks per machine)";
   }
   return text;
 }
@@ -73,8 +73,9 @@ void CheckRejections(TcpStoreServer& server, const std::vector<bool>& joined,
     if (client.reason == "another run secret") {
       advice = ": export the same ACCEL_RUN_SECRET on every machine";
     } else if (client.reason.rfind("another job", 0) == 0) {
-      advice = ": is another job using this port? Give each job its own "
-               "--main_process_port (or ACCEL_JOB_ID)";
+      advice =
+          ": is another job using this port? Give each job its own "
+          "--main_process_port (or ACCEL_JOB_ID)";
     }
     throw UsageError("a process from " + client.address + " claiming rank " +
                      std::to_string(client.rank) + " tried to join with " +
@@ -84,11 +85,9 @@ void CheckRejections(TcpStoreServer& server, const std::vector<bool>& joined,
 
 }  // namespace
 
-void MeetAtStore(Store& store,
-                                     const DistributedEnvironment& env,
-                                     const std::string& my_address,
-                                     Clock::time_point deadline,
-                                     TcpStoreServer* hosted) {
+void MeetAtStore(Store& store, const DistributedEnvironment& env,
+                 const std::string& my_address, Clock::time_point deadline,
+                 TcpStoreServer* hosted) {
   const auto started = Clock::now();
   store.set(JoinKey(env, env.rank), my_address);
   std::vector<bool> joined(env.world_size, false);
@@ -97,7 +96,8 @@ void MeetAtStore(Store& store,
   while (true) {
     const auto now = Clock::now();
     auto slice = std::chrono::duration_cast<milliseconds>(deadline - now);
-    if (hosted != nullptr) slice = std::min(slice, milliseconds(kRejectionCheck));
+    if (hosted != nullptr)
+      slice = std::min(slice, milliseconds(kRejectionCheck));
     if (slice.count() < 1) slice = milliseconds(1);
     try {
       store.wait(pending, slice);
@@ -123,8 +123,7 @@ void MeetAtStore(Store& store,
             std::chrono::duration_cast<milliseconds>(Clock::now() - started);
         throw TimeoutError(
             DescribeMissing(missing, env) + " did not join within " +
-            std::to_string(waited.count()) +
-            " ms (--rendezvous_timeout_s): " +
+            std::to_string(waited.count()) + " ms (--rendezvous_timeout_s): " +
             (missing.size() == 1 ? "it was" : "they were") +
             " not started, failed before joining, or cannot reach rank 0's "
             "store at " +

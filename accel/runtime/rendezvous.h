@@ -28,10 +28,9 @@ class TcpStoreServer;
 // or UsageError when `hosted` (rank 0's server, else null) turned away a
 // process claiming a missing rank, or ran out of file descriptors.
 // `my_address` is recorded for diagnostics.
-void MeetAtStore(Store& store,
-                                     const DistributedEnvironment& env,
-                                     const std::string& my_address,
-                                     std::chrono::steady_clock::time_point deadline,
-                                     TcpStoreServer* hosted);
+void MeetAtStore(Store& store, const DistributedEnvironment& env,
+                 const std::string& my_address,
+                 std::chrono::steady_clock::time_point deadline,
+                 TcpStoreServer* hosted);
 
 }  // namespace accel

@@ -52,8 +52,8 @@ void SelfLaunchIfAsked(std::vector<std::string> command) {
   }
   const bool explicit_count =
       !gflags::GetCommandLineFlagInfoOrDie("num_processes").is_default;
-  if (env.launched && explicit_count &&
-      FLAGS_num_processes != env.world_size && env.world_size > 1) {
+  if (env.launched && explicit_count && FLAGS_num_processes != env.world_size &&
+      env.world_size > 1) {
     Fail("--num_processes=" + std::to_string(FLAGS_num_processes) + " but " +
              env.engine + " started " + std::to_string(env.world_size) +
              " processes; leave out --num_processes or make them agree",
@@ -65,8 +65,8 @@ void SelfLaunchIfAsked(std::vector<std::string> command) {
                        env.engine == "RANK/WORLD_SIZE")) {
     return;
   }
-  const bool wanted =
-      FLAGS_num_processes > 1 || FLAGS_num_machines > 1 || FLAGS_max_restarts > 0;
+  const bool wanted = FLAGS_num_processes > 1 || FLAGS_num_machines > 1 ||
+                      FLAGS_max_restarts > 0;
   if (!wanted) return;
   command[0] = ExecutablePath();
   try {

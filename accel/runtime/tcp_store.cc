@@ -361,10 +361,9 @@ struct TcpStoreServer::State {
       auto owner = rank_fds.find(conn.rank);
       if (owner != rank_fds.end() && owner->second == fd) {
         rank_fds.erase(owner);
-        departures[conn.rank] =
-            conn.said_goodbye ? "exited"
-            : unreachable     ? "unreachable at " + conn.address
-                              : "crashed";
+        departures[conn.rank] = conn.said_goodbye ? "exited"
+                                : unreachable ? "unreachable at " + conn.address
+                                              : "crashed";
       }
     }
     waiters.erase(std::remove_if(waiters.begin(), waiters.end(),

@@ -167,7 +167,8 @@ GlooCommunicator::GlooCommunicator(const BackendContext& context)
     const size_t open = what.find("Connect timeout [");
     if (open != std::string::npos) {
       const size_t start = open + std::strlen("Connect timeout [");
-      const std::string peer = what.substr(start, what.find(']', start) - start);
+      const std::string peer =
+          what.substr(start, what.find(']', start) - start);
       throw TimeoutError(
           Where() + "the ranks at " + peer +
           " accepted no data connection within the rendezvous timeout "

@@ -39,15 +39,23 @@ bool AllDigits(const std::string& text) {
   return true;
 }
 
+// "a,b,,c" -> {"a", "b", "", "c"}.
+std::vector<std::string> SplitCommas(const std::string& text) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = text.find(',', start);
+    parts.push_back(text.substr(start, comma - start));
+    if (comma == std::string::npos) return parts;
+    start = comma + 1;
+  }
+}
+
 // "01-03,07" -> {"01", "02", "03", "07"}.
 std::vector<std::string> ExpandRanges(const std::string& ranges,
                                       const std::string& list) {
   std::vector<std::string> values;
-  size_t start = 0;
-  while (start <= ranges.size()) {
-    size_t comma = ranges.find(',', start);
-    if (comma == std::string::npos) comma = ranges.size();
-    const std::string part = ranges.substr(start, comma - start);
+  for (const std::string& part : SplitCommas(ranges)) {
     const size_t dash = part.find('-');
     const std::string low = part.substr(0, dash);
     const std::string high =
@@ -67,7 +75,6 @@ std::vector<std::string> ExpandRanges(const std::string& ranges,
       }
       values.push_back(text);
     }
-    start = comma + 1;
   }
   return values;
 }
@@ -102,11 +109,7 @@ std::vector<std::string> ExpandHostList(const std::string& list) {
 
 std::vector<int> ExpandTasksPerNode(const std::string& list) {
   std::vector<int> counts;
-  size_t start = 0;
-  while (start <= list.size()) {
-    size_t comma = list.find(',', start);
-    if (comma == std::string::npos) comma = list.size();
-    const std::string part = list.substr(start, comma - start);
+  for (const std::string& part : SplitCommas(list)) {
     const size_t paren = part.find("(x");
     const std::string count = part.substr(0, paren);
     std::string repeat = "1";
@@ -127,7 +130,6 @@ std::vector<int> ExpandTasksPerNode(const std::string& list) {
       counts.push_back(
           static_cast<int>(std::strtol(count.c_str(), nullptr, 10)));
     }
-    start = comma + 1;
   }
   return counts;
 }

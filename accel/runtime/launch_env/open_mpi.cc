@@ -1,7 +1,6 @@
 // Open MPI's mpirun sets OMPI_COMM_WORLD_* for each process it starts.
 #include <string>
 
-#include "accel/runtime/errors.h"
 #include "accel/runtime/launch_env/readers.h"
 #include "accel/runtime/launch_env/variables.h"
 
@@ -20,20 +19,8 @@ bool ReadOpenMpi(const DistributedEnvironment::Lookup& lookup,
   env->world_size = vars.Int("OMPI_COMM_WORLD_SIZE");
   env->local_rank = vars.Int("OMPI_COMM_WORLD_LOCAL_RANK");
   env->local_world_size = vars.Int("OMPI_COMM_WORLD_LOCAL_SIZE");
-  if (env->local_world_size > 0) {
-    env->machine_rank = env->rank / env->local_world_size;
-  }
-  // mpirun does not say where rank 0 runs: on one machine it is here.
-  if (vars.Get("MASTER_ADDR") == nullptr &&
-      env->local_world_size < env->world_size) {
-    throw UsageError(
-        "Open MPI started " + std::to_string(env->world_size) +
-        " processes over several machines (OMPI_COMM_WORLD_LOCAL_SIZE=" +
-        std::to_string(env->local_world_size) +
-        " < OMPI_COMM_WORLD_SIZE=" + std::to_string(env->world_size) +
-        ") but does not say where rank 0 runs: set MASTER_ADDR to rank 0's "
-        "host and pass it on, e.g. `mpirun -x MASTER_ADDR=host0 ...`");
-  }
+  PlaceOnMachines(vars, "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_SIZE",
+                  "mpirun -x MASTER_ADDR=host0 ...", env);
   // Every rank derives the same port from the job id, as Lightning does on
   // SLURM, so that two mpirun jobs on one host do not collide.
   if (const char* job = vars.Get("OMPI_MCA_ess_base_jobid")) {

@@ -1,7 +1,6 @@
 // The PMI variables of MPICH's and Intel MPI's Hydra launcher (mpiexec).
 #include <string>
 
-#include "accel/runtime/errors.h"
 #include "accel/runtime/launch_env/readers.h"
 #include "accel/runtime/launch_env/variables.h"
 
@@ -21,19 +20,8 @@ bool ReadPmi(const DistributedEnvironment::Lookup& lookup,
     env->local_rank = env->rank;
     env->local_world_size = env->world_size;
   }
-  if (env->local_world_size > 0) {
-    env->machine_rank = env->rank / env->local_world_size;
-  }
-  if (vars.Get("MASTER_ADDR") == nullptr &&
-      env->local_world_size < env->world_size) {
-    throw UsageError(
-        "the MPI launcher started " + std::to_string(env->world_size) +
-        " processes over several machines (MPI_LOCALNRANKS=" +
-        std::to_string(env->local_world_size) +
-        " < PMI_SIZE=" + std::to_string(env->world_size) +
-        ") but does not say where rank 0 runs: set MASTER_ADDR to rank 0's "
-        "host and pass it on (mpiexec -genv MASTER_ADDR host0 ...)");
-  }
+  PlaceOnMachines(vars, "MPI_LOCALNRANKS", "PMI_SIZE",
+                  "mpiexec -genv MASTER_ADDR host0 ...", env);
   return true;
 }
 

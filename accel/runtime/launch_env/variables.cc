@@ -50,6 +50,27 @@ std::optional<int> Variables::OptionalInt(const char* name) const {
   return ParseInt(name, value);
 }
 
+void PlaceOnMachines(const Variables& vars, const char* local_size_variable,
+                     const char* size_variable, const std::string& how_to_pass,
+                     DistributedEnvironment* env) {
+  if (env->local_world_size > 0) {
+    env->machine_rank = env->rank / env->local_world_size;
+  }
+  // On one machine rank 0 runs here.
+  if (vars.Get("MASTER_ADDR") != nullptr ||
+      env->local_world_size >= env->world_size) {
+    return;
+  }
+  throw UsageError(vars.engine() + " started " +
+                   std::to_string(env->world_size) +
+                   " processes over several machines (" + local_size_variable +
+                   "=" + std::to_string(env->local_world_size) + " < " +
+                   size_variable + "=" + std::to_string(env->world_size) +
+                   ") but does not say where rank 0 runs: set MASTER_ADDR to "
+                   "rank 0's host and pass it on, e.g. `" +
+                   how_to_pass + "`");
+}
+
 int ParseInt(const char* name, const char* text) {
   char* end = nullptr;
   errno = 0;

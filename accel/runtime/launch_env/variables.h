@@ -38,6 +38,13 @@ class Variables {
   std::string engine_;
 };
 
+// For MPI launchers, which do not say where rank 0 runs: sets
+// env->machine_rank from the local size, and on several machines requires
+// MASTER_ADDR (UsageError naming the sizes and `how_to_pass` it on).
+void PlaceOnMachines(const Variables& vars, const char* local_size_variable,
+                     const char* size_variable, const std::string& how_to_pass,
+                     DistributedEnvironment* env);
+
 // Parses `text` as a decimal int; UsageError naming `name` otherwise.
 int ParseInt(const char* name, const char* text);
 
