@@ -109,6 +109,7 @@ AcceleratorOptions AcceleratorOptions::FromFlags() {
   options.gradient_accumulation_steps = FLAGS_gradient_accumulation_steps;
   options.timeout = std::chrono::seconds(FLAGS_timeout_s);
   options.rendezvous_timeout = std::chrono::seconds(FLAGS_rendezvous_timeout_s);
+  options.network_timeout = std::chrono::seconds(FLAGS_network_timeout_s);
   options.check_collectives = FLAGS_collective_checks;
   return options;
 }
@@ -136,6 +137,7 @@ Accelerator::Accelerator(AcceleratorOptions options)
   group_options.backend = backend_;
   group_options.communicator.timeout = options_.timeout;
   group_options.rendezvous_timeout = options_.rendezvous_timeout;
+  group_options.network_timeout = options_.network_timeout;
   group_options.communicator.check_collectives = options_.check_collectives;
   group_ = ProcessGroup::Join(env_, group_options);
   const int gpu = group_->communicator().device_index();

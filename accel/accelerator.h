@@ -103,6 +103,8 @@ struct AcceleratorOptions {
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
   // How long ranks wait for each other to start.
   std::chrono::milliseconds rendezvous_timeout = std::chrono::minutes(1);
+  // How long a machine may stop answering before its ranks count as gone.
+  std::chrono::milliseconds network_timeout = std::chrono::seconds(20);
   // When set, set_seed(*seed) at construction.
   std::optional<uint64_t> seed;
   GradientSyncOptions gradient_sync;

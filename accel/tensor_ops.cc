@@ -86,8 +86,9 @@ Exchange ExchangeMeta(Communicator& comm, const torch::Tensor& tensor,
         .copy_(tensor.contiguous().reshape({-1}).view(torch::kUInt8));
   }
   exchange.slots = torch::empty({kSlotBytes * comm.size()}, bytes_options);
-  comm.allgather(slot.data_ptr(), exchange.slots.data_ptr(), kSlotBytes,
-                 DType::kUInt8, options);
+  const uint64_t sequence =
+      comm.allgather(slot.data_ptr(), exchange.slots.data_ptr(), kSlotBytes,
+                     DType::kUInt8, options);
   const torch::Tensor metas = exchange.slots.view({comm.size(), kSlotBytes})
                                   .narrow(1, 0, kMetaBytes)
                                   .cpu()
@@ -103,9 +104,8 @@ Exchange ExchangeMeta(Communicator& comm, const torch::Tensor& tensor,
   }
   if (!same) {
     std::ostringstream message;
-    message << "[" << comm.backend_name() << "] rank " << comm.rank() << "/"
-            << comm.size() << ": " << operation
-            << ": tensors differ across ranks (";
+    message << comm.DescribeCall(options, operation, sequence)
+            << "tensors differ across ranks (";
     for (int r = 0; r < comm.size(); ++r) {
       message << (r ? "; " : "") << "rank " << r << ": "
               << DescribeMeta(all.data() + r * kMetaWords);

@@ -5,9 +5,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <map>
 #include <regex>
+#include <thread>
 
 #include "tests/subprocess.h"
 
@@ -113,15 +118,34 @@ TEST(FaultTest, UnknownFlagIsRejectedBeforeAnythingStarts) {
   EXPECT_THAT(r.output, HasSubstr("unknown command line flag 'num_procesess'"));
 }
 
-// One rank of a 2-rank job, started by hand, with a 2 s rendezvous timeout.
+// One rank of a 2-rank job, started by hand, with a 2 s rendezvous timeout
+// unless `extra_args` say otherwise.
 ProcessResult RunOneRank(int rank, const std::string& master_addr,
-                         int master_port) {
-  return RunProcess({Runfile("tests/fault_worker"), "--rendezvous_timeout_s=2"},
-                    {{"RANK", std::to_string(rank)},
-                     {"WORLD_SIZE", "2"},
-                     {"MASTER_ADDR", master_addr},
-                     {"MASTER_PORT", std::to_string(master_port)}},
-                    seconds(60));
+                         int master_port,
+                         std::vector<std::string> extra_args = {},
+                         std::map<std::string, std::string> extra_env = {}) {
+  std::vector<std::string> args = {Runfile("tests/fault_worker"),
+                                   "--rendezvous_timeout_s=2"};
+  args.insert(args.end(), extra_args.begin(), extra_args.end());
+  std::map<std::string, std::string> env = {
+      {"RANK", std::to_string(rank)},
+      {"WORLD_SIZE", "2"},
+      {"MASTER_ADDR", master_addr},
+      {"MASTER_PORT", std::to_string(master_port)}};
+  env.insert(extra_env.begin(), extra_env.end());
+  return RunProcess(args, env, seconds(60));
+}
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
 }
 
 TEST(FaultTest, UnreachableMasterAddrFailsWithinTheRendezvousTimeout) {
@@ -140,6 +164,151 @@ TEST(FaultTest, PortInUseSaysWhichAndSuggestsPortZero) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.output, HasSubstr("already in use"));
   EXPECT_THAT(r.output, HasSubstr("--main_process_port=0"));
+}
+
+TEST(FaultTest, RankThatNeverStartsFailsWithinTheRendezvousTimeout) {
+  // The collective timeout (300 s) must not be what rank 0 waits.
+  const ProcessResult r = RunOneRank(0, "127.0.0.1", FreePort());
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("rank 0/2: rendezvous failed: rank 1 did "
+                                  "not join within"));
+  EXPECT_THAT(r.output, HasSubstr("--rendezvous_timeout_s"));
+  EXPECT_LT(r.elapsed, seconds(20)) << r.output;
+}
+
+TEST(FaultTest, SecretMismatchIsReportedOnBothSidesWithTheAddress) {
+  const int port = FreePort();
+  ProcessResult host;
+  std::thread host_thread([&] {
+    host = RunOneRank(0, "127.0.0.1", port, {"--rendezvous_timeout_s=60"},
+                      {{"ACCEL_RUN_SECRET", "secret-a"}});
+  });
+  const ProcessResult guest =
+      RunOneRank(1, "127.0.0.1", port, {"--rendezvous_timeout_s=60"},
+                 {{"ACCEL_RUN_SECRET", "secret-b"}});
+  host_thread.join();
+  EXPECT_EQ(guest.exit_code, 1) << guest.output;
+  EXPECT_THAT(guest.output, HasSubstr("rejected this process: it belongs to "
+                                      "another run"));
+  EXPECT_EQ(host.exit_code, 1) << host.output;
+  EXPECT_THAT(host.output,
+              HasSubstr("a process from 127.0.0.1 claiming rank 1 tried to "
+                        "join with another run secret"));
+  // Neither waits out the 60 s rendezvous timeout.
+  EXPECT_LT(host.elapsed, seconds(30)) << host.output;
+  EXPECT_LT(guest.elapsed, seconds(30)) << guest.output;
+}
+
+TEST(FaultTest, StoppedRank0IsReportedAsNotRespondingWithinTheTimeout) {
+  const ProcessResult r = RunFault("stop_main", {"--timeout_s=3"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("error: [gloo] rank 1/2: gather #2 "
+                                  "(fault_worker.cc:"));
+  EXPECT_THAT(r.output, HasSubstr("timed out after 3000 ms"));
+  EXPECT_THAT(r.output, HasSubstr("rank 0's process is stopped or overloaded"));
+  EXPECT_THAT(r.output, ::testing::Not(HasSubstr("crashed")));
+  // 3 s timeout + 2 s diagnosis, then the launcher's grace periods (a
+  // stopped process only goes with SIGKILL); not the store's 30 s.
+  EXPECT_LT(r.elapsed, seconds(28)) << r.output;
+}
+
+TEST(FaultTest, TimeoutNamesTheActualLastCallOfAStoppedRank) {
+  const ProcessResult r = RunFault("burst_then_stop", {"--timeout_s=4"});
+  EXPECT_NE(r.exit_code, 0);
+  // Rank 1 made 51 gathers, then stopped before it could publish them all.
+  EXPECT_THAT(r.output, HasSubstr("error: [gloo] rank 0/2: gather #52 "));
+  EXPECT_THAT(r.output, ::testing::ContainsRegex(
+                            "rank 1 (is not in a collective \\(its last was|is "
+                            "not responding .*its last call was) gather #51 "
+                            "\\(fault_worker.cc:"))
+      << r.output;
+}
+
+TEST(FaultTest, ShapeMismatchCarriesTheCallsNumberAndSite) {
+  const ProcessResult r = RunFault("shape_mismatch");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(Count(r.output,
+                  "error: \\[gloo\\] rank [01]/2: gather #2 "
+                  "\\(fault_worker.cc:[0-9]+\\): tensors differ across ranks"),
+            2u)
+      << r.output;
+}
+
+// Raises this process's open-file limit to what is allowed, for tests that
+// play a stranger holding many connections.
+rlim_t RaiseOpenFileLimit() {
+  rlimit limit{};
+  getrlimit(RLIMIT_NOFILE, &limit);
+  limit.rlim_cur = limit.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &limit);
+  return limit.rlim_cur;
+}
+
+TEST(FaultTest, JobFinishesWhileAStrangerHoldsManyIdleConnections) {
+  if (RaiseOpenFileLimit() < 1200) GTEST_SKIP() << "needs ulimit -n >= 1200";
+  const int port = FreePort();
+  const std::string save_dir = MakeTempDir("crowded");
+  std::vector<int> held;
+  std::atomic<bool> done{false};
+  std::thread stranger([&] {
+    // Waits for the store, then opens 1,020 connections and says nothing.
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    for (int tries = 0; held.size() < 1020 && tries < 20000 && !done; ++tries) {
+      const int fd = socket(AF_INET, SOCK_STREAM, 0);
+      if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+        held.push_back(fd);
+      } else {
+        close(fd);
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    }
+  });
+  // Rank 0 may hold 1,024 files in all, as under a default `ulimit -n`.
+  const ProcessResult r = RunProcess(
+      {"/bin/sh", "-c", "ulimit -n 1024 && exec \"$0\" \"$@\"",
+       Runfile("tests/fault_worker"), "--num_processes=2",
+       "--main_process_port=" + std::to_string(port),
+       "--scenario=idle_then_save", "--idle_s=6", "--save_dir=" + save_dir},
+      {}, seconds(120));
+  done = true;
+  stranger.join();
+  const size_t opened = held.size();
+  for (int fd : held) close(fd);
+  EXPECT_GE(opened, 1000u) << "the stranger could not connect";
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("saved"));
+}
+
+TEST(FaultTest, ASecondJobSharingTheSecretAndPortCannotDisturbTheFirst) {
+  const int port = FreePort();
+  const std::map<std::string, std::string> shared = {
+      {"ACCEL_RUN_SECRET", "exported-by-the-user"}};
+  // The first job: rank 0 waits ~15 s in a gather for a late rank 1, its
+  // watchdog looking for ranks that left all the while.
+  ProcessResult first;
+  std::thread first_thread([&] {
+    first = RunProcess({Runfile("tests/fault_worker"), "--num_processes=2",
+                        "--main_process_port=" + std::to_string(port),
+                        "--scenario=late_rank", "--late_s=15"},
+                       shared, seconds(90));
+  });
+  std::this_thread::sleep_for(seconds(3));
+  // A second launch on the same port, and a rank 1 started by hand with the
+  // same secret: both reach the first job's port, then go away.
+  const ProcessResult second =
+      RunProcess({Runfile("tests/fault_worker"), "--num_processes=2",
+                  "--main_process_port=" + std::to_string(port),
+                  "--scenario=main_only_wait"},
+                 shared, seconds(60));
+  const ProcessResult impostor = RunOneRank(1, "127.0.0.1", port, {}, shared);
+  first_thread.join();
+  EXPECT_NE(second.exit_code, 0) << second.output;
+  EXPECT_EQ(impostor.exit_code, 1) << impostor.output;
+  EXPECT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_THAT(first.output, HasSubstr("no error"));
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 // injection tests: each must end on every rank with a clear error, fast.
 //
 //   fault_worker --num_processes=2 --scenario=main_only_wait
+#include <signal.h>
+
 #include <chrono>
 #include <thread>
 
@@ -11,7 +13,11 @@
 
 DEFINE_string(scenario, "main_only_wait",
               "main_only_wait, main_only_wait_then_exit, skip_gather, "
-              "late_rank or wrong_device");
+              "late_rank, wrong_device, stop_main, burst_then_stop, "
+              "shape_mismatch or idle_then_save");
+DEFINE_int32(late_s, 6, "How late rank 1 is in --scenario=late_rank.");
+DEFINE_int32(idle_s, 6, "How long --scenario=idle_then_save idles.");
+DEFINE_string(save_dir, "", "Where --scenario=idle_then_save saves.");
 
 namespace {
 
@@ -30,10 +36,27 @@ int Main(int argc, char** argv) {
     if (!main) accelerator.gather(ones);
     accelerator.wait_for_everyone();
   } else if (FLAGS_scenario == "late_rank") {
-    if (!main) std::this_thread::sleep_for(std::chrono::seconds(6));
+    if (!main) std::this_thread::sleep_for(std::chrono::seconds(FLAGS_late_s));
     accelerator.gather(ones);
   } else if (FLAGS_scenario == "wrong_device") {
     accelerator.gather(torch::ones({2}, torch::kComplexFloat));
+  } else if (FLAGS_scenario == "stop_main") {
+    // Rank 0, which hosts the store, stops answering altogether.
+    if (main) raise(SIGSTOP);
+    accelerator.gather(ones);
+  } else if (FLAGS_scenario == "burst_then_stop") {
+    // Many quick calls, then a rank stops before it can publish them.
+    for (int i = 0; i < 50; ++i) accelerator.gather(ones);
+    if (!main) raise(SIGSTOP);
+    accelerator.gather(ones);
+  } else if (FLAGS_scenario == "shape_mismatch") {
+    accelerator.gather(torch::zeros({accelerator.process_index() + 1}));
+  } else if (FLAGS_scenario == "idle_then_save") {
+    // Strangers may crowd rank 0's store meanwhile; the job must not mind.
+    std::this_thread::sleep_for(std::chrono::seconds(FLAGS_idle_s));
+    accelerator.save_state(FLAGS_save_dir);
+    accelerator.gather(ones);
+    accelerator.print("saved");
   } else {
     throw accel::UsageError("unknown --scenario=" + FLAGS_scenario);
   }

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <set>
@@ -242,6 +243,176 @@ TEST(LaunchTest, MissingRankTimesOutNamingTheRendezvous) {
                                   "connect to the rendezvous store at "
                                   "127.0.0.1:1"));
   EXPECT_LT(r.elapsed, seconds(10));
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+TEST(LaunchTest, RanksShowTheProgramsNameInPs) {
+  for (const bool self_launch : {false, true}) {
+    const std::string pid_dir = MakeTempDir(self_launch ? "self" : "launch");
+    std::vector<std::string> args = {Launcher(), "--num_processes=2",
+                                     "--main_process_port=0", "--", Worker()};
+    if (self_launch)
+      args = {Worker(), "--num_processes=2", "--main_process_port=0"};
+    args.push_back("--scenario=sleep");
+    args.push_back("--pid_dir=" + pid_dir);
+    std::vector<std::string> names, commands;
+    RunProcess(args, {}, kTimeout, [&](pid_t launcher) {
+      for (int i = 0; i < 1000 && ReadPidFiles(pid_dir).size() < 4; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      for (int rank = 0; rank < 2; ++rank) {
+        const std::string pid =
+            ReadFile(pid_dir + "/rank" + std::to_string(rank) + ".pid");
+        // What ps, top and pgrep show.
+        names.push_back(ReadFile("/proc/" + pid + "/comm"));
+        std::string command = ReadFile("/proc/" + pid + "/cmdline");
+        commands.push_back(command.substr(0, command.find('\0')));
+      }
+      kill(launcher, SIGTERM);
+    });
+    for (int rank = 0; rank < 2; ++rank) {
+      EXPECT_EQ(names[rank], "mp_worker\n") << "self launch: " << self_launch;
+      EXPECT_THAT(commands[rank], ::testing::EndsWith("/mp_worker"));
+    }
+  }
+}
+
+TEST(LaunchTest, NumProcessesBelowOneIsAnErrorInSelfLaunchToo) {
+  for (const char* count : {"0", "-1"}) {
+    const ProcessResult r = RunProcess(
+        {Worker(), std::string("--num_processes=") + count}, {}, kTimeout);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_THAT(r.output,
+                HasSubstr(std::string("--num_processes must be at least 1, "
+                                      "found ") +
+                          count));
+    EXPECT_THAT(r.output, ::testing::Not(HasSubstr(" ok")));
+  }
+}
+
+TEST(LaunchTest, MoreProcessesThanCoresIsAOneLineWarning) {
+  const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  const int n = cores + 1;
+  const ProcessResult r = RunProcess(
+      {Launcher(), "--num_processes=" + std::to_string(n),
+       "--main_process_port=0", "--", Worker(), "--scenario=collectives"},
+      {}, kTimeout);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output,
+              HasSubstr("accel launch: warning: " + std::to_string(n) +
+                        " processes on this machine's " +
+                        std::to_string(cores) + " cores"));
+}
+
+TEST(LaunchTest, ARankThatFailsWhileOthersStartStopsTheLaunch) {
+  const ProcessResult r =
+      RunProcess({Launcher(), "--num_processes=64", "--main_process_port=0",
+                  "--", "/bin/sh", "-c", "exit 3"},
+                 {}, kTimeout);
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("exited with code 3 while ranks were "
+                                  "starting ("));
+}
+
+TEST(LaunchTest, PortZeroIsHeldFromChoiceUntilRank0ServesIt) {
+  // Rank 1 tries to take rank 0's port before rank 0 can serve it (rank 0
+  // waits a second first).
+  const std::string grab =
+      "import os, socket, time\n"
+      "if os.environ['RANK'] == '0': time.sleep(1)\n"
+      "else:\n"
+      "  s = socket.socket()\n"
+      "  try:\n"
+      "    s.bind(('127.0.0.1', int(os.environ['MASTER_PORT'])))\n"
+      "    print('port was free', flush=True)\n"
+      "  except OSError:\n"
+      "    print('port was held', flush=True)\n"
+      "  s.close()\n"
+      "os.execv(os.environ['WORKER'], [os.environ['WORKER'],\n"
+      "         '--scenario=collectives'])\n";
+  const ProcessResult r =
+      RunProcess({Launcher(), "--num_processes=2", "--main_process_port=0",
+                  "--", "/usr/bin/python3", "-c", grab},
+                 {{"WORKER", Worker()}}, kTimeout);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("port was held"));
+  EXPECT_THAT(r.output, HasSubstr("rank 0/2 ok"));
+}
+
+TEST(LaunchTest, HelpIsShortListsTheProgramsAndAccelsFlagsAndExitsZero) {
+  for (const std::string program : {Worker(), Runfile("tests/fault_worker")}) {
+    const ProcessResult r = RunProcess({program, "--help"}, {}, kTimeout);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_THAT(r.output, HasSubstr("--scenario="));
+    EXPECT_THAT(r.output, HasSubstr("--num_processes=1"));
+    EXPECT_THAT(r.output, HasSubstr("--rendezvous_timeout_s="));
+    EXPECT_THAT(r.output, ::testing::Not(HasSubstr("caffe2")));
+    EXPECT_THAT(r.output, ::testing::Not(HasSubstr("SetUsageMessage")));
+    EXPECT_LT(std::count(r.output.begin(), r.output.end(), '\n'), 60)
+        << r.output;
+  }
+  const ProcessResult launch = RunProcess({Launcher(), "--help"}, {}, kTimeout);
+  EXPECT_EQ(launch.exit_code, 0);
+  EXPECT_THAT(launch.output, HasSubstr("--num_processes="));
+  EXPECT_THAT(launch.output, HasSubstr("--log_dir="));
+  EXPECT_THAT(launch.output, ::testing::Not(HasSubstr("--seed")));
+}
+
+TEST(LaunchTest, LaunchRejectsFlagsItDoesNotUseAndPassesOnRankFlags) {
+  const ProcessResult rejected =
+      RunProcess({Launcher(), "--num_processes=1", "--seed=3", "--", Worker()},
+                 {}, kTimeout);
+  EXPECT_NE(rejected.exit_code, 0);
+  EXPECT_THAT(rejected.output, HasSubstr("seed"));
+  EXPECT_THAT(rejected.output, ::testing::Not(HasSubstr(" ok")));
+  const ProcessResult passed =
+      RunProcess({Launcher(), "--num_processes=1", "--timeout_s=7",
+                  "--rendezvous_timeout_s=9", "--", "/bin/sh", "-c",
+                  "echo args: \"$@\"", "sh"},
+                 {}, kTimeout);
+  EXPECT_EQ(passed.exit_code, 0) << passed.output;
+  EXPECT_THAT(passed.output, HasSubstr("--timeout_s=7"));
+  EXPECT_THAT(passed.output, HasSubstr("--rendezvous_timeout_s=9"));
+}
+
+TEST(LaunchTest, LogDirKeepsEachRanksOutputAndACopyOnTheConsole) {
+  const std::string logs = MakeTempDir("logs");
+  const ProcessResult r = RunProcess(
+      {Launcher(), "--num_processes=2", "--main_process_port=0",
+       "--log_dir=" + logs, "--", Worker(), "--scenario=collectives"},
+      {}, kTimeout);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string dir = logs + "/attempt_0/rank_" + std::to_string(rank);
+    EXPECT_THAT(ReadFile(dir + "/stdout.log"),
+                HasSubstr("rank " + std::to_string(rank) + "/2 ok"));
+    EXPECT_EQ(access((dir + "/stderr.log").c_str(), F_OK), 0);
+    EXPECT_THAT(r.output,
+                HasSubstr("[rank " + std::to_string(rank) + "]: rank " +
+                          std::to_string(rank) + "/2 ok"));
+  }
+}
+
+TEST(LaunchTest, LauncherMessagesStartOnAFreshLine) {
+  // A rank that leaves a progress bar unfinished, then fails.
+  for (const bool with_logs : {false, true}) {
+    std::vector<std::string> args = {Launcher(), "--num_processes=1"};
+    if (with_logs) args.push_back("--log_dir=" + MakeTempDir("bar"));
+    for (const char* arg :
+         {"--", "/bin/sh", "-c", "printf 'Epoch 1/3 [5/10]' >&2; exit 4"}) {
+      args.push_back(arg);
+    }
+    const ProcessResult r = RunProcess(args, {}, kTimeout);
+    EXPECT_EQ(r.exit_code, 4);
+    EXPECT_THAT(r.output, HasSubstr("[5/10]\naccel launch: rank 0"))
+        << r.output;
+  }
 }
 
 }  // namespace

@@ -5,7 +5,8 @@
 // Scenarios: collectives (every operation, checked), loop (--steps checked
 // allreduces, 10 ms apart), die (rank --die_rank
 // kills itself with SIGKILL mid-training while the others keep reducing),
-// sleep (ranks wait to be signalled). With --pid_dir each rank writes its pid
+// rendezvous (rank 0 prints how long joining took), sleep (ranks wait to
+// be signalled). With --pid_dir each rank writes its pid
 // and the pid of a child it spawns, so tests can prove nothing outlives them.
 #include <signal.h>
 #include <unistd.h>
@@ -23,7 +24,8 @@
 #include "accel/runtime/process_group.h"
 #include "accel/runtime/program.h"
 
-DEFINE_string(scenario, "collectives", "collectives, die or sleep");
+DEFINE_string(scenario, "collectives",
+              "collectives, loop, die, rendezvous or sleep");
 DEFINE_int32(die_rank, 1, "The rank that kills itself in --scenario=die.");
 DEFINE_string(pid_dir, "", "Folder for <rank>.pid files.");
 DEFINE_int32(timeout_ms, 20000, "Collective timeout.");
@@ -87,6 +89,8 @@ int Main(int argc, char** argv) {
   options.backend = FLAGS_backend;
   options.communicator.timeout = std::chrono::milliseconds(FLAGS_timeout_ms);
   options.rendezvous_timeout = std::chrono::milliseconds(FLAGS_timeout_ms);
+  options.network_timeout = std::chrono::seconds(FLAGS_network_timeout_s);
+  const auto join_start = std::chrono::steady_clock::now();
   auto group = accel::ProcessGroup::Join(
       accel::DistributedEnvironment::FromProcess(), options);
   accel::Communicator& comm = group->communicator();
@@ -105,6 +109,17 @@ int Main(int argc, char** argv) {
     }
     std::printf("rank %d/%d ok: %d steps\n", comm.rank(), comm.size(),
                 FLAGS_steps);
+  } else if (FLAGS_scenario == "rendezvous") {
+    // How long joining took, as rank 0 saw it (it waits for the last rank
+    // to start and connect), up to the first barrier.
+    comm.barrier();
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::steady_clock::now() - join_start)
+                        .count();
+    if (comm.rank() == 0) {
+      std::printf("rendezvous of %d ranks: %lld ms\n", comm.size(),
+                  static_cast<long long>(ms));
+    }
   } else if (FLAGS_scenario == "sleep") {
     comm.barrier();
     std::printf("rank %d sleeping\n", comm.rank());

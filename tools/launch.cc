@@ -2,36 +2,85 @@
 //
 //   bazel run //tools:launch -- --num_processes=2 -- /path/to/program --flag
 //
-// See accel/launch.h for the environment each rank gets and how failures
-// and signals are handled.
+// See accel/runtime/launch.h for the environment each rank gets and how
+// failures and signals are handled. The launcher accepts only the flags it
+// uses, and those it passes on to the program when given (--backend,
+// --timeout_s, --rendezvous_timeout_s, --collective_checks,
+// --network_timeout_s); anything else is an error, not silently dropped.
 #include <cstdio>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "accel/runtime/errors.h"
+#include "accel/runtime/help.h"
 #include "accel/runtime/program.h"
+
+// Programs that link LibTorch get this flag from glog (which accel reuses);
+// the launcher links neither.
+DEFINE_string(log_dir, "",
+              "When set, each rank's stdout and stderr also go to "
+              "<log_dir>/attempt_<n>/rank_<r>/{stdout,stderr}.log; the "
+              "console keeps a copy with lines prefixed [rank r].");
+
+namespace {
+
+// Flags the launcher itself uses. Both names of the thread flag are listed
+// so that either spelling works while it is being renamed.
+const std::set<std::string> kUsed = {"num_processes",
+                                     "num_machines",
+                                     "machine_rank",
+                                     "main_process_ip",
+                                     "main_process_port",
+                                     "num_threads",
+                                     "num_cpu_threads_per_process",
+                                     "max_restarts",
+                                     "log_dir"};
+
+// Flags of the ranks that the launcher passes on, as `accelerate launch`
+// does with its training flags.
+const std::set<std::string> kForwarded = {
+    "backend", "timeout_s", "rendezvous_timeout_s", "collective_checks",
+    "network_timeout_s"};
+
+bool IsGflagsOwn(const gflags::CommandLineFlagInfo& flag) {
+  return flag.filename.find("gflags") != std::string::npos;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   gflags::SetUsageMessage(
       "launch --num_processes=N [--main_process_port=P] -- PROGRAM ARGS...");
-  // A backend given here is passed on to the program.
-  const bool backend_given = [&] {
-    for (int i = 1; i < argc && std::string(argv[i]) != "--"; ++i) {
-      if (std::string(argv[i]).rfind("--backend", 0) == 0) return true;
-    }
-    return false;
-  }();
+  std::set<std::string> shown = kUsed;
+  shown.insert(kForwarded.begin(), kForwarded.end());
+  accel::PrintHelpAndExitIfAsked(argc, argv, &shown);
   gflags::ParseCommandLineFlags(&argc, &argv, /*remove_flags=*/true);
   std::vector<std::string> command(argv + 1, argv + argc);
+  std::vector<std::string> passed_on;
+  std::vector<gflags::CommandLineFlagInfo> flags;
+  gflags::GetAllFlags(&flags);
+  for (const auto& flag : flags) {
+    if (flag.is_default || IsGflagsOwn(flag) || kUsed.count(flag.name)) {
+      continue;
+    }
+    if (kForwarded.count(flag.name) == 0) {
+      std::fprintf(stderr,
+                   "error: launch does not use --%s; give it to the program "
+                   "after `--`\n",
+                   flag.name.c_str());
+      return 2;
+    }
+    passed_on.push_back("--" + flag.name + "=" + flag.current_value);
+  }
   if (command.empty()) {
     std::fprintf(stderr, "error: no program given\nusage: %s\n",
                  gflags::ProgramUsage());
     return 2;
   }
-  accel::LaunchOptions options = accel::LaunchOptionsFromFlags();
-  if (backend_given) options.backend = FLAGS_backend;
+  command.insert(command.end(), passed_on.begin(), passed_on.end());
   try {
-    return accel::Launch(options, command);
+    return accel::Launch(accel::LaunchOptionsFromFlags(), command);
   } catch (const accel::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;

@@ -4,15 +4,50 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <thread>
 
 #include "accel/runtime/errors.h"
 
 namespace accel {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 // How long a rank that saw a broken connection waits for the store to notice
 // which process went away: the data path usually fails first.
 constexpr auto kDepartureGrace = std::chrono::milliseconds(2000);
+
+// Bound on each diagnostic store request: a rank 0 that stopped answering
+// must not delay a timeout's message (nor hold up the watchdog) for long.
+constexpr auto kDiagnosticRequestTimeout = std::chrono::milliseconds(2000);
+
+// A rank whose heartbeat has not changed for this many intervals is silent.
+constexpr int kSilentAfterBeats = 4;
+
+// Collectives that cannot complete on one rank before every rank called
+// them (a broadcast completes on a rank once the root has sent).
+bool NeedsEveryRank(const char* name) {
+  return std::strcmp(name, "broadcast") != 0;
+}
+
+std::string Seconds(Clock::duration d) {
+  const auto tenths =
+      std::chrono::duration_cast<std::chrono::milliseconds>(d).count() / 100;
+  return std::to_string(tenths / 10) + "." + std::to_string(tenths % 10) + " s";
+}
+
+// "rank 2 crashed (its process left the job)" from Store::departures().
+std::string DescribeDeparture(int rank, const std::string& how) {
+  const std::string unreachable = "unreachable";
+  if (how.rfind(unreachable, 0) == 0) {
+    std::string machine = how.substr(unreachable.size());
+    if (machine.rfind(" at ", 0) == 0) machine = " " + machine.substr(4);
+    return "rank " + std::to_string(rank) + " is unreachable (its machine" +
+           machine + " stopped answering on the network)";
+  }
+  return "rank " + std::to_string(rank) + " " + how +
+         " (its process left the job)";
+}
 
 }  // namespace
 
@@ -26,8 +61,12 @@ Communicator::Communicator(const BackendContext& context)
     : rank_(context.rank),
       size_(context.size),
       timeout_(context.options.timeout),
-      store_(context.store),
-      options_(context.options) {
+      local_size_(std::max(1, context.local_size)),
+      store_(context.store
+                 ? context.store->WithRequestTimeout(kDiagnosticRequestTimeout)
+                 : nullptr),
+      options_(context.options),
+      observations_(context.size) {
   worker_ = std::thread([this] { WorkerLoop(); });
   if (store_ != nullptr && size_ > 1) {
     watchdog_ = std::thread([this] { WatchdogLoop(); });
@@ -68,9 +107,11 @@ std::shared_ptr<Work> Communicator::allgather_async(
   return StartAllgather(input, output, count, dtype, options, Mode::kAsync);
 }
 
-void Communicator::allgather(const void* input, void* output, size_t count,
-                             DType dtype, const CollectiveOptions& options) {
-  StartAllgather(input, output, count, dtype, options, Mode::kBlocking)->wait();
+uint64_t Communicator::allgather(const void* input, void* output, size_t count,
+                                 DType dtype,
+                                 const CollectiveOptions& options) {
+  return Finish(
+      StartAllgather(input, output, count, dtype, options, Mode::kBlocking));
 }
 
 std::shared_ptr<Work> Communicator::StartAllgather(
@@ -96,12 +137,11 @@ std::shared_ptr<Work> Communicator::allgatherv_async(
                          Mode::kAsync);
 }
 
-void Communicator::allgatherv(const void* input, void* output,
-                              std::vector<size_t> counts, DType dtype,
-                              const CollectiveOptions& options) {
-  StartAllgatherv(input, output, std::move(counts), dtype, options,
-                  Mode::kBlocking)
-      ->wait();
+uint64_t Communicator::allgatherv(const void* input, void* output,
+                                  std::vector<size_t> counts, DType dtype,
+                                  const CollectiveOptions& options) {
+  return Finish(StartAllgatherv(input, output, std::move(counts), dtype,
+                                options, Mode::kBlocking));
 }
 
 std::shared_ptr<Work> Communicator::StartAllgatherv(
@@ -137,11 +177,11 @@ std::shared_ptr<Work> Communicator::allreduce_async(
   return StartAllreduce(buffer, count, dtype, reduce_op, options, Mode::kAsync);
 }
 
-void Communicator::allreduce(void* buffer, size_t count, DType dtype,
-                             ReduceOp reduce_op,
-                             const CollectiveOptions& options) {
-  StartAllreduce(buffer, count, dtype, reduce_op, options, Mode::kBlocking)
-      ->wait();
+uint64_t Communicator::allreduce(void* buffer, size_t count, DType dtype,
+                                 ReduceOp reduce_op,
+                                 const CollectiveOptions& options) {
+  return Finish(StartAllreduce(buffer, count, dtype, reduce_op, options,
+                               Mode::kBlocking));
 }
 
 std::shared_ptr<Work> Communicator::StartAllreduce(
@@ -172,9 +212,10 @@ std::shared_ptr<Work> Communicator::broadcast_async(
   return StartBroadcast(buffer, count, dtype, root, options, Mode::kAsync);
 }
 
-void Communicator::broadcast(void* buffer, size_t count, DType dtype, int root,
-                             const CollectiveOptions& options) {
-  StartBroadcast(buffer, count, dtype, root, options, Mode::kBlocking)->wait();
+uint64_t Communicator::broadcast(void* buffer, size_t count, DType dtype,
+                                 int root, const CollectiveOptions& options) {
+  return Finish(
+      StartBroadcast(buffer, count, dtype, root, options, Mode::kBlocking));
 }
 
 std::shared_ptr<Work> Communicator::StartBroadcast(
@@ -205,11 +246,22 @@ std::shared_ptr<Work> Communicator::barrier_async(
       Mode::kAsync);
 }
 
-void Communicator::barrier(const CollectiveOptions& options) {
-  Start(
+uint64_t Communicator::barrier(const CollectiveOptions& options) {
+  return Finish(Start(
       "barrier", options, "barrier", [=](const Op& op) { RunBarrier(op); },
-      Mode::kBlocking)
-      ->wait();
+      Mode::kBlocking));
+}
+
+uint64_t Communicator::Finish(const std::shared_ptr<Work>& work) {
+  work->wait();
+  return work->sequence();
+}
+
+std::string Communicator::DescribeCall(const CollectiveOptions& options,
+                                       const char* name,
+                                       uint64_t sequence) const {
+  return Where() + (options.api != nullptr ? options.api : name) + " #" +
+         std::to_string(sequence) + " (" + options.site.ToString() + "): ";
 }
 
 std::shared_ptr<Work> Communicator::Start(const char* name,
@@ -227,11 +279,13 @@ std::shared_ptr<Work> Communicator::Start(const char* name,
   job->op.site = options.site;
   job->op.signature = std::move(signature);
   job->task = std::move(task);
-  auto work = std::make_shared<Work>(job->done.get_future().share());
+  std::shared_ptr<Work> work;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) FailUsage(name, "communicator is shutting down");
     job->op.sequence = next_sequence_++;
+    work = std::make_shared<Work>(job->done.get_future().share(),
+                                  job->op.sequence);
     const bool idle = queue_.empty() && !executing_;
     if (mode == Mode::kAsync || !idle) {
       queue_.push_back(std::move(job));
@@ -280,9 +334,9 @@ void Communicator::WorkerLoop() {
   }
 }
 
-std::string Communicator::DescribeDepartures(int* failed_rank) {
+std::string Communicator::AwaitDepartures(int* failed_rank) {
   if (store_ == nullptr) return "";
-  const auto deadline = std::chrono::steady_clock::now() + kDepartureGrace;
+  const auto deadline = Clock::now() + kDepartureGrace;
   try {
     while (true) {
       std::map<int, std::string> departed = store_->departures();
@@ -290,39 +344,43 @@ std::string Communicator::DescribeDepartures(int* failed_rank) {
       if (!departed.empty()) {
         std::string text;
         for (const auto& [rank, how] : departed) {
-          if (*failed_rank < 0 || how == "crashed") *failed_rank = rank;
-          text += (text.empty() ? "" : ", ") + std::string("rank ") +
-                  std::to_string(rank) + " " + how;
+          if (*failed_rank < 0 || how != "exited") *failed_rank = rank;
+          text += (text.empty() ? "" : ", ") + DescribeDeparture(rank, how);
         }
-        return text + " (its process left the job)";
+        return text;
       }
-      if (std::chrono::steady_clock::now() >= deadline) return "";
+      if (Clock::now() >= deadline) return "";
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-  } catch (const Error&) {
+  } catch (const PeerError& e) {
     *failed_rank = 0;
-    return "rank 0 is unreachable (it hosts the rendezvous store, so it "
-           "crashed or exited)";
+    return e.what();
+  } catch (const Error&) {
+    return "";  // Not answering: the timeout's message says so.
   }
 }
 
 void Communicator::SetStatus(const Op& op, bool running) {
-  {
-    std::lock_guard<std::mutex> lock(status_mutex_);
-    status_.known = true;
-    status_.sequence = op.sequence;
-    status_.running = running;
-    status_.api = op.api;
-    status_.signature = op.signature;
-    status_.site = op.site.ToString();
-    ++status_version_;
-    if (running) running_since_ = std::chrono::steady_clock::now();
-  }
+  std::lock_guard<std::mutex> lock(status_mutex_);
+  status_.known = true;
+  status_.sequence = op.sequence;
+  status_.running = running;
+  status_.api = op.api;
+  status_.signature = op.signature;
+  status_.site = op.site.ToString();
+  ++status_version_;
+  if (running) running_since_ = Clock::now();
+}
+
+Communicator::Status Communicator::CurrentStatus() {
+  std::lock_guard<std::mutex> lock(status_mutex_);
+  return status_;
 }
 
 std::string Communicator::Encode(const Status& status) {
   return std::to_string(status.sequence) + "\t" + (status.running ? "1" : "0") +
-         "\t" + status.api + "\t" + status.signature + "\t" + status.site;
+         "\t" + status.api + "\t" + status.signature + "\t" + status.site +
+         "\t" + std::to_string(status.beat);
 }
 
 Communicator::Status Communicator::Decode(const std::string& text) {
@@ -335,13 +393,16 @@ Communicator::Status Communicator::Decode(const std::string& text) {
     if (tab == std::string::npos) break;
     start = tab + 1;
   }
-  if (fields.size() != 5) return status;
-  status.known = true;
+  if (fields.size() != 6) return status;
+  status.published = true;
   status.sequence = std::strtoull(fields[0].c_str(), nullptr, 10);
   status.running = fields[1] == "1";
   status.api = fields[2];
   status.signature = fields[3];
   status.site = fields[4];
+  status.beat = std::strtoull(fields[5].c_str(), nullptr, 10);
+  // Heartbeats come before the first collective too.
+  status.known = status.sequence > 0;
   return status;
 }
 
@@ -365,7 +426,46 @@ std::vector<Communicator::Status> Communicator::ReadStatuses(
     auto it = departed.find(r);
     if (it != departed.end()) statuses[r].departed = it->second;
   }
+  // A rank whose heartbeat stands still is stopped, overloaded or cut off.
+  const auto now = Clock::now();
+  const auto silent_after = kSilentAfterBeats * options_.heartbeat_interval;
+  std::lock_guard<std::mutex> lock(status_mutex_);
+  for (int r = 0; r < size_; ++r) {
+    Status& s = statuses[r];
+    if (r == rank_ || !s.published) continue;
+    Observation& seen = observations_[r];
+    if (!seen.seen || seen.beat != s.beat) {
+      seen = {s.beat, now, true};
+    } else if (now - seen.since >= silent_after) {
+      s.silent = true;
+      s.silent_for = now - seen.since;
+    }
+  }
   return statuses;
+}
+
+Communicator::Picture Communicator::TakePicture(const Status& mine) {
+  Picture picture;
+  try {
+    picture.statuses = ReadStatuses(mine);
+    return picture;
+  } catch (const PeerError& e) {
+    picture.store_problem = e.what();
+    picture.store_lost = true;
+  } catch (const std::exception& e) {
+    picture.store_problem = e.what();
+  }
+  picture.statuses.assign(size_, Status());
+  picture.statuses[rank_] = mine;
+  return picture;
+}
+
+std::string Communicator::RanksWithRank0() const {
+  if (local_size_ >= size_ || local_size_ <= 1) return "";
+  std::string text = "; ranks 0";
+  for (int r = 1; r < local_size_; ++r) text += ", " + std::to_string(r);
+  return text + " run on rank 0's machine (" + std::to_string(local_size_) +
+         " ranks per machine)";
 }
 
 std::string Communicator::DescribeRanks(const std::vector<Status>& statuses,
@@ -374,23 +474,45 @@ std::string Communicator::DescribeRanks(const std::vector<Status>& statuses,
   auto call = [](const Status& s) {
     return s.api + " #" + std::to_string(s.sequence) + " (" + s.site + ")";
   };
+  Completed completed;
+  {
+    std::lock_guard<std::mutex> lock(status_mutex_);
+    completed = last_completed_;
+  }
   std::string others;
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     const Status& s = statuses[r];
-    const bool same = s.known && s.running && s.departed.empty() &&
+    const bool same = s.known && s.running && s.departed.empty() && !s.silent &&
                       s.sequence == mine.sequence &&
                       s.signature == mine.signature;
     if (only_differing && same) continue;
+    // Every rank called the last collective that needed all of them, even
+    // one stopped before it could publish that.
+    Status last = s;
+    if (completed.sequence > 0 &&
+        (!s.known || s.sequence < completed.sequence)) {
+      last.known = true;
+      last.running = false;
+      last.sequence = completed.sequence;
+      last.api = completed.api;
+      last.site = completed.site;
+    }
     std::string text = "rank " + std::to_string(r) + " ";
     if (!s.departed.empty()) {
-      text += s.departed + " (its process left the job)";
-    } else if (!s.known) {
+      text = DescribeDeparture(r, s.departed);
+    } else if (s.silent) {
+      text += "is not responding (its status has not changed for " +
+              Seconds(s.silent_for) +
+              ": stopped, overloaded, or its machine is unreachable); " +
+              (last.known ? "its last call was " + call(last)
+                          : std::string("it has not called a collective"));
+    } else if (!last.known) {
       text += "has not called a collective yet";
-    } else if (s.running) {
-      text += "is in " + call(s) + " [" + s.signature + "]";
+    } else if (last.running) {
+      text += "is in " + call(last) + " [" + last.signature + "]";
     } else {
-      text += "is not in a collective (its last was " + call(s) + ")";
+      text += "is not in a collective (its last was " + call(last) + ")";
     }
     others += (others.empty() ? "" : ", ") + text;
   }
@@ -401,79 +523,132 @@ std::string Communicator::DescribeRanks(const std::vector<Status>& statuses,
 
 void Communicator::WatchdogLoop() {
   uint64_t published = 0;
+  uint64_t beat = 0;
+  Clock::time_point last_publish;
   uint64_t checked_sequence = 0;
-  auto next_check = std::chrono::steady_clock::time_point::max();
+  auto next_check = Clock::time_point::max();
+  const auto wake_every =
+      std::min(options_.status_interval, options_.heartbeat_interval);
   std::unique_lock<std::mutex> lock(status_mutex_);
   while (!watchdog_stopping_) {
-    status_changed_.wait_for(lock, options_.status_interval);
+    status_changed_.wait_for(lock, wake_every);
     if (watchdog_stopping_) break;
-    const Status mine = status_;
+    Status mine = status_;
     const uint64_t version = status_version_;
     const auto since = running_since_;
+    // No lock is held across a store request: one that waits on a stopped
+    // rank 0 delays only this thread, and only by its own short timeout.
     lock.unlock();
-    try {
-      if (options_.check_collectives && version != published) {
+    const auto now = Clock::now();
+    if ((options_.check_collectives && version != published) ||
+        now - last_publish >= options_.heartbeat_interval) {
+      mine.beat = ++beat;
+      try {
         store_->set("accel_status/" + std::to_string(rank_), Encode(mine));
         published = version;
+        last_publish = now;
+      } catch (const std::exception&) {
+        // The checks below report what matters about the store.
       }
-      const auto now = std::chrono::steady_clock::now();
-      if (mine.running && mine.sequence != checked_sequence) {
-        checked_sequence = mine.sequence;
-        next_check = since + options_.check_after;
-      }
-      if (mine.running && mine.sequence == checked_sequence &&
-          now >= next_check) {
-        next_check = now + options_.check_after;
-        const std::vector<Status> statuses = ReadStatuses(mine);
-        bool mismatch = false;
-        int departed = -1;
+    }
+    if (mine.running && mine.sequence != checked_sequence) {
+      checked_sequence = mine.sequence;
+      next_check = since + options_.check_after;
+    }
+    if (mine.running && mine.sequence == checked_sequence &&
+        now >= next_check) {
+      next_check = now + options_.check_after;
+      const Picture picture = TakePicture(mine);
+      std::string reason;
+      bool mismatch = false;
+      int departed = -1;
+      if (picture.store_lost) {
+        // The store's host (rank 0) is gone: nothing can complete.
+        departed = 0;
+        reason =
+            picture.store_problem +
+            (picture.store_problem.find("on the network") != std::string::npos
+                 ? RanksWithRank0()
+                 : "");
+      } else if (picture.store_problem.empty()) {
         for (int r = 0; r < size_; ++r) {
-          const Status& s = statuses[r];
+          const Status& s = picture.statuses[r];
           if (!s.departed.empty() && departed < 0) departed = r;
           mismatch |= Differs(s, mine);
         }
         if (mismatch || departed >= 0) {
-          {
-            std::lock_guard<std::mutex> relock(status_mutex_);
-            if (status_.sequence == mine.sequence && status_.running) {
-              abort_is_usage_ = mismatch;
-              abort_rank_ = departed;
-              abort_reason_ =
-                  (mismatch ? "ranks called different collectives: "
-                            : std::string()) +
-                  DescribeRanks(statuses, mine, /*only_differing=*/true);
-            }
-          }
-          Abort();
+          reason = (mismatch ? "ranks called different collectives: "
+                             : std::string()) +
+                   DescribeRanks(picture.statuses, mine,
+                                 /*only_differing=*/true);
         }
       }
-    } catch (const std::exception&) {
-      // The store is gone or busy: the collective's own timeout still holds.
+      if (!reason.empty()) {
+        {
+          std::lock_guard<std::mutex> relock(status_mutex_);
+          if (status_.sequence == mine.sequence && status_.running) {
+            abort_is_usage_ = mismatch;
+            abort_rank_ = departed;
+            abort_reason_ = reason;
+          }
+        }
+        Abort();
+      }
     }
     lock.lock();
   }
 }
 
-std::string Communicator::FindMismatch() {
-  if (store_ == nullptr || size_ == 1) return "";
-  try {
-    Status mine;
-    {
-      std::lock_guard<std::mutex> lock(status_mutex_);
-      mine = status_;
-    }
-    mine.running = true;
-    const std::vector<Status> statuses = ReadStatuses(mine);
-    for (const Status& s : statuses) {
+std::exception_ptr Communicator::Diagnose(const std::string& what, const Op& op,
+                                          const std::exception& e) {
+  const bool timed_out = dynamic_cast<const TimeoutError*>(&e) != nullptr;
+  const auto* peer = dynamic_cast<const PeerError*>(&e);
+  Status mine = CurrentStatus();
+  mine.running = true;
+  const Picture picture =
+      store_ != nullptr && size_ > 1 ? TakePicture(mine) : Picture{};
+  if (picture.store_problem.empty()) {
+    for (const Status& s : picture.statuses) {
+      // A peer that found the mismatch first aborted, which is what failed
+      // here: report the cause, not the closed connection.
       if (Differs(s, mine)) {
-        return "ranks called different collectives: " +
-               DescribeRanks(statuses, mine, /*only_differing=*/true);
+        return std::make_exception_ptr(UsageError(
+            what + "ranks called different collectives: " +
+            DescribeRanks(picture.statuses, mine, /*only_differing=*/true)));
       }
     }
-  } catch (const std::exception&) {
-    // Diagnosis is best effort.
   }
-  return "";
+  if (!timed_out && peer == nullptr) {
+    return std::make_exception_ptr(Error(what + e.what()));
+  }
+  int failed_rank = peer != nullptr ? peer->failed_rank() : -1;
+  std::string departed;
+  if (picture.store_lost) {
+    departed = picture.store_problem;
+    failed_rank = 0;
+  } else if (picture.store_problem.empty()) {
+    for (int r = 0; r < static_cast<int>(picture.statuses.size()); ++r) {
+      const std::string& how = picture.statuses[r].departed;
+      if (how.empty()) continue;
+      if (failed_rank < 0 || how != "exited") failed_rank = r;
+      departed += (departed.empty() ? "" : ", ") + DescribeDeparture(r, how);
+    }
+    if (departed.empty() && peer != nullptr) {
+      departed = AwaitDepartures(&failed_rank);
+    }
+  }
+  if (timed_out && departed.empty()) {
+    const std::string ranks =
+        picture.store_problem.empty()
+            ? DescribeRanks(picture.statuses, mine, /*only_differing=*/false)
+            : picture.store_problem;
+    return std::make_exception_ptr(TimeoutError(
+        what + "timed out after " + std::to_string(op.timeout.count()) + " ms" +
+        (ranks.empty() ? "" : ": " + ranks) + " (" + e.what() + ")"));
+  }
+  return std::make_exception_ptr(PeerError(
+      what + (departed.empty() ? "a peer failed" : departed) + ": " + e.what(),
+      failed_rank));
 }
 
 void Communicator::Execute(Job& job) {
@@ -492,17 +667,13 @@ void Communicator::Execute(Job& job) {
     return;
   }
   SetStatus(job.op, /*running=*/true);
-  auto take_abort_reason = [&](bool* usage, int* rank) {
-    std::lock_guard<std::mutex> lock(status_mutex_);
-    std::string reason = std::move(abort_reason_);
-    abort_reason_.clear();
-    *usage = abort_is_usage_;
-    *rank = abort_rank_;
-    return reason;
-  };
   try {
     job.task(job.op);
     SetStatus(job.op, /*running=*/false);
+    if (NeedsEveryRank(job.op.name)) {
+      std::lock_guard<std::mutex> lock(status_mutex_);
+      last_completed_ = {job.op.sequence, job.op.api, job.op.site.ToString()};
+    }
     job.done.set_value();
     return;
   } catch (const UsageError& e) {
@@ -512,49 +683,22 @@ void Communicator::Execute(Job& job) {
     return;
   } catch (const std::exception& e) {
     SetStatus(job.op, /*running=*/false);
+    std::string reason;
     bool usage = false;
     int aborted_for = -1;
-    const std::string reason = take_abort_reason(&usage, &aborted_for);
-    const bool timed_out = dynamic_cast<const TimeoutError*>(&e) != nullptr;
-    const bool peer = dynamic_cast<const PeerError*>(&e) != nullptr;
+    {
+      std::lock_guard<std::mutex> lock(status_mutex_);
+      reason = std::move(abort_reason_);
+      abort_reason_.clear();
+      usage = abort_is_usage_;
+      aborted_for = abort_rank_;
+    }
     if (!reason.empty() && usage) {
       broken_ = std::make_exception_ptr(UsageError(what + reason));
     } else if (!reason.empty()) {
       broken_ = std::make_exception_ptr(PeerError(what + reason, aborted_for));
-    } else if (std::string mismatch = FindMismatch(); !mismatch.empty()) {
-      // A peer that found the mismatch first aborted, which is what failed
-      // here: report the cause, not the closed connection.
-      broken_ = std::make_exception_ptr(UsageError(what + mismatch));
-    } else if (timed_out || peer) {
-      int failed_rank =
-          peer ? static_cast<const PeerError&>(e).failed_rank() : -1;
-      std::string departed = DescribeDepartures(&failed_rank);
-      std::string ranks;
-      try {
-        Status mine;
-        {
-          std::lock_guard<std::mutex> lock(status_mutex_);
-          mine = status_;
-        }
-        mine.running = true;
-        ranks = DescribeRanks(ReadStatuses(mine), mine,
-                              /*only_differing=*/false);
-      } catch (const std::exception&) {
-        // Diagnosis is best effort.
-      }
-      if (timed_out && departed.empty()) {
-        broken_ = std::make_exception_ptr(TimeoutError(
-            what + "timed out after " + std::to_string(job.op.timeout.count()) +
-            " ms" + (ranks.empty() ? "" : ": " + ranks) + " (" + e.what() +
-            ")"));
-      } else {
-        broken_ = std::make_exception_ptr(
-            PeerError(what + (departed.empty() ? "a peer failed" : departed) +
-                          ": " + e.what(),
-                      failed_rank));
-      }
     } else {
-      broken_ = std::make_exception_ptr(Error(what + e.what()));
+      broken_ = Diagnose(what, job.op, e);
     }
   }
   job.done.set_exception(broken_);

@@ -15,6 +15,16 @@
 // blocking forms start the operation and wait for it. After a timeout or a
 // peer failure the communicator is broken: later calls fail at once with
 // the first error rather than hang on a dead peer.
+//
+// Diagnostics stand beside the collectives: a watchdog thread publishes
+// what this rank is doing (and a heartbeat) to the store, and, once a
+// collective has waited a while, looks at the other ranks: a rank that left
+// the job, or whose machine stopped answering, or different collectives on
+// different ranks fail the collective at once; a timeout says what each
+// rank is doing, or that it stopped responding. The watchdog's store
+// requests are bounded by a short timeout of their own and share no lock
+// with the collectives, so a stopped rank 0 (which hosts the store) delays
+// nothing.
 #pragma once
 
 #include <chrono>
@@ -58,6 +68,11 @@ struct CollectiveOptions {
 
 struct CommunicatorOptions {
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  // Every rank republishes its status at least this often; a rank whose
+  // status stays unchanged for four intervals is reported as not
+  // responding (stopped, overloaded or unreachable) when a collective
+  // times out.
+  std::chrono::milliseconds heartbeat_interval = std::chrono::milliseconds(500);
   // Once a collective has waited check_after, a watchdog looks at the other
   // ranks: one that left the job fails the collective at once instead of at
   // the timeout. With check_collectives, every rank also publishes what it
@@ -71,14 +86,18 @@ struct CommunicatorOptions {
 // A started operation. wait() blocks until it finishes and throws its error.
 class Work {
  public:
-  explicit Work(std::shared_future<void> done) : done_(std::move(done)) {}
+  explicit Work(std::shared_future<void> done, uint64_t sequence = 0)
+      : done_(std::move(done)), sequence_(sequence) {}
   void wait() const { done_.get(); }
   bool is_completed() const {
     return done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
   }
+  // The operation's sequence number (1 for a communicator's first).
+  uint64_t sequence() const { return sequence_; }
 
  private:
   std::shared_future<void> done_;
+  uint64_t sequence_;
 };
 
 // What a backend needs to join a job. Built by rendezvous.h or by tests.
@@ -89,9 +108,13 @@ struct BackendContext {
   std::shared_ptr<Store> store;
   // Address this process's data connections listen on, reachable by peers.
   std::string host = "127.0.0.1";
-  // Local device index (GPU backends).
+  // Local device index (GPU backends), and the ranks on this machine.
   int local_rank = 0;
+  int local_size = 1;
   CommunicatorOptions options;
+  // Bound on connecting to the other ranks; zero means options.timeout.
+  // ProcessGroup passes what is left of the rendezvous timeout.
+  std::chrono::milliseconds connect_timeout{0};
 };
 
 class Communicator {
@@ -129,15 +152,23 @@ class Communicator {
 
   // Blocking forms. When nothing is queued they run on the calling thread,
   // which saves a thread hand-off per call on latency-bound collectives.
-  void allgather(const void* input, void* output, size_t count, DType dtype,
-                 const CollectiveOptions& options = {});
-  void allgatherv(const void* input, void* output, std::vector<size_t> counts,
-                  DType dtype, const CollectiveOptions& options = {});
-  void allreduce(void* buffer, size_t count, DType dtype, ReduceOp op,
-                 const CollectiveOptions& options = {});
-  void broadcast(void* buffer, size_t count, DType dtype, int root,
-                 const CollectiveOptions& options = {});
-  void barrier(const CollectiveOptions& options = {});
+  // They return the call's sequence number, for callers that report
+  // problems with its result (see DescribeCall).
+  uint64_t allgather(const void* input, void* output, size_t count, DType dtype,
+                     const CollectiveOptions& options = {});
+  uint64_t allgatherv(const void* input, void* output,
+                      std::vector<size_t> counts, DType dtype,
+                      const CollectiveOptions& options = {});
+  uint64_t allreduce(void* buffer, size_t count, DType dtype, ReduceOp op,
+                     const CollectiveOptions& options = {});
+  uint64_t broadcast(void* buffer, size_t count, DType dtype, int root,
+                     const CollectiveOptions& options = {});
+  uint64_t barrier(const CollectiveOptions& options = {});
+
+  // "[gloo] rank 0/2: gather #3 (train.cc:75): ", the prefix of every
+  // message about one call, for errors found in a collective's result.
+  std::string DescribeCall(const CollectiveOptions& options, const char* name,
+                           uint64_t sequence) const;
 
  protected:
   // What a backend's Run* method knows about the operation it runs.
@@ -213,6 +244,7 @@ class Communicator {
                                        int root,
                                        const CollectiveOptions& options,
                                        Mode mode);
+  static uint64_t Finish(const std::shared_ptr<Work>& work);
   void WorkerLoop();
   void Execute(Job& job);
 
@@ -224,25 +256,57 @@ class Communicator {
     std::string api;
     std::string signature;
     std::string site;
-    std::string departed;  // "crashed" or "exited" when the rank left.
+    bool published = false;  // The rank has published a status.
+    uint64_t beat = 0;       // Bumped at every publication.
+    std::string departed;    // How the rank left (Store::departures()).
+    bool silent = false;     // Its status stopped changing (see heartbeats).
+    std::chrono::steady_clock::duration silent_for{0};
+  };
+  // What this rank knows of the others beyond their statuses.
+  struct Observation {
+    uint64_t beat = 0;
+    std::chrono::steady_clock::time_point since;  // When beat last changed.
+    bool seen = false;
+  };
+  // The last collective that completed here and needed every rank, so
+  // every rank has called it: a lower bound on each rank's progress that
+  // holds even when a stopped rank could not publish.
+  struct Completed {
+    uint64_t sequence = 0;
+    std::string api;
+    std::string site;
+  };
+  // Statuses of every rank, or a description of why the store (rank 0)
+  // could not tell: "rank 0 is not responding: ...".
+  struct Picture {
+    std::vector<Status> statuses;
+    std::string store_problem;
+    bool store_lost = false;  // The connection to rank 0 is gone.
   };
   static std::string Encode(const Status& status);
   static Status Decode(const std::string& text);
   std::vector<Status> ReadStatuses(const Status& mine);
+  Picture TakePicture(const Status& mine);
+  // "ranks 0, 1 (rank 0's machine)": the ranks that share rank 0's host.
+  std::string RanksWithRank0() const;
+  Status CurrentStatus();
   static bool Differs(const Status& other, const Status& mine);
-  // "ranks called different collectives: ..." when the last collective of
-  // this rank differs from another rank's call of the same number.
-  std::string FindMismatch();
   // "rank 1 is in gather #12 (train.cc:75)" for every other rank.
   std::string DescribeRanks(const std::vector<Status>& statuses,
                             const Status& mine, bool only_differing) const;
   void SetStatus(const Op& op, bool running);
   void WatchdogLoop();
-  // The rank whose process left the job, when the store saw one leave.
-  std::string DescribeDepartures(int* failed_rank);
+  // Waits briefly for the store to notice which process left after the
+  // data path saw a broken connection; the departed ranks, or "".
+  std::string AwaitDepartures(int* failed_rank);
+  // The message of a collective that failed with `e` and no watchdog
+  // verdict.
+  std::exception_ptr Diagnose(const std::string& what, const Op& op,
+                              const std::exception& e);
 
   const int rank_;
   const int size_;
+  const int local_size_;
   const std::chrono::milliseconds timeout_;
   std::shared_ptr<Store> store_;
 
@@ -256,11 +320,13 @@ class Communicator {
   std::thread worker_;
 
   const CommunicatorOptions options_;
-  std::mutex status_mutex_;
+  mutable std::mutex status_mutex_;
   std::condition_variable status_changed_;
   Status status_;
   uint64_t status_version_ = 0;
   std::chrono::steady_clock::time_point running_since_;
+  Completed last_completed_;
+  std::vector<Observation> observations_;  // Guarded by status_mutex_.
   std::string abort_reason_;  // Set by the watchdog before Abort().
   bool abort_is_usage_ = false;
   int abort_rank_ = -1;

@@ -1,95 +1,83 @@
 #include "accel/runtime/environment.h"
 
-#include <cerrno>
 #include <cstdlib>
-#include <limits>
 
 #include "accel/runtime/errors.h"
+#include "accel/runtime/launch_env/readers.h"
+#include "accel/runtime/launch_env/variables.h"
 
 namespace accel {
 namespace {
 
-const char* const kHint =
-    " (set by `bazel run //tools:launch`, torchrun, or a program's "
-    "--num_processes flag)";
-
-int ParseInt(const char* name, const char* text) {
-  char* end = nullptr;
-  errno = 0;
-  const long value = std::strtol(text, &end, 10);
-  if (*text == '\0' || *end != '\0' || errno != 0 ||
-      value < std::numeric_limits<int>::min() ||
-      value > std::numeric_limits<int>::max()) {
-    throw UsageError(std::string("environment variable ") + name +
-                     " must be an integer, found '" + text + "'");
+// "RANK must be in [0, WORLD_SIZE) = [0, 2), found 2".
+void CheckIndex(const char* name, int value, const char* size_name, int size) {
+  if (value < 0 || value >= size) {
+    throw UsageError(std::string(name) + " must be in [0, " + size_name +
+                     ") = [0, " + std::to_string(size) + "), found " +
+                     std::to_string(value));
   }
-  return static_cast<int>(value);
+}
+
+void Validate(const launch_env::Reader& reader,
+              const DistributedEnvironment& env) {
+  if (env.world_size < 1) {
+    throw UsageError(std::string(reader.world_size_variable) +
+                     " must be at least 1, found " +
+                     std::to_string(env.world_size));
+  }
+  CheckIndex(reader.rank_variable, env.rank, reader.world_size_variable,
+             env.world_size);
+  if (env.local_world_size < 1 || env.local_world_size > env.world_size) {
+    throw UsageError(std::string(reader.local_world_size_variable) +
+                     " must be in [1, " + reader.world_size_variable + "=" +
+                     std::to_string(env.world_size) + "], found " +
+                     std::to_string(env.local_world_size));
+  }
+  CheckIndex(reader.local_rank_variable, env.local_rank,
+             reader.local_world_size_variable, env.local_world_size);
 }
 
 }  // namespace
 
 DistributedEnvironment DistributedEnvironment::Parse(const Lookup& getenv) {
   DistributedEnvironment env;
-  const char* rank = getenv("RANK");
-  const char* world_size = getenv("WORLD_SIZE");
-  if (rank == nullptr && world_size == nullptr) return env;
-  if (rank == nullptr || world_size == nullptr) {
-    throw UsageError(
-        std::string("environment variable ") +
-        (rank == nullptr ? "RANK" : "WORLD_SIZE") + " is missing while " +
-        (rank == nullptr ? "WORLD_SIZE" : "RANK") + " is set" + kHint);
+  const launch_env::Reader* matched = nullptr;
+  for (const auto& reader : launch_env::Readers()) {
+    if (reader.read(getenv, &env)) {
+      matched = &reader;
+      break;
+    }
   }
+  if (matched == nullptr) return env;
   env.launched = true;
-  env.world_size = ParseInt("WORLD_SIZE", world_size);
-  env.rank = ParseInt("RANK", rank);
-  if (env.world_size < 1) {
-    throw UsageError("WORLD_SIZE must be at least 1, found " +
-                     std::to_string(env.world_size));
-  }
-  if (env.rank < 0 || env.rank >= env.world_size) {
-    throw UsageError("RANK must be in [0, WORLD_SIZE) = [0, " +
-                     std::to_string(env.world_size) + "), found " +
-                     std::to_string(env.rank));
-  }
-  const char* local_rank = getenv("LOCAL_RANK");
-  const char* local_world_size = getenv("LOCAL_WORLD_SIZE");
-  env.local_rank = local_rank ? ParseInt("LOCAL_RANK", local_rank) : env.rank;
-  env.local_world_size = local_world_size
-                             ? ParseInt("LOCAL_WORLD_SIZE", local_world_size)
-                             : env.world_size;
-  if (env.local_world_size < 1 || env.local_world_size > env.world_size) {
-    throw UsageError("LOCAL_WORLD_SIZE must be in [1, WORLD_SIZE=" +
-                     std::to_string(env.world_size) + "], found " +
-                     std::to_string(env.local_world_size));
-  }
-  if (env.local_rank < 0 || env.local_rank >= env.local_world_size) {
-    throw UsageError("LOCAL_RANK must be in [0, LOCAL_WORLD_SIZE) = [0, " +
-                     std::to_string(env.local_world_size) + "), found " +
-                     std::to_string(env.local_rank));
-  }
+  Validate(*matched, env);
   const char* addr = getenv("MASTER_ADDR");
   const char* port = getenv("MASTER_PORT");
-  if (env.world_size > 1 && (addr == nullptr || port == nullptr)) {
+  if (matched->needs_master_variables && env.world_size > 1 &&
+      (addr == nullptr || port == nullptr)) {
     throw UsageError(
         std::string("environment variable ") +
         (addr == nullptr ? "MASTER_ADDR" : "MASTER_PORT") +
         " is missing; with WORLD_SIZE=" + std::to_string(env.world_size) +
-        " rank 0's address and port are required" + kHint);
+        " rank 0's address and port are required (set by `bazel run "
+        "//tools:launch`, torchrun, or a program's --num_processes flag)");
   }
+  // Explicit settings beat what an engine implies.
   if (addr != nullptr) {
     env.master_addr = addr;
     if (env.master_addr.empty()) throw UsageError("MASTER_ADDR is empty");
   }
   if (port != nullptr) {
-    env.master_port = ParseInt("MASTER_PORT", port);
-    if (env.master_port < 1 || env.master_port > 65535) {
-      throw UsageError("MASTER_PORT must be in [1, 65535], found " +
-                       std::to_string(env.master_port));
-    }
+    env.master_port = launch_env::ParseInt("MASTER_PORT", port);
+  }
+  if (env.master_port < 1 || env.master_port > 65535) {
+    throw UsageError("MASTER_PORT must be in [1, 65535], found " +
+                     std::to_string(env.master_port));
   }
   if (const char* secret = getenv("ACCEL_RUN_SECRET")) env.run_secret = secret;
-  if (const char* restarts = getenv("TORCHELASTIC_RESTART_COUNT")) {
-    env.restart_count = ParseInt("TORCHELASTIC_RESTART_COUNT", restarts);
+  if (const char* job = getenv("ACCEL_JOB_ID")) env.job_id = job;
+  if (const char* fd = getenv("ACCEL_STORE_LISTEN_FD")) {
+    env.store_listen_fd = launch_env::ParseInt("ACCEL_STORE_LISTEN_FD", fd);
   }
   return env;
 }

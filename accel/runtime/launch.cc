@@ -2,8 +2,10 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,10 +14,13 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <optional>
 #include <thread>
 
 #include "accel/runtime/errors.h"
 #include "accel/runtime/net.h"
+#include "accel/runtime/rank_output.h"
 
 namespace accel {
 namespace {
@@ -30,19 +35,45 @@ struct Rank {
   bool running = true;
 };
 
-std::string RandomSecret() {
-  unsigned char bytes[16] = {};
+std::string RandomHex(size_t bytes_wanted) {
+  std::vector<unsigned char> bytes(bytes_wanted);
   std::ifstream random("/dev/urandom", std::ios::binary);
-  if (!random.read(reinterpret_cast<char*>(bytes), sizeof(bytes))) {
+  if (!random.read(reinterpret_cast<char*>(bytes.data()), bytes.size())) {
     throw Error("cannot read /dev/urandom for the run secret");
   }
   static const char kHex[] = "0123456789abcdef";
-  std::string secret;
+  std::string text;
   for (unsigned char b : bytes) {
-    secret += kHex[b >> 4];
-    secret += kHex[b & 15];
+    text += kHex[b >> 4];
+    text += kHex[b & 15];
   }
-  return secret;
+  return text;
+}
+
+// FNV-1a: the same on every machine, unlike std::hash.
+std::string StableHash(const std::string& text) {
+  uint64_t hash = 1469598103934665603ull;
+  for (unsigned char c : text) {
+    hash ^= c;
+    hash *= 1099511628211ull;
+  }
+  char out[17];
+  std::snprintf(out, sizeof(out), "%016llx",
+                static_cast<unsigned long long>(hash));
+  return out;
+}
+
+// The job id the ranks present to the store. One launcher picks a random
+// one; the launchers of a multi-machine job cannot agree on a random value
+// without talking, so they derive it from what they share (a second job
+// with all of it the same is still refused by the store's one-connection-
+// per-rank rule).
+std::string JobId(const LaunchOptions& options, const std::string& secret) {
+  if (const char* given = std::getenv("ACCEL_JOB_ID")) return given;
+  if (options.num_machines == 1) return "launch-" + RandomHex(8);
+  return "launch-" + StableHash(secret + "\n" + options.main_process_ip + "\n" +
+                                std::to_string(options.main_process_port) +
+                                "\n" + std::to_string(options.num_processes));
 }
 
 std::string DescribeStatus(int status) {
@@ -50,8 +81,15 @@ std::string DescribeStatus(int status) {
     return "exited with code " + std::to_string(WEXITSTATUS(status));
   }
   if (WIFSIGNALED(status)) {
-    return "was killed by signal " + std::to_string(WTERMSIG(status)) + " (" +
-           strsignal(WTERMSIG(status)) + ")";
+    std::string text = "was killed by signal " +
+                       std::to_string(WTERMSIG(status)) + " (" +
+                       strsignal(WTERMSIG(status)) + ")";
+    if (WTERMSIG(status) == SIGKILL) {
+      text +=
+          "; if nobody sent it, the kernel may have run out of memory "
+          "(see dmesg)";
+    }
+    return text;
   }
   return "stopped with status " + std::to_string(status);
 }
@@ -91,14 +129,67 @@ void Validate(const LaunchOptions& o) {
                      std::to_string(o.max_restarts));
   }
   if (o.threads_per_process < 1) {
-    throw UsageError("threads per process must be at least 1");
+    throw UsageError("threads per process must be at least 1, found " +
+                     std::to_string(o.threads_per_process));
   }
 }
+
+int CoresAvailable() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+// Many ranks mean many connections (rank 0's store, each rank's full
+// mesh): allow what the hard limit allows, as torchrun users do by hand.
+void RaiseOpenFileLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 &&
+      limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &limit);
+  }
+}
+
+std::string ProcessLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NPROC, &limit) != 0) return "unknown";
+  if (limit.rlim_cur == RLIM_INFINITY) return "unlimited";
+  return std::to_string(limit.rlim_cur);
+}
+
+// Where launcher messages go: through the output relay when there is one
+// (it knows whether the console's line is finished), else straight to
+// stderr, on a fresh line since a rank's progress bar may not have ended
+// its own.
+class Reporter {
+ public:
+  void set_output(RankOutput* output) { output_ = output; }
+  void operator()(const std::string& text) const {
+    if (output_ != nullptr) {
+      output_->Message("accel launch: " + text);
+      return;
+    }
+    const std::string line = "\naccel launch: " + text + "\n";
+    std::fwrite(line.data(), 1, line.size(), stderr);
+    std::fflush(stderr);
+  }
+
+ private:
+  RankOutput* output_ = nullptr;
+};
+
+// What a rank's child process does before exec.
+struct ChildSetup {
+  std::map<std::string, std::string> env;
+  int keep_fd = -1;  // Inherited across exec (rank 0's store socket).
+  RankOutput::Pipes pipes;
+};
 
 // Forks one rank. Exec failures come back through a close-on-exec pipe so
 // that "no such program" is reported once, by the launcher, clearly.
 pid_t StartRank(const std::vector<std::string>& command,
-                const std::map<std::string, std::string>& env) {
+                const ChildSetup& setup, int rank, int world) {
   int report[2];
   if (pipe2(report, O_CLOEXEC) != 0) {
     throw Error(std::string("launch: pipe failed: ") + std::strerror(errno));
@@ -110,7 +201,15 @@ pid_t StartRank(const std::vector<std::string>& command,
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) {
-    throw Error(std::string("launch: fork failed: ") + std::strerror(errno));
+    const int error = errno;
+    close(report[0]);
+    close(report[1]);
+    throw Error(
+        "launch: cannot start rank " + std::to_string(rank) + " of " +
+        std::to_string(world) + ": fork failed: " + std::strerror(error) +
+        (error == EAGAIN
+             ? " (too many processes: ulimit -u is " + ProcessLimit() + ")"
+             : std::string()));
   }
   if (pid == 0) {
     setpgid(0, 0);
@@ -119,7 +218,12 @@ pid_t StartRank(const std::vector<std::string>& command,
     if (getppid() != parent) _exit(1);
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
-    for (const auto& [key, value] : env) setenv(key.c_str(), value.c_str(), 1);
+    for (const auto& [key, value] : setup.env) {
+      setenv(key.c_str(), value.c_str(), 1);
+    }
+    if (setup.keep_fd >= 0) fcntl(setup.keep_fd, F_SETFD, 0);
+    if (setup.pipes.out >= 0) dup2(setup.pipes.out, 1);
+    if (setup.pipes.err >= 0) dup2(setup.pipes.err, 2);
     execvp(argv[0], argv.data());
     const int error = errno;
     ssize_t ignored = write(report[1], &error, sizeof(error));
@@ -177,86 +281,179 @@ void StopAll(std::vector<Rank>& ranks, std::chrono::milliseconds grace,
   }
 }
 
-}  // namespace
-
-namespace {
-
 struct Attempt {
   int exit_code = 0;
   bool interrupted = false;  // Stopped by a signal to the launcher.
 };
 
+// The socket rank 0 will serve its store on, listening from now on.
+struct HeldPort {
+  int fd = -1;
+  int port = 0;
+  ~HeldPort() {
+    if (fd >= 0) close(fd);
+  }
+};
+
+class RankSet {
+ public:
+  RankSet(const LaunchOptions& options, const Reporter& report)
+      : options_(options), report_(report) {}
+
+  // Reaps ranks that exited; returns the first failure's status, if any.
+  bool ReapExited(const Rank** failed, int* status) {
+    while (true) {
+      int s = 0;
+      const pid_t pid = waitpid(-1, &s, WNOHANG);
+      if (pid <= 0) return false;
+      for (auto& r : ranks_) {
+        if (r.pid != pid || !r.running) continue;
+        r.running = false;
+        --running_;
+        // Whatever the rank left in its group goes with it.
+        kill(-r.pid, SIGKILL);
+        if (ExitCodeOf(s) != 0) {
+          *failed = &r;
+          *status = s;
+          return true;
+        }
+      }
+    }
+  }
+
+  // After a failure: lets the others report it, then stops them.
+  Attempt FailWith(const Rank& failed, int status, const char* when) {
+    report_("rank " + std::to_string(failed.rank) + " (pid " +
+            std::to_string(failed.pid) + ") " + DescribeStatus(status) + when +
+            "; stopping the other " + std::to_string(running_) + " rank(s)");
+    if (WaitForExit(ranks_, options_.report_grace)) {
+      report_("stopping the ranks still running");
+    }
+    StopAll(ranks_, options_.grace, SIGTERM);
+    running_ = 0;
+    return {ExitCodeOf(status), false};
+  }
+
+  std::optional<Attempt> CheckSignal() {
+    const int sig = g_forwarded_signal.exchange(0);
+    if (sig == 0) return std::nullopt;
+    report_("got signal " + std::to_string(sig) + " (" + strsignal(sig) +
+            "); stopping all " + std::to_string(ranks_.size()) + " ranks");
+    StopAll(ranks_, options_.grace, sig);
+    return Attempt{128 + sig, true};
+  }
+
+  void Add(int rank, pid_t pid) {
+    ranks_.push_back({rank, pid});
+    ++running_;
+  }
+  void StopAllNow() { StopAll(ranks_, options_.grace, SIGTERM); }
+  size_t running() const { return running_; }
+  size_t started() const { return ranks_.size(); }
+
+ private:
+  const LaunchOptions& options_;
+  const Reporter& report_;
+  std::vector<Rank> ranks_;
+  size_t running_ = 0;
+};
+
 // Starts this machine's ranks once and watches them until all have exited,
 // one has failed, or the launcher got a signal.
 Attempt RunRanks(const LaunchOptions& options,
-                 const std::vector<std::string>& argv, int port,
-                 const std::string& secret, int restart_count) {
+                 const std::vector<std::string>& argv, HeldPort& held,
+                 const std::string& secret, const std::string& job_id,
+                 int restart_count, Reporter& report) {
   const int local_world_size = options.num_processes / options.num_machines;
-  std::vector<Rank> ranks;
+  std::unique_ptr<RankOutput> output;
+  if (!options.log_dir.empty()) {
+    output = std::make_unique<RankOutput>(options.log_dir, restart_count);
+    report.set_output(output.get());
+  }
+  struct ClearOutput {
+    Reporter& report;
+    ~ClearOutput() { report.set_output(nullptr); }
+  } clear_output{report};
+  RankSet ranks(options, report);
   const char* omp = std::getenv("OMP_NUM_THREADS");
   try {
     for (int local = 0; local < local_world_size; ++local) {
+      if (auto stopped = ranks.CheckSignal()) return *stopped;
       const int rank = options.machine_rank * local_world_size + local;
-      std::map<std::string, std::string> env = {
+      ChildSetup setup;
+      setup.env = {
           {"RANK", std::to_string(rank)},
           {"WORLD_SIZE", std::to_string(options.num_processes)},
           {"LOCAL_RANK", std::to_string(local)},
           {"LOCAL_WORLD_SIZE", std::to_string(local_world_size)},
           {"GROUP_RANK", std::to_string(options.machine_rank)},
           {"MASTER_ADDR", options.main_process_ip},
-          {"MASTER_PORT", std::to_string(port)},
+          {"MASTER_PORT", std::to_string(held.port)},
           {"ACCEL_RUN_SECRET", secret},
+          {"ACCEL_JOB_ID", job_id},
           {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count)},
           {"OMP_NUM_THREADS",
            omp ? omp : std::to_string(options.threads_per_process)},
       };
-      ranks.push_back({rank, StartRank(argv, env)});
+      if (rank == 0 && held.fd >= 0) {
+        setup.env["ACCEL_STORE_LISTEN_FD"] = std::to_string(held.fd);
+        setup.keep_fd = held.fd;
+      }
+      if (output) setup.pipes = output->Add(rank);
+      ranks.Add(rank, StartRank(argv, setup, rank, options.num_processes));
+      if (output) output->StartedRank(rank);
+      if (rank == 0 && held.fd >= 0) {
+        close(held.fd);  // Rank 0 has it now.
+        held.fd = -1;
+      }
+      // A rank that fails while others start need not wait for all of them.
+      const Rank* failed = nullptr;
+      int status = 0;
+      if (ranks.ReapExited(&failed, &status)) {
+        const std::string when = " while ranks were starting (" +
+                                 std::to_string(ranks.started()) + " of " +
+                                 std::to_string(local_world_size) + " started)";
+        const Attempt attempt = ranks.FailWith(*failed, status, when.c_str());
+        if (output) output->Finish();
+        return attempt;
+      }
     }
-  } catch (...) {
-    StopAll(ranks, options.grace, SIGTERM);
+  } catch (const Error& e) {
+    if (ranks.started() > 0) {
+      report(std::string(e.what()) + "; stopping the " +
+             std::to_string(ranks.started()) + " rank(s) already started");
+    }
+    ranks.StopAllNow();
     throw;
   }
 
   Attempt attempt;
-  size_t running = ranks.size();
-  while (running > 0) {
-    if (const int sig = g_forwarded_signal.exchange(0)) {
-      std::fprintf(stderr,
-                   "accel launch: got signal %d (%s); stopping all %zu "
-                   "ranks\n",
-                   sig, strsignal(sig), ranks.size());
-      StopAll(ranks, options.grace, sig);
-      return {128 + sig, true};
+  while (ranks.running() > 0) {
+    if (auto stopped = ranks.CheckSignal()) {
+      attempt = *stopped;
+      break;
     }
+    const Rank* failed = nullptr;
     int status = 0;
-    const pid_t pid = waitpid(-1, &status, WNOHANG);
-    if (pid <= 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      continue;
+    if (ranks.ReapExited(&failed, &status)) {
+      attempt = ranks.FailWith(*failed, status, "");
+      break;
     }
-    for (auto& r : ranks) {
-      if (r.pid != pid || !r.running) continue;
-      r.running = false;
-      --running;
-      // Whatever the rank left in its group goes with it.
-      kill(-r.pid, SIGKILL);
-      if (ExitCodeOf(status) != 0) {
-        std::fprintf(stderr,
-                     "accel launch: rank %d (pid %d) %s; stopping the other "
-                     "%zu rank(s)\n",
-                     r.rank, static_cast<int>(pid),
-                     DescribeStatus(status).c_str(), running);
-        attempt.exit_code = ExitCodeOf(status);
-        if (WaitForExit(ranks, options.report_grace)) {
-          std::fprintf(stderr,
-                       "accel launch: stopping the ranks still running\n");
-        }
-        StopAll(ranks, options.grace, SIGTERM);
-        running = 0;
-      }
-    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  if (output) output->Finish();
   return attempt;
+}
+
+// Binds rank 0's port now and keeps it until rank 0 serves on it, when rank
+// 0 runs on this machine; else only says which port the ranks dial.
+void HoldPort(const LaunchOptions& options, HeldPort* held) {
+  if (options.machine_rank != 0) {
+    held->port = options.main_process_port;
+    return;
+  }
+  held->fd = net::Listen(options.main_process_ip, options.main_process_port,
+                         &held->port);
 }
 
 }  // namespace
@@ -265,6 +462,7 @@ int Launch(const LaunchOptions& options,
            const std::vector<std::string>& command) {
   Validate(options);
   if (command.empty()) throw UsageError("launch: no program to run");
+  Reporter report;
   std::string secret;
   if (const char* given = std::getenv("ACCEL_RUN_SECRET")) secret = given;
   if (secret.empty()) {
@@ -274,8 +472,21 @@ int Launch(const LaunchOptions& options,
           "machine (for example `export ACCEL_RUN_SECRET=$(openssl rand -hex "
           "16)`), so that only this job's processes can join it");
     }
-    secret = RandomSecret();
+    secret = RandomHex(16);
   }
+  const std::string job_id = JobId(options, secret);
+  const int local_world_size = options.num_processes / options.num_machines;
+  const int cores = CoresAvailable();
+  if (local_world_size > cores) {
+    report("warning: " + std::to_string(local_world_size) +
+           " processes on this machine's " + std::to_string(cores) +
+           " cores: they will share them (OMP_NUM_THREADS=" +
+           (std::getenv("OMP_NUM_THREADS")
+                ? std::string(std::getenv("OMP_NUM_THREADS"))
+                : std::to_string(options.threads_per_process)) +
+           " each)");
+  }
+  RaiseOpenFileLimit();
   std::vector<std::string> argv = command;
   if (!options.backend.empty()) argv.push_back("--backend=" + options.backend);
 
@@ -297,27 +508,25 @@ int Launch(const LaunchOptions& options,
   } restore{&old_int, &old_term};
 
   for (int restart = 0;; ++restart) {
-    // A fresh port for each try when we pick them: the last one's store may
-    // still be closing.
-    const int port = options.main_process_port == 0
-                         ? net::FindFreePort(options.main_process_ip)
-                         : options.main_process_port;
-    const Attempt attempt = RunRanks(options, argv, port, secret, restart);
+    // A fresh socket for each try (and a fresh port when we pick it): the
+    // last try's store may still be closing.
+    HeldPort held;
+    HoldPort(options, &held);
+    const Attempt attempt =
+        RunRanks(options, argv, held, secret, job_id, restart, report);
     if (attempt.exit_code == 0 || attempt.interrupted ||
         restart >= options.max_restarts) {
       if (attempt.exit_code != 0 && options.max_restarts > 0 &&
           !attempt.interrupted) {
-        std::fprintf(stderr,
-                     "accel launch: giving up after %d restart(s) "
-                     "(--max_restarts=%d)\n",
-                     restart, options.max_restarts);
+        report("giving up after " + std::to_string(restart) +
+               " restart(s) (--max_restarts=" +
+               std::to_string(options.max_restarts) + ")");
       }
       return attempt.exit_code;
     }
-    std::fprintf(stderr,
-                 "accel launch: restarting all ranks (restart %d of %d, "
-                 "TORCHELASTIC_RESTART_COUNT=%d)\n",
-                 restart + 1, options.max_restarts, restart + 1);
+    report("restarting all ranks (restart " + std::to_string(restart + 1) +
+           " of " + std::to_string(options.max_restarts) +
+           ", TORCHELASTIC_RESTART_COUNT=" + std::to_string(restart + 1) + ")");
   }
 }
 

@@ -7,10 +7,18 @@
 //
 // Each rank gets torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
 // LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
-// TORCHELASTIC_RESTART_COUNT), a per-run ACCEL_RUN_SECRET, and
-// OMP_NUM_THREADS. Each rank runs in its own process group: when a rank
-// fails, or the launcher gets SIGINT/SIGTERM, every rank's whole group gets
-// SIGTERM and, after a grace period, SIGKILL, so that nothing is left behind.
+// TORCHELASTIC_RESTART_COUNT), a per-run ACCEL_RUN_SECRET, a per-launch
+// ACCEL_JOB_ID (so that jobs sharing an exported secret are told apart),
+// and OMP_NUM_THREADS. Each rank runs in its own process group: when a rank
+// fails (even while others are still starting), or the launcher gets
+// SIGINT/SIGTERM, every rank's whole group gets SIGTERM and, after a grace
+// period, SIGKILL, so that nothing is left behind.
+//
+// On the machine of rank 0 the launcher listens on MASTER_PORT itself from
+// the moment it chooses it (--main_process_port=0 picks a free one) and
+// hands the socket to rank 0 (ACCEL_STORE_LISTEN_FD), so no other process
+// can take the port in between. It raises the soft limit on open files to
+// the hard one (many ranks mean many connections).
 #pragma once
 
 #include <chrono>
@@ -36,6 +44,9 @@ struct LaunchOptions {
   std::chrono::milliseconds report_grace = std::chrono::seconds(4);
   // How long a rank may take to exit after SIGTERM before SIGKILL.
   std::chrono::milliseconds grace = std::chrono::seconds(5);
+  // When set, each rank's stdout and stderr also go to
+  // <log_dir>/attempt_<n>/rank_<r>/{stdout,stderr}.log (see rank_output.h).
+  std::string log_dir;
 };
 
 // Runs `command` as this machine's ranks and returns the launcher's exit

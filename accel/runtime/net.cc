@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -41,6 +42,18 @@ AddrInfoPtr Resolve(const std::string& host, int port, bool passive) {
 
 std::string Endpoint(const std::string& host, int port) {
   return host + ":" + std::to_string(port);
+}
+
+// The IP address of `addr` as text ("" if it has none).
+std::string AddressText(const sockaddr_storage& addr) {
+  char text[INET6_ADDRSTRLEN] = {};
+  const void* ip =
+      addr.ss_family == AF_INET6
+          ? static_cast<const void*>(
+                &reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_addr)
+          : static_cast<const void*>(
+                &reinterpret_cast<const sockaddr_in*>(&addr)->sin_addr);
+  return inet_ntop(addr.ss_family, ip, text, sizeof(text)) ? text : "";
 }
 
 int PortOf(int fd) {
@@ -183,16 +196,8 @@ std::string LocalAddressToward(const std::string& host) {
         getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0;
     close(fd);
     if (!ok) continue;
-    char text[INET6_ADDRSTRLEN] = {};
-    const void* addr =
-        local.ss_family == AF_INET6
-            ? static_cast<const void*>(
-                  &reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
-            : static_cast<const void*>(
-                  &reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
-    if (inet_ntop(local.ss_family, addr, text, sizeof(text)) != nullptr) {
-      return text;
-    }
+    const std::string text = AddressText(local);
+    if (!text.empty()) return text;
   }
   throw UsageError("no local network route toward '" + host + "'");
 }
@@ -209,6 +214,40 @@ bool IsLoopback(const std::string& host) {
     }
   }
   return true;
+}
+
+void SetNetworkTimeout(int fd, std::chrono::milliseconds timeout) {
+  const int total_s = std::max<int>(
+      2,
+      static_cast<int>(
+          std::chrono::duration_cast<std::chrono::seconds>(timeout).count()));
+  // Probe after a quarter of the budget of silence, then a few times more.
+  const int idle_s = std::max(1, total_s / 4);
+  const int interval_s = std::max(1, total_s / 8);
+  const int probes = std::max(1, (total_s - idle_s) / interval_s);
+  const int one = 1;
+  const unsigned user_timeout_ms = static_cast<unsigned>(total_s) * 1000u;
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof(idle_s));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof(interval_s));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes));
+  // Keepalive covers idle connections; this covers unacknowledged data.
+  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms,
+             sizeof(user_timeout_ms));
+}
+
+std::string PeerAddress(int fd) {
+  sockaddr_storage peer{};
+  socklen_t len = sizeof(peer);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) != 0) {
+    return "";
+  }
+  return AddressText(peer);
+}
+
+bool IsUnreachableError(int error) {
+  return error == ETIMEDOUT || error == EHOSTUNREACH || error == ENETUNREACH ||
+         error == EHOSTDOWN;
 }
 
 int FindFreePort(const std::string& host) {

@@ -43,4 +43,17 @@ bool IsLoopback(const std::string& host);
 // A port that was free on `host` a moment ago.
 int FindFreePort(const std::string& host);
 
+// Makes a connected socket fail with ETIMEDOUT once its peer's machine has
+// not acknowledged anything for about `timeout`, idle or not (TCP keepalive
+// and TCP_USER_TIMEOUT). A stopped peer process does not trigger it: its
+// kernel still acknowledges.
+void SetNetworkTimeout(int fd, std::chrono::milliseconds timeout);
+
+// The IP address at the other end of a connected socket ("" if unknown).
+std::string PeerAddress(int fd);
+
+// Whether a socket error means the peer's machine stopped answering (as
+// opposed to the peer closing or resetting the connection).
+bool IsUnreachableError(int error);
+
 }  // namespace accel::net

@@ -1,43 +1,119 @@
 #include "accel/runtime/process_group.h"
 
+#include <algorithm>
+#include <cstdio>
+#include <mutex>
 #include <thread>
 
 #include "accel/runtime/errors.h"
 #include "accel/runtime/net.h"
 #include "accel/runtime/registry.h"
+#include "accel/runtime/rendezvous.h"
 #include "accel/runtime/tcp_store.h"
 
 namespace accel {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
 // How long rank 0 keeps the store up at exit for the others to leave.
 constexpr auto kShutdownGrace = std::chrono::seconds(5);
 
+std::mutex g_connector_mutex;
+AgentStoreConnector& Connector() {
+  static AgentStoreConnector connector;
+  return connector;
+}
+
+milliseconds Left(Clock::time_point deadline) {
+  return std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(
+                                       deadline - Clock::now()));
+}
+
+std::shared_ptr<Store> ConnectAgentStore(const DistributedEnvironment& env,
+                                         milliseconds timeout) {
+  AgentStoreConnector connector;
+  {
+    std::lock_guard<std::mutex> lock(g_connector_mutex);
+    connector = Connector();
+  }
+  if (!connector) {
+    throw UsageError(
+        "torchrun started this process in its default mode "
+        "(TORCHELASTIC_USE_AGENT_STORE=True): its agent serves a c10d store "
+        "on MASTER_PORT, which only programs linked with //accel (the "
+        "LibTorch layer) can join; use `torchrun --standalone` or accel's "
+        "launcher for runtime-only programs");
+  }
+  return connector(env, timeout);
+}
+
 std::shared_ptr<Store> ConnectStore(const DistributedEnvironment& env,
-                                    std::chrono::milliseconds timeout) {
+                                    const ProcessGroupOptions& options,
+                                    Clock::time_point deadline) {
   if (env.world_size == 1) return std::make_shared<InMemoryStore>();
+  if (env.use_agent_store) return ConnectAgentStore(env, Left(deadline));
   std::unique_ptr<TcpStoreServer> server;
   if (env.rank == 0) {
     TcpStoreServerOptions server_options;
     server_options.host = env.master_addr;
     server_options.port = env.master_port;
+    server_options.listen_fd = env.store_listen_fd;
     server_options.secret = env.run_secret;
+    server_options.job_id = env.job_id;
+    server_options.network_timeout = options.network_timeout;
+    // Every rank connects at once at start-up: room for all of them before
+    // the oldest silent connections are dropped.
+    server_options.max_unauthenticated =
+        std::max<size_t>(server_options.max_unauthenticated,
+                         static_cast<size_t>(env.world_size) + 16);
     server = std::make_unique<TcpStoreServer>(server_options);
+    if (env.run_secret.empty() && !net::IsLoopback(env.master_addr)) {
+      std::fprintf(stderr,
+                   "warning: rank 0's rendezvous store on %s:%d has no "
+                   "ACCEL_RUN_SECRET: anyone who can reach that port can join "
+                   "or change it; export the same secret on every rank (e.g. "
+                   "ACCEL_RUN_SECRET=$(openssl rand -hex 16))\n",
+                   env.master_addr.c_str(), server->port());
+    }
   }
-  TcpStoreOptions options;
-  options.secret = env.run_secret;
-  options.rank = env.rank;
-  options.connect_timeout = timeout;
-  auto store =
-      std::make_shared<TcpStore>(env.master_addr, env.master_port, options);
+  TcpStoreOptions store_options;
+  store_options.secret = env.run_secret;
+  store_options.job_id = env.job_id;
+  store_options.rank = env.rank;
+  store_options.connect_timeout = Left(deadline);
+  store_options.network_timeout = options.network_timeout;
+  auto store = std::make_shared<TcpStore>(env.master_addr, env.master_port,
+                                          store_options);
   if (server) store->AdoptServer(std::move(server));
   return store;
 }
 
+// Where this rank's data connections listen. On one machine each rank
+// takes its own loopback address (127.0.0.0/8 is all loopback): Gloo gives
+// every pair its own listening port, and 256 ranks need 65,280 of them at
+// once, more than one address's ephemeral ports (28,232 by default).
+std::string DataAddress(const DistributedEnvironment& env) {
+  if (env.world_size == 1) return "127.0.0.1";
+  if (!net::IsLoopback(env.master_addr)) {
+    return net::LocalAddressToward(env.master_addr);
+  }
+  // 127.0.0.1 stays the store's.
+  return "127.0." + std::to_string(env.local_rank / 250) + "." +
+         std::to_string(env.local_rank % 250 + 2);
+}
+
 }  // namespace
+
+void SetAgentStoreConnector(AgentStoreConnector connector) {
+  std::lock_guard<std::mutex> lock(g_connector_mutex);
+  Connector() = std::move(connector);
+}
 
 std::unique_ptr<ProcessGroup> ProcessGroup::Join(
     const DistributedEnvironment& env, const ProcessGroupOptions& options) {
+  const auto deadline = Clock::now() + options.rendezvous_timeout;
   std::unique_ptr<ProcessGroup> group(new ProcessGroup());
   group->env_ = env;
   const std::string backend = ResolveBackend(options.backend);
@@ -45,24 +121,39 @@ std::unique_ptr<ProcessGroup> ProcessGroup::Join(
   bool known = false;
   for (const auto& name : RegisteredBackends()) known |= name == backend;
   if (!known) CreateCommunicator(backend, BackendContext{});
+  if (options.rendezvous_timeout.count() <= 0) {
+    throw UsageError("the rendezvous timeout must be positive, found " +
+                     std::to_string(options.rendezvous_timeout.count()) +
+                     " ms");
+  }
 
   const std::string where = "rank " + std::to_string(env.rank) + "/" +
                             std::to_string(env.world_size) + ": ";
+  BackendContext context;
+  context.host = DataAddress(env);
   try {
-    group->store_ = ConnectStore(env, options.rendezvous_timeout);
+    group->store_ = ConnectStore(env, options, deadline);
+    auto* tcp = dynamic_cast<TcpStore*>(group->store_.get());
+    TcpStoreServer* hosted = tcp != nullptr ? tcp->server() : nullptr;
+    group->hosts_store_ = hosted != nullptr;
+    if (env.world_size > 1) {
+      MeetAtStore(*group->store_, env, context.host, deadline, hosted);
+    }
   } catch (const TimeoutError& e) {
     throw TimeoutError(where + "rendezvous failed: " + e.what());
   } catch (const UsageError& e) {
     throw UsageError(where + "rendezvous failed: " + e.what());
+  } catch (const PeerError& e) {
+    throw PeerError(where + "rendezvous failed: " + e.what(), e.failed_rank());
   }
-  BackendContext context;
   context.rank = env.rank;
   context.size = env.world_size;
   context.local_rank = env.local_rank;
+  context.local_size = env.local_world_size;
   context.store = std::make_shared<PrefixStore>(
       backend + "/" + std::to_string(env.restart_count), group->store_);
-  context.host = net::LocalAddressToward(env.master_addr);
   context.options = options.communicator;
+  context.connect_timeout = Left(deadline);
   group->communicator_ = CreateCommunicator(backend, context);
   return group;
 }
@@ -75,15 +166,15 @@ std::unique_ptr<ProcessGroup> ProcessGroup::Join(const std::string& backend) {
 
 ProcessGroup::~ProcessGroup() {
   communicator_.reset();
-  if (env_.rank != 0 || env_.world_size == 1 || store_ == nullptr) return;
+  if (!hosts_store_) return;
   // The store lives in rank 0: give the others a moment to say goodbye so
   // that their last request does not meet a closed socket.
-  const auto deadline = std::chrono::steady_clock::now() + kShutdownGrace;
+  const auto deadline = Clock::now() + kShutdownGrace;
   try {
-    while (std::chrono::steady_clock::now() < deadline) {
+    while (Clock::now() < deadline) {
       if (static_cast<int>(store_->departures().size()) >= env_.world_size - 1)
         break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      std::this_thread::sleep_for(milliseconds(20));
     }
   } catch (const Error&) {
     // Shutting down anyway.

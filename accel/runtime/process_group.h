@@ -6,10 +6,16 @@
 //   comm.barrier();
 //
 // Rank 0 hosts the store at MASTER_ADDR:MASTER_PORT; the others connect to
-// it, retrying until the timeout. Data connections listen on the address
-// that routes toward MASTER_ADDR, so the same code works across hosts.
+// it, retrying until the rendezvous timeout, which bounds the whole join
+// (store, meeting, the backend's connections). Under torchrun's default
+// mode the store is torchrun's agent's (a c10d store), joined through the
+// connector the LibTorch layer registers (accel/c10d_store.h). Data
+// connections listen on the address that routes toward MASTER_ADDR, so the
+// same code works across hosts.
 #pragma once
 
+#include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -22,9 +28,20 @@ namespace accel {
 struct ProcessGroupOptions {
   std::string backend = "auto";  // See ResolveBackend (registry.h).
   CommunicatorOptions communicator;
-  // How long ranks wait for each other to arrive at the store.
+  // How long ranks wait for each other to arrive and connect.
   std::chrono::milliseconds rendezvous_timeout = std::chrono::seconds(60);
+  // How long a machine may stop answering on the network before its ranks
+  // count as departed ("unreachable"); see TcpStoreServerOptions.
+  std::chrono::milliseconds network_timeout = std::chrono::seconds(20);
 };
+
+// Joins a store that another process serves (torchrun's agent): given the
+// environment, the connection timeout and the network timeout.
+using AgentStoreConnector = std::function<std::shared_ptr<Store>(
+    const DistributedEnvironment& env, std::chrono::milliseconds timeout)>;
+
+// Registered once by the layer that can speak the agent's protocol.
+void SetAgentStoreConnector(AgentStoreConnector connector);
 
 class ProcessGroup {
  public:
@@ -42,6 +59,7 @@ class ProcessGroup {
   ProcessGroup() = default;
   DistributedEnvironment env_;
   std::shared_ptr<Store> store_;
+  bool hosts_store_ = false;
   std::unique_ptr<Communicator> communicator_;
 };
 

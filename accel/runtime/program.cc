@@ -10,6 +10,8 @@
 #include "accel/runtime/environment.h"
 #include "accel/runtime/error_report.h"
 #include "accel/runtime/errors.h"
+#include "accel/runtime/help.h"
+#include "accel/runtime/self_launch.h"
 
 DEFINE_int32(num_processes, 1,
              "Total number of processes (ranks) to run, over all machines.");
@@ -45,6 +47,10 @@ DEFINE_int32(gradient_accumulation_steps, 1,
              "Micro-batches whose gradients are accumulated before each "
              "optimizer step (inside accelerator.accumulate(model)).");
 
+DEFINE_int32(network_timeout_s, 20,
+             "How long a machine may stop answering on the network before "
+             "its ranks are reported unreachable, in seconds.");
+
 namespace accel {
 
 LaunchOptions LaunchOptionsFromFlags() {
@@ -56,6 +62,9 @@ LaunchOptions LaunchOptionsFromFlags() {
   options.main_process_port = FLAGS_main_process_port;
   options.threads_per_process = FLAGS_num_cpu_threads_per_process;
   options.max_restarts = FLAGS_max_restarts;
+  // --log_dir is glog's flag in programs that link LibTorch (which links
+  // glog), and the launcher's own in tools/launch: reuse whichever exists.
+  gflags::GetCommandLineOption("log_dir", &options.log_dir);
   return options;
 }
 
@@ -63,6 +72,7 @@ void InitProgram(int* argc, char*** argv) {
   InstallTerminateHandler();
   // Keep the original arguments: the ranks get exactly what we got.
   std::vector<std::string> command(*argv, *argv + *argc);
+  PrintHelpAndExitIfAsked(*argc, *argv);
   gflags::ParseCommandLineFlags(argc, argv, /*remove_flags=*/true);
   // Under `bazel run`, relative paths (--output_dir=trained_model) mean the
   // user's directory, not Bazel's runfiles tree.
@@ -72,18 +82,7 @@ void InitProgram(int* argc, char*** argv) {
       std::exit(2);
     }
   }
-  if (FLAGS_num_processes <= 1 && FLAGS_num_machines <= 1 &&
-      FLAGS_max_restarts == 0) {
-    return;
-  }
-  if (DistributedEnvironment::FromProcess().launched) return;
-  command[0] = "/proc/self/exe";
-  try {
-    std::exit(Launch(LaunchOptionsFromFlags(), command));
-  } catch (const Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    std::exit(2);
-  }
+  SelfLaunchIfAsked(std::move(command));
 }
 
 int RunAndReportErrors(int (*body)(int, char**), int argc, char** argv) {

@@ -99,4 +99,10 @@ std::map<int, std::string> PrefixStore::departures() {
   return base_->departures();
 }
 
+std::shared_ptr<Store> PrefixStore::WithRequestTimeout(
+    std::chrono::milliseconds timeout) {
+  return std::make_shared<PrefixStore>(prefix_,
+                                       base_->WithRequestTimeout(timeout));
+}
+
 }  // namespace accel

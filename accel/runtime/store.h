@@ -20,7 +20,7 @@
 
 namespace accel {
 
-class Store {
+class Store : public std::enable_shared_from_this<Store> {
  public:
   virtual ~Store() = default;
 
@@ -36,10 +36,20 @@ class Store {
   // Atomically adds `delta` to the integer at `key` (0 when unset).
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
 
-  // Ranks whose processes left the job, with how they left ("crashed" when
-  // the connection dropped without a goodbye, "exited" otherwise). Stores
+  // Ranks whose processes left the job, with how they left: "exited" (said
+  // goodbye), "crashed" (the connection dropped without one) or
+  // "unreachable" (its machine stopped answering on the network). Stores
   // that cannot observe processes return an empty map.
   virtual std::map<int, std::string> departures() { return {}; }
+
+  // The same store, for callers that must not wait long on a host that
+  // stopped answering (diagnostics): requests that do not wait for keys give
+  // up with a TimeoutError after `timeout`. Stores whose requests cannot
+  // block return themselves. The store must be owned by a shared_ptr.
+  virtual std::shared_ptr<Store> WithRequestTimeout(
+      std::chrono::milliseconds timeout) {
+    return shared_from_this();
+  }
 
   // Waits for `key` and returns its value.
   std::string get(const std::string& key, std::chrono::milliseconds timeout);
@@ -71,6 +81,8 @@ class PrefixStore : public Store {
             std::chrono::milliseconds timeout) override;
   int64_t add(const std::string& key, int64_t delta) override;
   std::map<int, std::string> departures() override;
+  std::shared_ptr<Store> WithRequestTimeout(
+      std::chrono::milliseconds timeout) override;
 
  private:
   std::string Key(const std::string& key) const;

@@ -2,49 +2,26 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cstring>
 #include <thread>
 
 #include "accel/runtime/errors.h"
 #include "accel/runtime/net.h"
 #include "accel/runtime/tcp_store.h"
+#include "tests/store_semantics.h"
 
 namespace accel {
 namespace {
 
+using testing::ExpectStoreSemantics;
+
 using std::chrono::milliseconds;
 using ::testing::HasSubstr;
-
-// The same behaviour is required of every Store implementation.
-void ExpectStoreSemantics(Store& a, Store& b) {
-  a.set("k", "v1");
-  EXPECT_EQ(b.get("k", milliseconds(1000)), "v1");
-  EXPECT_EQ(b.try_get("absent"), std::nullopt);
-  EXPECT_EQ(a.add("counter", 5), 5);
-  EXPECT_EQ(b.add("counter", -2), 3);
-  std::string binary("\0\1\2\xff", 4);
-  a.set("binary", binary);
-  EXPECT_EQ(b.get("binary", milliseconds(1000)), binary);
-
-  std::thread setter([&] {
-    std::this_thread::sleep_for(milliseconds(100));
-    a.set("late", "here");
-  });
-  EXPECT_EQ(b.get("late", milliseconds(5000)), "here");
-  setter.join();
-
-  try {
-    b.wait({"k", "never1", "never2"}, milliseconds(200));
-    ADD_FAILURE() << "wait on absent keys did not time out";
-  } catch (const TimeoutError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("never1, "));
-    EXPECT_THAT(e.what(), HasSubstr("never2]"));
-    EXPECT_THAT(e.what(), ::testing::Not(HasSubstr("k,")));
-    EXPECT_THAT(e.what(), HasSubstr("200 ms"));
-  }
-}
 
 TEST(InMemoryStoreTest, Semantics) {
   InMemoryStore store;
@@ -59,6 +36,19 @@ TEST(PrefixStoreTest, SeparatesNamespaces) {
   EXPECT_EQ(b.try_get("k"), std::nullopt);
   EXPECT_EQ(base->try_get("a/k"), "1");
   ExpectStoreSemantics(a, a);
+}
+
+// A hello frame as the wire format has it: length, request id, op 1,
+// secret "" (length only), rank, job id "".
+std::string RawHello(int rank) {
+  std::string body(8, '\0');
+  body += '\1';
+  body += std::string(8, '\0');
+  for (int i = 0; i < 8; ++i) body += static_cast<char>(rank >> (8 * i));
+  body += std::string(8, '\0');
+  std::string frame(4, '\0');
+  frame[0] = static_cast<char>(body.size());
+  return frame + body;
 }
 
 TcpStoreOptions ClientOptions(const std::string& secret, int rank) {
@@ -104,14 +94,12 @@ TEST(TcpStoreTest, DeparturesNameCrashedAndExitedRanks) {
   // A "crash": the connection drops without a goodbye.
   const int raw =
       net::Connect("127.0.0.1", server.port(), milliseconds(1000), "test");
-  const char hello[] = {
-      // length 17: op 1 (hello), secret length 0 (8 bytes), rank 2 (8 bytes)
-      17, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0};
-  net::SendAll(raw, hello, sizeof(hello), "test");
-  char reply[5];
-  ASSERT_EQ(
-      net::RecvAll(raw, reply, 5, net::Clock::now() + std::chrono::seconds(2)),
-      net::RecvStatus::kOk);
+  const std::string hello = RawHello(2);
+  net::SendAll(raw, hello.data(), hello.size(), "test");
+  char reply[13];
+  ASSERT_EQ(net::RecvAll(raw, reply, sizeof(reply),
+                         net::Clock::now() + std::chrono::seconds(2)),
+            net::RecvStatus::kOk);
   close(raw);
   std::map<int, std::string> departed;
   for (int i = 0; i < 100 && departed.size() < 2; ++i) {
@@ -187,6 +175,182 @@ TEST(TcpStoreTest, PortInUseSuggestsAnotherPort) {
     EXPECT_THAT(e.what(), HasSubstr("already in use"));
     EXPECT_THAT(e.what(), HasSubstr("--main_process_port=0"));
   }
+}
+
+TEST(TcpStoreTest, SecondHelloForAConnectedRankIsRefused) {
+  TcpStoreServer server(ServerOptions("s"));
+  TcpStore rank1("127.0.0.1", server.port(), ClientOptions("s", 1));
+  try {
+    TcpStore impostor("127.0.0.1", server.port(), ClientOptions("s", 1));
+    FAIL() << "two connections for rank 1";
+  } catch (const UsageError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("already has a rank 1"));
+  }
+  ASSERT_EQ(server.rejected().size(), 1u);
+  EXPECT_EQ(server.rejected()[0].rank, 1);
+  EXPECT_THAT(server.rejected()[0].reason,
+              HasSubstr("rank 1 is already connected from 127.0.0.1"));
+  // The impostor leaving is not rank 1 leaving.
+  std::this_thread::sleep_for(milliseconds(100));
+  EXPECT_TRUE(rank1.departures().empty());
+}
+
+TEST(TcpStoreTest, JobsSharingASecretAreToldApartByJobId) {
+  TcpStoreServerOptions options = ServerOptions("shared");
+  options.job_id = "job-a";
+  TcpStoreServer server(options);
+  TcpStoreOptions a = ClientOptions("shared", 0);
+  a.job_id = "job-a";
+  TcpStore member("127.0.0.1", server.port(), a);
+  TcpStoreOptions b = ClientOptions("shared", 1);
+  b.job_id = "job-b";
+  try {
+    TcpStore other("127.0.0.1", server.port(), b);
+    FAIL() << "a client of another job was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("another job"));
+  }
+  ASSERT_EQ(server.rejected().size(), 1u);
+  EXPECT_THAT(server.rejected()[0].reason, HasSubstr("another job"));
+  std::this_thread::sleep_for(milliseconds(100));
+  EXPECT_TRUE(member.departures().empty());
+}
+
+TEST(TcpStoreTest, WrongSecretIsReportedToTheHostWithTheAddress) {
+  TcpStoreServer server(ServerOptions("right"));
+  EXPECT_THROW(TcpStore("127.0.0.1", server.port(), ClientOptions("wrong", 3)),
+               UsageError);
+  ASSERT_EQ(server.rejected().size(), 1u);
+  EXPECT_EQ(server.rejected()[0].address, "127.0.0.1");
+  EXPECT_EQ(server.rejected()[0].rank, 3);
+  EXPECT_EQ(server.rejected()[0].reason, "another run secret");
+}
+
+// Whether the server closed `fd` (reads end-of-stream) within `within`.
+bool ClosedByPeer(int fd, milliseconds within) {
+  char byte;
+  return net::RecvAll(fd, &byte, 1, net::Clock::now() + within) ==
+         net::RecvStatus::kClosed;
+}
+
+TEST(TcpStoreTest, SilentConnectionsAreCappedAndClosed) {
+  TcpStoreServerOptions options = ServerOptions("s");
+  options.auth_timeout = milliseconds(1500);
+  options.max_unauthenticated = 4;
+  TcpStoreServer server(options);
+  std::vector<int> strangers;
+  for (int i = 0; i < 10; ++i) {
+    strangers.push_back(
+        net::Connect("127.0.0.1", server.port(), milliseconds(1000), "test"));
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  // The six oldest make room for newer ones at once.
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_TRUE(ClosedByPeer(strangers[i], milliseconds(1000))) << i;
+  }
+  // A rank still joins and works while strangers hold connections.
+  TcpStore rank("127.0.0.1", server.port(), ClientOptions("s", 0));
+  rank.set("k", "v");
+  EXPECT_EQ(rank.get("k", milliseconds(1000)), "v");
+  // The rest are closed once they have been silent too long.
+  for (int i = 6; i < 10; ++i) {
+    EXPECT_TRUE(ClosedByPeer(strangers[i], milliseconds(5000))) << i;
+  }
+  for (int fd : strangers) close(fd);
+  EXPECT_EQ(rank.get("k", milliseconds(1000)), "v");
+}
+
+TEST(TcpStoreTest, ARequestDoesNotQueueBehindAnotherThreadsWait) {
+  TcpStoreServer server(ServerOptions(""));
+  TcpStore store("127.0.0.1", server.port(), ClientOptions("", 0));
+  std::thread waiter([&] {
+    EXPECT_THROW(store.wait({"never"}, milliseconds(3000)), TimeoutError);
+  });
+  std::this_thread::sleep_for(milliseconds(100));
+  const auto start = std::chrono::steady_clock::now();
+  store.set("k", "v");
+  EXPECT_EQ(store.try_get("k"), "v");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(2000));
+  waiter.join();
+}
+
+// A server that answers hello, then answers nothing until told to, as rank 0
+// does while it is stopped (SIGSTOP).
+class SilentServer {
+ public:
+  SilentServer() {
+    listen_fd_ = net::Listen("127.0.0.1", 0, &port_);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~SilentServer() {
+    thread_.join();
+    close(listen_fd_);
+  }
+  int port() const { return port_; }
+  // Answers every request received so far, in order, then stops.
+  void Resume() { resume_ = true; }
+
+ private:
+  void Serve() {
+    const int fd = accept(listen_fd_, nullptr, nullptr);
+    std::vector<uint64_t> ids;
+    auto read_request = [&]() -> bool {
+      char header[4];
+      if (net::RecvAll(fd, header, 4,
+                       net::Clock::now() + std::chrono::seconds(10)) !=
+          net::RecvStatus::kOk) {
+        return false;
+      }
+      std::string body(static_cast<uint8_t>(header[0]), '\0');
+      net::RecvAll(fd, body.data(), body.size(),
+                   net::Clock::now() + std::chrono::seconds(10));
+      uint64_t id = 0;
+      std::memcpy(&id, body.data(), 8);
+      ids.push_back(id);
+      return true;
+    };
+    auto reply_ok = [&](uint64_t id) {
+      std::string frame(4, '\0');
+      frame[0] = 9;
+      frame.append(reinterpret_cast<const char*>(&id), 8);
+      frame += '\0';
+      net::SendAll(fd, frame.data(), frame.size(), "test");
+    };
+    read_request();  // hello
+    reply_ok(ids.back());
+    ids.clear();
+    while (!resume_ || ids.size() < 2) {
+      pollfd pfd{fd, POLLIN, 0};
+      if (poll(&pfd, 1, 10) == 1 && !read_request()) break;
+    }
+    for (uint64_t id : ids) reply_ok(id);
+    char byte;
+    net::RecvAll(fd, &byte, 1, net::Clock::now() + std::chrono::seconds(10));
+    close(fd);
+  }
+
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> resume_{false};
+  std::thread thread_;
+};
+
+TEST(TcpStoreTest, ASilentHostTimesOutWithoutBreakingTheConnection) {
+  SilentServer server;
+  TcpStoreOptions options = ClientOptions("", 1);
+  options.request_timeout = milliseconds(300);
+  TcpStore store("127.0.0.1", server.port(), options);
+  try {
+    store.set("k", "v");
+    FAIL() << "a silent store answered";
+  } catch (const TimeoutError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("did not answer within 300 ms"));
+    EXPECT_THAT(e.what(), HasSubstr("stopped or overloaded"));
+  }
+  // Once it answers again, the late answer to the first request is skipped
+  // and the second request gets its own.
+  server.Resume();
+  store.set("k2", "v2");
 }
 
 }  // namespace

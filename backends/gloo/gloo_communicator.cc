@@ -131,9 +131,19 @@ GlooCommunicator::GlooCommunicator(const BackendContext& context)
       auto device = gloo::transport::tcp::CreateDevice(attr);
       auto gloo_context = std::make_shared<gloo::rendezvous::Context>(
           context.rank, context.size);
-      gloo_context->setTimeout(context.options.timeout);
-      GlooStoreAdapter store(context.store, context.options.timeout);
+      // Connecting is part of the rendezvous, bounded by what is left of
+      // its timeout; collectives then pass their own timeouts.
+      const auto connect_timeout = context.connect_timeout.count() > 0
+                                       ? context.connect_timeout
+                                       : context.options.timeout;
+      // Gloo waits five times its timeout for a pair's first connection
+      // (gloo/transport/tcp/pair.h); the ranks have all met at the store
+      // by now (ProcessGroup), so its own key waits are short anyway.
+      gloo_context->setTimeout(
+          std::max(std::chrono::milliseconds(1), connect_timeout / 5));
+      GlooStoreAdapter store(context.store, connect_timeout);
       gloo_context->connectFullMesh(store, device);
+      gloo_context->setTimeout(context.options.timeout);
       // A pair's address is where it listened for its peer.
       for (int peer = 0; peer < context.size; ++peer) {
         if (peer == context.rank) continue;
@@ -152,8 +162,22 @@ GlooCommunicator::GlooCommunicator(const BackendContext& context)
     });
   } catch (const Error& e) {
     StopWorker();
+    const std::string what = e.what();
+    // Gloo names the peer it could not reach as "[address]:port".
+    const size_t open = what.find("Connect timeout [");
+    if (open != std::string::npos) {
+      const size_t start = open + std::strlen("Connect timeout [");
+      const std::string peer =
+          what.substr(start, what.find(']', start) - start);
+      throw TimeoutError(
+          Where() + "the ranks at " + peer +
+          " accepted no data connection within the rendezvous timeout "
+          "(--rendezvous_timeout_s), though every rank reached the store: is "
+          "a firewall blocking the ports Gloo listens on? (" +
+          what + ")");
+    }
     const std::string message =
-        Where() + "connecting to the other ranks failed: " + e.what();
+        Where() + "connecting to the other ranks failed: " + what;
     if (dynamic_cast<const TimeoutError*>(&e)) throw TimeoutError(message);
     throw PeerError(message);
   }

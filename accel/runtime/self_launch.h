@@ -1,0 +1,27 @@
+// Whether an accel program should start its own ranks, and doing it:
+// `train_demo --num_processes=2` runs two copies of itself through
+// accel::Launch unless it already is a rank.
+//
+//   accel::SelfLaunchIfAsked(original_argv);  // returns only in a rank
+//
+// A process is a rank when an engine started it (see environment.h): then
+// --num_processes, if given, must agree with the engine's world size. An
+// environment that cannot be read (part of an engine's variables) is an
+// error here, before anything runs, rather than N silent one-process runs.
+// The ranks run the program's real path (not /proc/self/exe), so that ps,
+// top and pgrep show its name.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace accel {
+
+// Exits with the launcher's exit code after a launch, with 1 after an
+// error; returns when this process should go on as a rank (or alone).
+void SelfLaunchIfAsked(std::vector<std::string> command);
+
+// This executable's path, resolved ("/proc/self/exe" if it cannot be).
+std::string ExecutablePath();
+
+}  // namespace accel
