@@ -70,6 +70,27 @@ TEST(FaultTest, BarrierOnlyOnTheMainProcessIsNamedOnEveryRank) {
   EXPECT_LT(r.elapsed, seconds(30)) << r.output;  // Timeout is 300 s.
 }
 
+TEST(FaultTest, ARankThatFailsIsNamedWithItsReasonByTheOthers) {
+  // Through RunAndReportErrors: the others learn that it failed.
+  const ProcessResult caught = RunFault("error_on_rank1");
+  EXPECT_NE(caught.exit_code, 0);
+  EXPECT_THAT(caught.output,
+              HasSubstr("error: [rank 1/2] cannot read 'data.bin': disk gone"));
+  EXPECT_THAT(caught.output,
+              HasSubstr("error: [gloo] rank 0/2: gather #2 (fault_worker.cc:"));
+  EXPECT_THAT(caught.output, HasSubstr("rank 1 exited with an error"));
+  EXPECT_LT(caught.elapsed, seconds(30)) << caught.output;
+  // Through std::terminate: the others quote its message.
+  const ProcessResult uncaught = RunFault("uncaught_on_rank1");
+  EXPECT_NE(uncaught.exit_code, 0);
+  EXPECT_THAT(uncaught.output,
+              HasSubstr("error: [rank 1/2] cannot read 'data.bin': disk gone"));
+  EXPECT_THAT(uncaught.output,
+              HasSubstr("rank 1 failed: cannot read 'data.bin': disk gone"));
+  EXPECT_THAT(uncaught.output, ::testing::Not(HasSubstr("terminate called")));
+  EXPECT_LT(uncaught.elapsed, seconds(30)) << uncaught.output;
+}
+
 TEST(FaultTest, RankThatSkipsAGatherIsNamed) {
   const ProcessResult r = RunFault("skip_gather");
   EXPECT_NE(r.exit_code, 0);

@@ -14,7 +14,8 @@
 DEFINE_string(scenario, "main_only_wait",
               "main_only_wait, main_only_wait_then_exit, skip_gather, "
               "late_rank, wrong_device, stop_main, burst_then_stop, "
-              "shape_mismatch or idle_then_save");
+              "shape_mismatch, idle_then_save, error_on_rank1 or "
+              "uncaught_on_rank1");
 DEFINE_int32(late_s, 6, "How late rank 1 is in --scenario=late_rank.");
 DEFINE_int32(idle_s, 6, "How long --scenario=idle_then_save idles.");
 DEFINE_string(save_dir, "", "Where --scenario=idle_then_save saves.");
@@ -51,6 +52,16 @@ int Main(int argc, char** argv) {
     accelerator.gather(ones);
   } else if (FLAGS_scenario == "shape_mismatch") {
     accelerator.gather(torch::zeros({accelerator.process_index() + 1}));
+  } else if (FLAGS_scenario == "error_on_rank1" ||
+             FLAGS_scenario == "uncaught_on_rank1") {
+    // Rank 1 fails outside any collective while rank 0 waits in one.
+    if (!main) {
+      const accel::CheckpointError error("cannot read 'data.bin': disk gone");
+      if (FLAGS_scenario == "error_on_rank1") throw error;
+      // No handler: the exception reaches std::terminate.
+      std::thread([&error] { throw error; }).join();
+    }
+    accelerator.gather(ones);
   } else if (FLAGS_scenario == "idle_then_save") {
     // Strangers may crowd rank 0's store meanwhile; the job must not mind.
     std::this_thread::sleep_for(std::chrono::seconds(FLAGS_idle_s));

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 
 namespace accel {
@@ -34,9 +35,32 @@ std::string RankPrefix(const std::string& message) {
   return "[" + mine + "] ";
 }
 
+struct FatalHooks {
+  std::mutex mutex;
+  std::map<int, std::function<void(const std::string&)>> hooks;
+  int next_id = 0;
+};
+
+FatalHooks& Hooks() {
+  static FatalHooks* hooks = new FatalHooks();  // Never destroyed.
+  return *hooks;
+}
+
 [[noreturn]] void TerminateWithReport() {
   if (std::exception_ptr error = std::current_exception()) {
     ReportException(error);
+    const std::string message = DescribeException(error);
+    FatalHooks& fatal = Hooks();
+    // try_lock: a terminate inside a hook must not deadlock here.
+    if (fatal.mutex.try_lock()) {
+      for (auto& [id, hook] : fatal.hooks) {
+        try {
+          hook(message);
+        } catch (...) {
+        }
+      }
+      fatal.mutex.unlock();
+    }
   } else {
     std::fflush(stdout);
     std::fprintf(stderr,
@@ -76,6 +100,20 @@ void ReportException(std::exception_ptr error) {
   std::fprintf(stderr, "error: %s%s\n", RankPrefix(message).c_str(),
                message.c_str());
   std::fflush(stderr);
+}
+
+int AddFatalErrorHook(std::function<void(const std::string& message)> hook) {
+  FatalHooks& fatal = Hooks();
+  std::lock_guard<std::mutex> lock(fatal.mutex);
+  const int id = fatal.next_id++;
+  fatal.hooks[id] = std::move(hook);
+  return id;
+}
+
+void RemoveFatalErrorHook(int id) {
+  FatalHooks& fatal = Hooks();
+  std::lock_guard<std::mutex> lock(fatal.mutex);
+  fatal.hooks.erase(id);
 }
 
 void InstallTerminateHandler() {

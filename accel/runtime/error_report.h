@@ -14,6 +14,7 @@
 #pragma once
 
 #include <exception>
+#include <functional>
 #include <string>
 
 namespace accel {
@@ -29,5 +30,12 @@ void ReportException(std::exception_ptr error);
 // Makes std::terminate report the exception in flight and exit with code 1.
 // Idempotent.
 void InstallTerminateHandler();
+
+// Called with the one-line message when an error ends the process through
+// std::terminate (after it is printed, before the exit): the process group
+// uses it to tell the other ranks why this one leaves. Returns an id for
+// RemoveFatalErrorHook. Hooks must be quick and must not throw.
+int AddFatalErrorHook(std::function<void(const std::string& message)> hook);
+void RemoveFatalErrorHook(int id);
 
 }  // namespace accel

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <exception>
 #include <mutex>
 #include <thread>
 
+#include "accel/runtime/error_report.h"
 #include "accel/runtime/errors.h"
 #include "accel/runtime/net.h"
 #include "accel/runtime/registry.h"
@@ -19,6 +21,8 @@ using std::chrono::milliseconds;
 
 // How long rank 0 keeps the store up at exit for the others to leave.
 constexpr auto kShutdownGrace = std::chrono::seconds(5);
+// Bound on telling the store why this rank leaves.
+constexpr auto kLeavingTimeout = std::chrono::seconds(1);
 
 std::mutex g_connector_mutex;
 AgentStoreConnector& Connector() {
@@ -155,6 +159,16 @@ std::unique_ptr<ProcessGroup> ProcessGroup::Join(
   context.options = options.communicator;
   context.connect_timeout = Left(deadline);
   group->communicator_ = CreateCommunicator(backend, context);
+  if (env.world_size > 1) {
+    // An error that ends the process through std::terminate tells the
+    // others what it was.
+    std::weak_ptr<Store> store = group->store_;
+    group->fatal_hook_ = AddFatalErrorHook([store](const std::string& message) {
+      if (auto alive = store.lock()) {
+        alive->WithRequestTimeout(kLeavingTimeout)->leave("failed: " + message);
+      }
+    });
+  }
   return group;
 }
 
@@ -165,6 +179,17 @@ std::unique_ptr<ProcessGroup> ProcessGroup::Join(const std::string& backend) {
 }
 
 ProcessGroup::~ProcessGroup() {
+  if (fatal_hook_ >= 0) RemoveFatalErrorHook(fatal_hook_);
+  if (std::uncaught_exceptions() > 0 && env_.world_size > 1 && store_) {
+    // Leaving because of an error: the others say so rather than "a peer
+    // failed" (the message itself is this rank's to print).
+    try {
+      store_->WithRequestTimeout(kLeavingTimeout)
+          ->leave("exited with an error");
+    } catch (const std::exception&) {
+      // The store may be gone already.
+    }
+  }
   communicator_.reset();
   if (!hosts_store_) return;
   // The store lives in rank 0: give the others a moment to say goodbye so

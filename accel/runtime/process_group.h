@@ -60,6 +60,7 @@ class ProcessGroup {
   DistributedEnvironment env_;
   std::shared_ptr<Store> store_;
   bool hosts_store_ = false;
+  int fatal_hook_ = -1;  // AddFatalErrorHook's id.
   std::unique_ptr<Communicator> communicator_;
 };
 

@@ -99,6 +99,8 @@ std::map<int, std::string> PrefixStore::departures() {
   return base_->departures();
 }
 
+void PrefixStore::leave(const std::string& how) { base_->leave(how); }
+
 std::shared_ptr<Store> PrefixStore::WithRequestTimeout(
     std::chrono::milliseconds timeout) {
   return std::make_shared<PrefixStore>(prefix_,

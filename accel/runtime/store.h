@@ -46,6 +46,12 @@ class Store : public std::enable_shared_from_this<Store> {
   // stopped answering (diagnostics): requests that do not wait for keys give
   // up with a TimeoutError after `timeout`. Stores whose requests cannot
   // block return themselves. The store must be owned by a shared_ptr.
+  // Records in departures() how this rank is leaving ("exited with an
+  // error", "failed: <message>") before its process ends, so that the
+  // others' errors can say it. Stores that cannot observe processes ignore
+  // it.
+  virtual void leave(const std::string& how) {}
+
   virtual std::shared_ptr<Store> WithRequestTimeout(
       std::chrono::milliseconds timeout) {
     return shared_from_this();
@@ -81,6 +87,7 @@ class PrefixStore : public Store {
             std::chrono::milliseconds timeout) override;
   int64_t add(const std::string& key, int64_t delta) override;
   std::map<int, std::string> departures() override;
+  void leave(const std::string& how) override;
   std::shared_ptr<Store> WithRequestTimeout(
       std::chrono::milliseconds timeout) override;
 

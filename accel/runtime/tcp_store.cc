@@ -36,6 +36,7 @@ enum class Op : uint8_t {
   kAdd,        // key, delta
   kDepartures,
   kGoodbye,  // no response
+  kLeaving,  // how the rank is leaving ("exited with an error"...)
 };
 
 enum class Status : uint8_t {
@@ -48,6 +49,8 @@ enum class Status : uint8_t {
 };
 
 constexpr size_t kMaxUnauthenticatedMessage = 4096;
+// How a rank says it is leaving, as its peers' errors will quote it.
+constexpr size_t kMaxLeavingText = 600;
 constexpr size_t kMaxResponseBytes = size_t{1} << 30;
 constexpr size_t kMaxRejectedKept = 16;
 // How long the server stops accepting after running out of descriptors.
@@ -158,6 +161,7 @@ struct TcpStoreServer::State {
     bool authenticated = false;
     int rank = -1;
     bool said_goodbye = false;
+    bool left = false;  // Its departure was recorded by kLeaving.
     bool close_after_flush = false;
     std::string in;
     std::string out;
@@ -347,6 +351,17 @@ struct TcpStoreServer::State {
       case Op::kGoodbye:
         connections[fd].said_goodbye = true;
         return;
+      case Op::kLeaving: {
+        std::string how = reader.Str();
+        if (how.size() > kMaxLeavingText) how.resize(kMaxLeavingText);
+        Connection& conn = connections[fd];
+        if (conn.rank >= 0) {
+          departures[conn.rank] = how;
+          conn.left = true;
+        }
+        Reply(fd, Response(id, Status::kOk));
+        return;
+      }
     }
     throw std::runtime_error("unknown request");
   }
@@ -361,9 +376,12 @@ struct TcpStoreServer::State {
       auto owner = rank_fds.find(conn.rank);
       if (owner != rank_fds.end() && owner->second == fd) {
         rank_fds.erase(owner);
-        departures[conn.rank] = conn.said_goodbye ? "exited"
-                                : unreachable ? "unreachable at " + conn.address
-                                              : "crashed";
+        if (!conn.left) {
+          departures[conn.rank] = conn.said_goodbye ? "exited"
+                                  : unreachable
+                                      ? "unreachable at " + conn.address
+                                      : "crashed";
+        }
       }
     }
     waiters.erase(std::remove_if(waiters.begin(), waiters.end(),
@@ -903,6 +921,11 @@ std::shared_ptr<Store> TcpStore::WithRequestTimeout(milliseconds timeout) {
 std::string TcpStore::Call(const std::string& request,
                            milliseconds extra_wait) {
   return connection_->Call(request, request_timeout_ + extra_wait);
+}
+
+void TcpStore::leave(const std::string& how) {
+  Call(Writer().U8(static_cast<uint8_t>(Op::kLeaving)).Str(how).bytes(),
+       milliseconds(0));
 }
 
 void TcpStore::set(const std::string& key, const std::string& value) {

@@ -115,6 +115,7 @@ class TcpStore : public Store {
             std::chrono::milliseconds timeout) override;
   int64_t add(const std::string& key, int64_t delta) override;
   std::map<int, std::string> departures() override;
+  void leave(const std::string& how) override;
   std::shared_ptr<Store> WithRequestTimeout(
       std::chrono::milliseconds timeout) override;
 
