@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -21,17 +23,34 @@ void RunRanks(const std::string& backend, int world_size,
   auto store = std::make_shared<PrefixStore>(
       "run" + std::to_string(generation++), std::make_shared<InMemoryStore>());
   std::vector<std::string> failures(world_size);
+  // Every rank's body starts once every communicator is built: a body that
+  // fails at once must not tear down its connections while another rank is
+  // still making its own.
+  std::mutex mutex;
+  std::condition_variable all_built;
+  int built = 0;
+  auto arrive = [&] {
+    std::unique_lock<std::mutex> lock(mutex);
+    if (++built == world_size) all_built.notify_all();
+    all_built.wait(lock, [&] { return built == world_size; });
+  };
   std::vector<std::thread> threads;
   for (int rank = 0; rank < world_size; ++rank) {
     threads.emplace_back([&, rank] {
+      std::unique_ptr<Communicator> comm;
       try {
         BackendContext context;
         context.rank = rank;
         context.size = world_size;
         context.store = store;
         context.options.timeout = options.timeout;
-        std::unique_ptr<Communicator> comm =
-            CreateCommunicator(backend, context);
+        comm = CreateCommunicator(backend, context);
+      } catch (const std::exception& e) {
+        failures[rank] = e.what();
+      }
+      arrive();
+      if (comm == nullptr) return;
+      try {
         body(*comm);
       } catch (const std::exception& e) {
         failures[rank] = e.what();

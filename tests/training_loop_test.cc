@@ -421,14 +421,15 @@ TEST_F(TrainingLoopTest, TriggerSyncInBackwardSyncsInsideNoSync) {
     auto sync = A().trigger_sync_in_backward(model);
     A().backward(model->forward(x).sum());
   }
-  torch::Tensor all = A().gather(model->parameters()[0].grad().reshape({1, -1}));
+  torch::Tensor all =
+      A().gather(model->parameters()[0].grad().reshape({1, -1}));
   for (int r = 1; r < N(); ++r) EXPECT_TRUE(torch::equal(all[r], all[0]));
 }
 
 TEST_F(TrainingLoopTest, StateHooksSeeTheModelsAndTheFolder) {
   torch::nn::Sequential model = A().prepare(MakeModel());
-  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/hooks_" +
-                          std::to_string(N());
+  const std::string dir =
+      std::string(std::getenv("TEST_TMPDIR")) + "/hooks_" + std::to_string(N());
   std::vector<std::string> calls;
   A().register_save_state_pre_hook(
       [&](const std::vector<std::shared_ptr<torch::nn::Module>>& models,

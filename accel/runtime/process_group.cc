@@ -121,10 +121,17 @@ std::unique_ptr<ProcessGroup> ProcessGroup::Join(
   std::unique_ptr<ProcessGroup> group(new ProcessGroup());
   group->env_ = env;
   const std::string backend = ResolveBackend(options.backend);
-  // Validate the backend name before anyone waits on the network.
-  bool known = false;
-  for (const auto& name : RegisteredBackends()) known |= name == backend;
-  if (!known) CreateCommunicator(backend, BackendContext{});
+  // An unknown backend, or one that cannot run here (nccl without a GPU),
+  // fails on every rank with its own explanation before anyone waits on the
+  // network: creating it without a store throws that explanation.
+  if (!BackendUsable(backend)) {
+    BackendContext alone;
+    alone.rank = env.rank;
+    alone.size = env.world_size;
+    alone.local_rank = env.local_rank;
+    alone.local_size = env.local_world_size;
+    CreateCommunicator(backend, alone);
+  }
   if (options.rendezvous_timeout.count() <= 0) {
     throw UsageError("the rendezvous timeout must be positive, found " +
                      std::to_string(options.rendezvous_timeout.count()) +

@@ -63,8 +63,13 @@ LaunchOptions LaunchOptionsFromFlags() {
   options.threads_per_process = FLAGS_num_cpu_threads_per_process;
   options.max_restarts = FLAGS_max_restarts;
   // --log_dir is glog's flag in programs that link LibTorch (which links
-  // glog), and the launcher's own in tools/launch: reuse whichever exists.
-  gflags::GetCommandLineOption("log_dir", &options.log_dir);
+  // glog), and the launcher's own in tools/launch: reuse whichever exists,
+  // when the user set it (glog's default is $TEST_TMPDIR under bazel test).
+  gflags::CommandLineFlagInfo log_dir;
+  if (gflags::GetCommandLineFlagInfo("log_dir", &log_dir) &&
+      !log_dir.is_default) {
+    options.log_dir = log_dir.current_value;
+  }
   return options;
 }
 

@@ -47,6 +47,18 @@ std::string ResolveBackend(const std::string& name) {
   return "gloo";
 }
 
+bool BackendUsable(const std::string& name) {
+  BackendProbe probe;
+  {
+    Registry& registry = GetRegistry();
+    std::lock_guard<std::mutex> lock(registry.mutex);
+    auto it = registry.probes.find(name);
+    if (it == registry.probes.end()) return false;
+    probe = it->second;
+  }
+  return probe && probe();
+}
+
 std::vector<std::string> RegisteredBackends() {
   Registry& registry = GetRegistry();
   std::lock_guard<std::mutex> lock(registry.mutex);

@@ -39,6 +39,9 @@ std::unique_ptr<Communicator> CreateCommunicator(const std::string& name,
 
 std::vector<std::string> RegisteredBackends();
 
+// Whether `name` is registered and its probe says it can run here.
+bool BackendUsable(const std::string& name);
+
 struct BackendRegistration {
   BackendRegistration(
       const std::string& name, BackendFactory factory,
