@@ -161,7 +161,8 @@ TEST(TcpStoreTest, ConnectToNothingTimesOutWithAHint) {
     EXPECT_THAT(e.what(), HasSubstr("127.0.0.1:" + std::to_string(port)));
     EXPECT_THAT(e.what(), HasSubstr("MASTER_ADDR"));
   }
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));
+  // The 2 s connect timeout, not a hang (margin for a loaded machine).
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
 }
 
 TEST(TcpStoreTest, PortInUseSuggestsAnotherPort) {
@@ -263,14 +264,14 @@ TEST(TcpStoreTest, SilentConnectionsAreCappedAndClosed) {
 TEST(TcpStoreTest, ARequestDoesNotQueueBehindAnotherThreadsWait) {
   TcpStoreServer server(ServerOptions(""));
   TcpStore store("127.0.0.1", server.port(), ClientOptions("", 0));
-  std::thread waiter([&] {
-    EXPECT_THROW(store.wait({"never"}, milliseconds(3000)), TimeoutError);
-  });
+  std::thread waiter([&] { store.wait({"later"}, milliseconds(30000)); });
   std::this_thread::sleep_for(milliseconds(100));
   const auto start = std::chrono::steady_clock::now();
   store.set("k", "v");
   EXPECT_EQ(store.try_get("k"), "v");
-  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(2000));
+  // Long before the other thread's wait could end by itself.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(15000));
+  store.set("later", "now");  // Releases the waiter.
   waiter.join();
 }
 

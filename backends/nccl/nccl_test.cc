@@ -41,7 +41,8 @@ TEST(NcclWithoutGpuTest, CreatingItFailsFastSayingWhatWasFoundAndWhatToDo) {
                                 HasSubstr("built without CUDA")));
     EXPECT_THAT(e.what(), HasSubstr("--backend=gloo"));
   }
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+  // At once, not after a NCCL or network timeout.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
 }
 
 }  // namespace
