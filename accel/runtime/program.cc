@@ -46,6 +46,13 @@ DEFINE_string(mixed_precision, "no",
 DEFINE_int32(gradient_accumulation_steps, 1,
              "Micro-batches whose gradients are accumulated before each "
              "optimizer step (inside accelerator.accumulate(model)).");
+DEFINE_string(report_to, "",
+              "Experiment trackers for init_trackers/log: a comma-separated "
+              "list of jsonl, tensorboard (or any tracker the program "
+              "registers), all, or none.");
+DEFINE_string(logging_dir, "",
+              "Where trackers write: <logging_dir>/<project_name>/ (default: "
+              "the program's project directory, if it has one).");
 
 DEFINE_int32(network_timeout_s, 20,
              "How long a machine may stop answering on the network before "

@@ -12,7 +12,8 @@
 // Flags (mirroring `accelerate launch`, so that programs keep every other
 // name for themselves): --num_processes, --num_machines, --machine_rank,
 // --main_process_ip, --main_process_port, --num_cpu_threads_per_process,
-// --max_restarts, --mixed_precision, --gradient_accumulation_steps, and
+// --max_restarts, --mixed_precision, --gradient_accumulation_steps,
+// --report_to, --logging_dir, and
 // accel's --backend, --timeout_s, --rendezvous_timeout_s and
 // --collective_checks. With
 // --num_processes > 1 and no launch environment, InitProgram starts the ranks
@@ -38,6 +39,8 @@ DECLARE_int32(gradient_accumulation_steps);
 DECLARE_bool(collective_checks);
 DECLARE_int32(max_restarts);
 DECLARE_int32(network_timeout_s);
+DECLARE_string(report_to);
+DECLARE_string(logging_dir);
 
 namespace accel {
 
