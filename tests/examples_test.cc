@@ -394,9 +394,9 @@ TEST(ExamplesTest, CompleteExampleTracksEveryStepToTensorBoardAndJsonl) {
   }
   const ProcessResult read_back = RunProcess(
       {"/usr/bin/python3", Runfile("accel/tracking/read_tensorboard_events.py"),
-       "--protoc=" + Runfile("../protobuf/bin/protoc"),
+       "--protoc=" + Runfile("../accel_protobuf/bin/protoc"),
        "--proto_root=" + Runfile(""),
-       "--wkt_root=" + Runfile("../protobuf/include"), "--expect=" + expect,
+       "--wkt_root=" + Runfile("../accel_protobuf/include"), "--expect=" + expect,
        run},
       {}, kTimeout);
   EXPECT_EQ(read_back.exit_code, 0) << read_back.output;

@@ -13,6 +13,8 @@ protobuf's well-known types ("google/protobuf/struct.proto"). Works in this
 repository and from a workspace that uses accel as an external repository.
 """
 
+load("//:defs.bzl", "ACCEL_COPTS")
+
 def _proto_cc_sources_impl(ctx):
     protoc = ctx.executable._protoc
     root = ctx.label.workspace_root  # "" here, "external/<name>" elsewhere.
@@ -53,13 +55,13 @@ _proto_cc_sources = rule(
         # .proto files that srcs import (from other packages).
         "deps": attr.label_list(allow_files = [".proto"]),
         "_protoc": attr.label(
-            default = Label("@protobuf//:bin/protoc"),
+            default = Label("@accel_protobuf//:bin/protoc"),
             executable = True,
             allow_single_file = True,
             cfg = "host",
         ),
         "_well_known_protos": attr.label(
-            default = Label("@protobuf//:well_known_protos"),
+            default = Label("@accel_protobuf//:well_known_protos"),
         ),
     },
 )
@@ -90,7 +92,7 @@ def cc_proto_sources_library(name, srcs, deps = [], proto_deps = [], **kwargs):
         srcs = [":" + name + "_sources"],
         hdrs = [":" + name + "_headers"],
         # Generated code: accel's warning flags are not its business.
-        copts = ["-w"],
-        deps = deps + [Label("@protobuf//:protobuf")],
+        copts = ACCEL_COPTS + ["-w"],
+        deps = deps + [Label("@accel_protobuf//:protobuf")],
         **kwargs
     )

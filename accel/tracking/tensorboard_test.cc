@@ -27,9 +27,9 @@ ProcessResult ReadBack(const std::string& events, const std::string& expect) {
   return testing::RunProcess(
       {"/usr/bin/python3",
        testing::Runfile("accel/tracking/read_tensorboard_events.py"),
-       "--protoc=" + testing::Runfile("../protobuf/bin/protoc"),
+       "--protoc=" + testing::Runfile("../accel_protobuf/bin/protoc"),
        "--proto_root=" + testing::Runfile(""),
-       "--wkt_root=" + testing::Runfile("../protobuf/include"),
+       "--wkt_root=" + testing::Runfile("../accel_protobuf/include"),
        "--expect=" + expect, events},
       {}, std::chrono::seconds(120));
 }
