@@ -12,6 +12,7 @@
 
 #include "accel/runtime/error_report.h"
 #include "accel/runtime/errors.h"
+#include "accel/runtime/logging.h"
 #include "accel/runtime/process_group.h"
 #include "accel/runtime/program.h"
 #include "accel/runtime/registry.h"
@@ -172,11 +173,10 @@ Accelerator::Accelerator(AcceleratorOptions options)
     });
     contents_.scaler = state_->scaler;
     if (!device_.is_cuda() && is_main_process()) {
-      std::fprintf(stderr,
-                   "accel: note: LibTorch 1.13 has no float16 autocast on "
-                   "the CPU: with --mixed_precision=fp16 the model computes "
-                   "in float32 and only the loss scaling runs (bf16 "
-                   "autocasts on the CPU)\n");
+      ACCEL_LOG(INFO) << "LibTorch 1.13 has no float16 autocast on the CPU: "
+                         "with --mixed_precision=fp16 the model computes in "
+                         "float32 and only the loss scaling runs (bf16 "
+                         "autocasts on the CPU)";
     }
   }
   contents_.run_id = AgreeOnRunId();
@@ -214,9 +214,8 @@ Accelerator::~Accelerator() {
       try {
         tracker->finish();
       } catch (const std::exception& e) {
-        std::fprintf(stderr,
-                     "accel: warning: tracker '%s' did not finish: %s\n",
-                     tracker->name().c_str(), e.what());
+        ACCEL_LOG(WARNING) << "tracker '" << tracker->name()
+                           << "' did not finish: " << e.what();
       }
     }
   }
@@ -566,8 +565,7 @@ std::string Accelerator::load_state(CallSite site) {
     if (why.empty()) {
       if (is_main_process()) {
         for (const std::string& note : skipped) {
-          std::fprintf(stderr, "accel: note: skipped checkpoint %s\n",
-                       note.c_str());
+          ACCEL_LOG(INFO) << "skipped checkpoint " << note;
         }
       }
       load_state(dir);

@@ -102,8 +102,8 @@ void CheckFlags() {
                                  std::to_string(FLAGS_epochs));
   require(FLAGS_batch_size >= 1, "--batch_size must be at least 1, found " +
                                      std::to_string(FLAGS_batch_size));
-  require(FLAGS_lr > 0, "--lr must be positive, found " +
-                            std::to_string(FLAGS_lr));
+  require(FLAGS_lr > 0,
+          "--lr must be positive, found " + std::to_string(FLAGS_lr));
   require(FLAGS_num_warmup_steps >= 0,
           "--num_warmup_steps must not be negative, found " +
               std::to_string(FLAGS_num_warmup_steps));

@@ -90,8 +90,8 @@ void CheckFlags() {
                                  std::to_string(FLAGS_epochs));
   require(FLAGS_batch_size >= 1, "--batch_size must be at least 1, found " +
                                      std::to_string(FLAGS_batch_size));
-  require(FLAGS_hidden >= 1, "--hidden must be at least 1, found " +
-                                 std::to_string(FLAGS_hidden));
+  require(FLAGS_hidden >= 1,
+          "--hidden must be at least 1, found " + std::to_string(FLAGS_hidden));
   require(FLAGS_total_limit >= 0, "--total_limit must not be negative, found " +
                                       std::to_string(FLAGS_total_limit));
   require(FLAGS_sleep_per_step_ms >= 0,

@@ -396,8 +396,8 @@ TEST(ExamplesTest, CompleteExampleTracksEveryStepToTensorBoardAndJsonl) {
       {"/usr/bin/python3", Runfile("accel/tracking/read_tensorboard_events.py"),
        "--protoc=" + Runfile("../accel_protobuf/bin/protoc"),
        "--proto_root=" + Runfile(""),
-       "--wkt_root=" + Runfile("../accel_protobuf/include"), "--expect=" + expect,
-       run},
+       "--wkt_root=" + Runfile("../accel_protobuf/include"),
+       "--expect=" + expect, run},
       {}, kTimeout);
   EXPECT_EQ(read_back.exit_code, 0) << read_back.output;
   EXPECT_THAT(read_back.output,
@@ -446,6 +446,48 @@ TEST(ExamplesTest, AnUnknownTrackerIsAClearErrorOnEveryRank) {
             2u)
       << r.output;
   EXPECT_LT(r.elapsed, kFailFast);
+}
+
+// --v=1: rendezvous and connections; --v=2: also one line per collective
+// (sequence number, operation, bytes, duration, call site); nothing of it
+// by default. Every line names its rank.
+TEST(ExamplesTest, VerboseLoggingShowsRendezvousThenEveryCollective) {
+  const std::string glog_line = "(^|\n)I[0-9]{8} [0-9:.]+ +[0-9]+ ";
+  const std::string collective =
+      "\\[rank [01]/2\\] \\[gloo\\] gather #1 \\(gather_demo.cc:[0-9]+\\): "
+      "allgather uint8 x 1024, 1024 bytes, [0-9]+\\.[0-9]{3} ms";
+  const std::string joined =
+      "\\[rank [01]/2\\] all 2 ranks joined after [0-9]+ ms";
+
+  const ProcessResult quiet = RunExample("gather_demo", {"--num_processes=2"});
+  ASSERT_EQ(quiet.exit_code, 0) << quiet.output;
+  EXPECT_TRUE(Matches(quiet.output, glog_line).empty()) << quiet.output;
+
+  const ProcessResult v1 =
+      RunExample("gather_demo", {"--num_processes=2", "--v=1"});
+  ASSERT_EQ(v1.exit_code, 0) << v1.output;
+  EXPECT_EQ(Matches(v1.output, joined).size(), 2u) << v1.output;
+  EXPECT_EQ(
+      Matches(v1.output, "\\[rank 0/2\\] store: rank 1 connected from").size(),
+      1u)
+      << v1.output;
+  EXPECT_EQ(
+      Matches(v1.output, "\\[rank [01]/2\\] gloo connected 2 ranks").size(), 2u)
+      << v1.output;
+  EXPECT_TRUE(Matches(v1.output, collective).empty()) << v1.output;
+
+  const ProcessResult v2 =
+      RunExample("gather_demo", {"--num_processes=2", "--v=2"});
+  ASSERT_EQ(v2.exit_code, 0) << v2.output;
+  EXPECT_EQ(Matches(v2.output, collective).size(), 2u) << v2.output;
+  EXPECT_EQ(Matches(v2.output, joined).size(), 2u) << v2.output;
+
+  // One file's lines only.
+  const ProcessResult one_file = RunExample(
+      "gather_demo", {"--num_processes=2", "--vmodule=communicator=2"});
+  ASSERT_EQ(one_file.exit_code, 0) << one_file.output;
+  EXPECT_EQ(Matches(one_file.output, collective).size(), 2u) << one_file.output;
+  EXPECT_TRUE(Matches(one_file.output, joined).empty()) << one_file.output;
 }
 
 }  // namespace

@@ -40,4 +40,5 @@ install_one() {  # built path, installed name
 }
 install_one tools/launch accel-launch
 install_one tools/env/env accel-env
+install_one tools/config accel-config
 install_one tools/plot_metrics.py accel-plot-metrics

@@ -3,7 +3,7 @@
 set -euo pipefail
 prefix="$TEST_TMPDIR/prefix"
 tools/install "$prefix"
-for tool in accel-launch accel-env accel-plot-metrics; do
+for tool in accel-launch accel-env accel-config accel-plot-metrics; do
   test -x "$prefix/bin/$tool" || { echo "FAIL: $tool not installed"; exit 1; }
 done
 
@@ -29,7 +29,7 @@ expect "- BLAS: "
 expect "    RANK=0"
 expect "    WORLD_SIZE=1"
 expect "    ACCEL_RUN_SECRET=(set, not shown)"
-expect "- Launch config: none ($TEST_TMPDIR/.config/accel/default_config.flags does not exist"
+expect "- Launch config: none ($TEST_TMPDIR/.config/accel/default_config.flags does not exist; accel config writes it)"
 if grep -q hunter2 <<<"$report"; then echo "FAIL: the secret is shown"; exit 1; fi
 
 if "$prefix/bin/accel-env" --bogus 2>"$TEST_TMPDIR/err"; then

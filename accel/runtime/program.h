@@ -40,12 +40,19 @@ DECLARE_bool(collective_checks);
 DECLARE_int32(max_restarts);
 DECLARE_int32(network_timeout_s);
 DECLARE_string(report_to);
+DECLARE_string(config_file);
 DECLARE_string(logging_dir);
 
 namespace accel {
 
-// Parses flags (removing them from argv) and self-launches when asked to.
+// Reads the launch configuration file (see launch_config.h), parses flags
+// (removing them from argv) and self-launches when asked to.
 void InitProgram(int* argc, char*** argv);
+
+// The configuration file's values as the flags' defaults, before the
+// command line is parsed; prints the error and exits with code 2 for a bad
+// file. InitProgram and the launcher call it.
+void UseLaunchConfig(int argc, char** argv);
 
 // LaunchOptions from the flags above.
 LaunchOptions LaunchOptionsFromFlags();

@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "accel/runtime/errors.h"
 #include "accel/runtime/launch_config.h"
 #include "accel/runtime/registry.h"
 #include "accel/runtime/version.h"
@@ -196,18 +197,26 @@ std::string LaunchVariables() {
   return found.empty() ? "none" : "\n    " + Joined(found, "\n    ");
 }
 
+// What every accel program would read now (see launch_config.h).
 std::string Config() {
-  const std::string path = DefaultLaunchConfigPath();
-  if (path.empty()) return "no default location ($HOME is not set)";
-  std::ifstream file(path);
-  if (!file)
-    return "none (" + path + " does not exist; tools/config writes it)";
-  std::vector<std::string> flags;
-  for (std::string line; std::getline(file, line);) {
-    if (!line.empty() && line[0] != '#') flags.push_back(line);
+  std::string path;
+  std::vector<std::pair<std::string, std::string>> flags;
+  try {
+    path = LaunchConfigPath(0, nullptr);
+    if (path.empty()) {
+      const std::string fallback = DefaultLaunchConfigPath();
+      if (fallback.empty()) return "none ($HOME is not set)";
+      return "none (" + fallback + " does not exist; accel config writes it)";
+    }
+    flags = ReadLaunchConfig(path);
+  } catch (const Error& e) {
+    return std::string("unusable: ") + e.what();
   }
+  std::vector<std::string> lines;
+  for (const auto& [name, value] : flags)
+    lines.push_back("--" + name + "=" + value);
   return path +
-         (flags.empty() ? " (no flags)" : "\n    " + Joined(flags, "\n    "));
+         (lines.empty() ? " (no flags)" : "\n    " + Joined(lines, "\n    "));
 }
 
 Items Report() {
