@@ -13,6 +13,7 @@
 #include "accel/tracking/jsonl_tracker.h"
 #include "accel/tracking/tensorboard_tracker.h"
 #include "tests/multiprocess_main.h"
+#include "tests/usage_error.h"
 
 namespace accel::testing {
 
@@ -37,17 +38,6 @@ using ::testing::HasSubstr;
 
 Accelerator& A() { return SharedAccelerator(); }
 int R() { return A().process_index(); }
-
-template <typename Fn>
-std::string UsageErrorOf(Fn&& fn) {
-  try {
-    fn();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no UsageError";
-  return "";
-}
 
 std::vector<nlohmann::json> JsonLines(const std::string& path) {
   std::ifstream in(path);

@@ -25,12 +25,6 @@ std::string Listed() {
   return text;
 }
 
-std::string FolderOf(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
 std::string Trimmed(const std::string& text) {
   const size_t begin = text.find_first_not_of(" \t\r");
   if (begin == std::string::npos) return "";

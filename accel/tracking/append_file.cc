@@ -10,15 +10,6 @@
 #include "accel/runtime/files.h"
 
 namespace accel {
-namespace {
-
-std::string FolderOf(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
-}  // namespace
 
 AppendFile::AppendFile(std::string path) : path_(std::move(path)) {
   try {

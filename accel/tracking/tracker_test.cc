@@ -15,22 +15,14 @@
 #include "accel/tracking/jsonl_tracker.h"
 #include "accel/tracking/tfrecord_writer.h"
 #include "tests/subprocess.h"
+#include "tests/usage_error.h"
 
 namespace accel {
 namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-template <typename Fn>
-std::string UsageErrorOf(Fn&& fn) {
-  try {
-    fn();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "no UsageError";
-}
+using testing::UsageErrorOf;
 
 std::vector<nlohmann::json> ReadLines(const std::string& path) {
   std::ifstream in(path);
