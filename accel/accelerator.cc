@@ -7,10 +7,12 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <random>
 
 #include "accel/runtime/error_report.h"
 #include "accel/runtime/errors.h"
+#include "accel/runtime/logging.h"
 #include "accel/runtime/process_group.h"
 #include "accel/runtime/program.h"
 #include "accel/runtime/registry.h"
@@ -111,6 +113,8 @@ AcceleratorOptions AcceleratorOptions::FromFlags() {
   options.rendezvous_timeout = std::chrono::seconds(FLAGS_rendezvous_timeout_s);
   options.network_timeout = std::chrono::seconds(FLAGS_network_timeout_s);
   options.check_collectives = FLAGS_collective_checks;
+  options.log_with = ParseTrackerNames(FLAGS_report_to);
+  options.logging_dir = FLAGS_logging_dir;
   return options;
 }
 
@@ -132,6 +136,16 @@ Accelerator::Accelerator(AcceleratorOptions options)
       state_(std::make_shared<TrainingState>()) {
   InstallTerminateHandler();
   ValidateOptions(options_);
+  // Before joining: a bad --report_to fails at once, on every rank alike.
+  tracker_names_ = ResolveTrackerNames(options_.log_with);
+  for (const std::string& name : tracker_names_) {
+    if (TrackerNeedsLoggingDir(name) && logging_dir().empty()) {
+      throw UsageError("tracker '" + name +
+                       "' (--report_to) needs a logging directory: pass "
+                       "--logging_dir=DIR, or set AcceleratorOptions::"
+                       "logging_dir or project_dir");
+    }
+  }
   ProcessGroupOptions group_options;
   backend_ = ResolveBackend(options_.backend);
   group_options.backend = backend_;
@@ -159,11 +173,10 @@ Accelerator::Accelerator(AcceleratorOptions options)
     });
     contents_.scaler = state_->scaler;
     if (!device_.is_cuda() && is_main_process()) {
-      std::fprintf(stderr,
-                   "accel: note: LibTorch 1.13 has no float16 autocast on "
-                   "the CPU: with --mixed_precision=fp16 the model computes "
-                   "in float32 and only the loss scaling runs (bf16 "
-                   "autocasts on the CPU)\n");
+      ACCEL_LOG(INFO) << "LibTorch 1.13 has no float16 autocast on the CPU: "
+                         "with --mixed_precision=fp16 the model computes in "
+                         "float32 and only the loss scaling runs (bf16 "
+                         "autocasts on the CPU)";
     }
   }
   contents_.run_id = AgreeOnRunId();
@@ -193,6 +206,19 @@ std::string Accelerator::AgreeOnRunId() {
 }
 
 Accelerator::~Accelerator() {
+  // Without end_training, finish the trackers all the same (nothing logged
+  // is lost either way: trackers write through). While an exception unwinds
+  // they are only closed, so TensorBoard does not mark the run successful.
+  if (!trackers_finished_ && std::uncaught_exceptions() == 0) {
+    for (const auto& tracker : trackers_) {
+      try {
+        tracker->finish();
+      } catch (const std::exception& e) {
+        ACCEL_LOG(WARNING) << "tracker '" << tracker->name()
+                           << "' did not finish: " << e.what();
+      }
+    }
+  }
   synchronizers_.clear();
   group_.reset();
 }
@@ -539,8 +565,7 @@ std::string Accelerator::load_state(CallSite site) {
     if (why.empty()) {
       if (is_main_process()) {
         for (const std::string& note : skipped) {
-          std::fprintf(stderr, "accel: note: skipped checkpoint %s\n",
-                       note.c_str());
+          ACCEL_LOG(INFO) << "skipped checkpoint " << note;
         }
       }
       load_state(dir);
@@ -573,11 +598,87 @@ std::map<std::string, torch::Tensor> Accelerator::StateDictOf(
   return state;
 }
 
+const std::string& Accelerator::logging_dir() const {
+  return options_.logging_dir.empty() ? options_.project_dir
+                                      : options_.logging_dir;
+}
+
+void Accelerator::init_trackers(const std::string& project_name,
+                                const TrackerValues& config) {
+  if (trackers_started_ || trackers_finished_) {
+    throw UsageError(trackers_started_
+                         ? "init_trackers was called twice; call it once, "
+                           "before the first log()"
+                         : "init_trackers after end_training()");
+  }
+  if (project_name.empty()) {
+    throw UsageError(
+        "init_trackers: the project name is empty; it names the run's "
+        "folder, <logging_dir>/<project_name>");
+  }
+  trackers_started_ = true;
+  if (!is_main_process()) return;
+  const TrackerContext context{project_name, logging_dir()};
+  for (const std::string& name : tracker_names_) {
+    trackers_.push_back(CreateTracker(name, context));
+  }
+  if (config.empty()) return;  // Accelerate: only when a config is given.
+  for (const auto& tracker : trackers_) {
+    tracker->store_init_configuration(config);
+  }
+}
+
+void Accelerator::log(const TrackerValues& values,
+                      std::optional<int64_t> step) {
+  if (!trackers_started_) {
+    throw UsageError(
+        "log() before init_trackers(): call "
+        "accelerator.init_trackers(project_name, config) once first");
+  }
+  if (trackers_finished_) throw UsageError("log() after end_training()");
+  for (const auto& entry : values) {
+    if (entry.first.empty()) throw UsageError("log(): a value has no name");
+  }
+  const int64_t at = step.value_or(next_log_step_);
+  next_log_step_ = at + 1;
+  for (const auto& tracker : trackers_) tracker->log(values, at);
+}
+
+Tracker& Accelerator::get_tracker(const std::string& name) {
+  if (!is_main_process()) return BlankTracker();
+  std::string started;
+  for (const auto& tracker : trackers_) {
+    if (tracker->name() == name) return *tracker;
+    started += (started.empty() ? "" : ", ") + tracker->name();
+  }
+  throw UsageError(
+      "get_tracker: '" + name +
+      "' is not an available tracker stored inside the Accelerator; "
+      "started trackers: " +
+      (started.empty() ? "(none)" : started) +
+      (trackers_started_ ? "" : " (init_trackers has not been called)"));
+}
+
 void Accelerator::end_training(CallSite site) {
-  if (group_ == nullptr) return;
-  wait_for_everyone(site);
-  synchronizers_.clear();
-  group_.reset();
+  // Trackers first, as in Accelerate; a tracker's error (a full disk) still
+  // lets this rank leave the job with the others, then propagates.
+  std::exception_ptr tracker_error;
+  if (!trackers_finished_) {
+    trackers_finished_ = true;
+    for (const auto& tracker : trackers_) {
+      try {
+        tracker->finish();
+      } catch (...) {
+        if (!tracker_error) tracker_error = std::current_exception();
+      }
+    }
+  }
+  if (group_ != nullptr) {
+    wait_for_everyone(site);
+    synchronizers_.clear();
+    group_.reset();
+  }
+  if (tracker_error) std::rethrow_exception(tracker_error);
 }
 
 void Accelerator::free_memory() {

@@ -69,6 +69,7 @@
 #include "accel/safetensors.h"
 #include "accel/scheduler.h"
 #include "accel/tensor_format.h"
+#include "accel/tracking/tracker.h"
 #include "accel/training_state.h"
 
 namespace accel {
@@ -115,10 +116,17 @@ struct AcceleratorOptions {
   int total_limit = 0;
   // Compare every collective across ranks (see CommunicatorOptions).
   bool check_collectives = true;
+  // Experiment trackers that init_trackers starts (Accelerate's log_with):
+  // "jsonl", "tensorboard", any registered tracker, or "all" of them.
+  // Checked at construction.
+  std::vector<std::string> log_with;
+  // Where the trackers write (<logging_dir>/<project_name>); empty: the
+  // project_dir.
+  std::string logging_dir;
 
   // --backend, --mixed_precision, --gradient_accumulation_steps,
-  // --timeout_s, --rendezvous_timeout_s and --collective_checks (see
-  // accel/runtime/program.h).
+  // --timeout_s, --rendezvous_timeout_s, --collective_checks, --report_to
+  // and --logging_dir (see accel/runtime/program.h).
   static AcceleratorOptions FromFlags();
 };
 
@@ -485,8 +493,33 @@ class Accelerator {
   // Backward passes run so far (restored by load_state).
   int64_t step() const { return contents_.step; }
 
+  // --- Experiment tracking (see accel/tracking/tracker.h) -----------------
+  // The options' logging_dir, or else project_dir.
+  const std::string& logging_dir() const;
+  // Starts the trackers of AcceleratorOptions::log_with (--report_to) on the
+  // main process, in <logging_dir>/<project_name>, and gives them the run's
+  // hyperparameters: init_trackers("run", {{"lr", 3e-4}, {"epochs", 3}}).
+  // Other processes only note that it was called. Call it once, on every
+  // process, before log().
+  void init_trackers(const std::string& project_name,
+                     const TrackerValues& config = {});
+  // Logs values at `step` to every tracker, on the main process only (a
+  // no-op elsewhere). Without a step: one past the last step logged (0
+  // at first), so that repeated log(values) calls make a curve.
+  void log(const TrackerValues& values, std::optional<int64_t> step = {});
+  // The tracker started under `name` (dynamic_cast it to its class for more,
+  // e.g. TensorBoardTracker::writer()). On other processes a tracker that
+  // ignores everything, as in Accelerate. UsageError on the main process when
+  // there is no such tracker.
+  Tracker& get_tracker(const std::string& name);
+  // The started trackers (none on other processes).
+  const std::vector<std::unique_ptr<Tracker>>& trackers() const {
+    return trackers_;
+  }
+
   // --- The end ------------------------------------------------------------
-  // Waits for every process, then leaves the job: later collectives fail.
+  // Finishes the trackers (main process), then waits for every process and
+  // leaves the job: later collectives fail.
   void end_training(CallSite site = CallSite::Here());
   // Forgets every prepared object (models, optimizers, schedulers, loaders,
   // registered objects) and frees accel's gradient buffers; the objects
@@ -630,6 +663,11 @@ class Accelerator {
   bool trigger_ = false;
   std::vector<StateHook> save_hooks_;
   std::vector<StateHook> load_hooks_;
+  std::vector<std::string> tracker_names_;  // log_with, "all" resolved.
+  std::vector<std::unique_ptr<Tracker>> trackers_;
+  bool trackers_started_ = false;
+  bool trackers_finished_ = false;
+  int64_t next_log_step_ = 0;
 };
 
 }  // namespace accel

@@ -20,6 +20,7 @@
 #include "accel/runtime/error_report.h"
 #include "accel/runtime/errors.h"
 #include "accel/runtime/files.h"
+#include "accel/runtime/logging.h"
 #include "accel/state_archive.h"
 #include "accel/tensor_ops.h"
 
@@ -147,9 +148,7 @@ std::vector<torch::Tensor> ReadModel(torch::serialize::InputArchive& state,
   return values;
 }
 
-void Note(const std::string& message) {
-  std::fprintf(stderr, "accel: note: %s\n", message.c_str());
-}
+void Note(const std::string& message) { ACCEL_LOG(INFO) << message; }
 
 // A part of the training state with a save/load pair.
 struct Stateful {

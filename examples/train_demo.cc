@@ -4,6 +4,8 @@
 //
 //   bazel run //examples:train_demo -- --num_processes=2
 //   bazel run //examples:train_demo -- --resume_from=trained_model --epochs=4
+//   bazel run //examples:train_demo -- --report_to=all   # loss, accuracy,
+//       # learning rate and samples/s of every step in trained_model/train_demo
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -88,8 +90,8 @@ void CheckFlags() {
                                  std::to_string(FLAGS_epochs));
   require(FLAGS_batch_size >= 1, "--batch_size must be at least 1, found " +
                                      std::to_string(FLAGS_batch_size));
-  require(FLAGS_hidden >= 1, "--hidden must be at least 1, found " +
-                                 std::to_string(FLAGS_hidden));
+  require(FLAGS_hidden >= 1,
+          "--hidden must be at least 1, found " + std::to_string(FLAGS_hidden));
   require(FLAGS_total_limit >= 0, "--total_limit must not be negative, found " +
                                       std::to_string(FLAGS_total_limit));
   require(FLAGS_sleep_per_step_ms >= 0,
@@ -133,6 +135,11 @@ int Main(int argc, char** argv) {
     accelerator.print("Resumed from", resumed, "at epoch", loader.epoch());
   }
 
+  accelerator.init_trackers("train_demo", {{"lr", 3e-4},
+                                           {"epochs", FLAGS_epochs},
+                                           {"batch_size", FLAGS_batch_size},
+                                           {"hidden", FLAGS_hidden},
+                                           {"seed", FLAGS_seed}});
   const bool show_progress =
       FLAGS_progress && accelerator.is_local_main_process();
   for (int epoch = static_cast<int>(loader.epoch()); epoch < FLAGS_epochs;
@@ -141,6 +148,7 @@ int Main(int argc, char** argv) {
     int64_t total = 0;
     size_t step = 0;
     const auto epoch_start = std::chrono::steady_clock::now();
+    auto step_start = epoch_start;
     for (auto& batch : loader) {
       torch::Tensor outputs = prepared_model->forward(batch.data);
       torch::Tensor loss =
@@ -150,9 +158,26 @@ int Main(int argc, char** argv) {
       prepared_optimizer.zero_grad();
       torch::Tensor predictions = accelerator.gather(outputs.argmax(-1));
       torch::Tensor labels = accelerator.gather(batch.target);
-      correct += predictions.eq(labels).sum().item<int64_t>();
+      const int64_t batch_correct =
+          predictions.eq(labels).sum().item<int64_t>();
+      correct += batch_correct;
       total += labels.numel();
       ++step;
+      const auto now = std::chrono::steady_clock::now();
+      // Over the gathered (global) batch; the loss is the main process's.
+      accelerator.log(
+          {{"loss", loss.item<double>()},
+           {"accuracy", static_cast<double>(batch_correct) / labels.numel()},
+           {"learning_rate",
+            prepared_optimizer.param_groups()[0].options().get_lr()},
+           {"samples_per_second",
+            labels.numel() /
+                std::max(
+                    std::chrono::duration<double>(now - step_start).count(),
+                    1e-9)},
+           {"epoch", epoch}},
+          accelerator.step());
+      step_start = now;
       if (FLAGS_sleep_per_step_ms > 0) {
         std::this_thread::sleep_for(
             std::chrono::milliseconds(FLAGS_sleep_per_step_ms));
@@ -167,6 +192,9 @@ int Main(int argc, char** argv) {
       }
     }
     accelerator.wait_for_everyone();
+    accelerator.log({{"epoch_accuracy", static_cast<double>(correct) /
+                                            static_cast<double>(total)}},
+                    accelerator.step());
     if (accelerator.is_main_process()) {
       std::printf("Epoch %d - Accuracy: %.4f\n", epoch + 1,
                   static_cast<double>(correct) / static_cast<double>(total));
@@ -190,6 +218,7 @@ int Main(int argc, char** argv) {
         accelerator.num_processes(), accelerator.backend().c_str(),
         FLAGS_output_dir.c_str());
   }
+  accelerator.end_training();
   return 0;
 }
 

@@ -6,6 +6,7 @@
 
 #include "accel/runtime/errors.h"
 #include "tests/multiprocess_main.h"
+#include "tests/usage_error.h"
 
 namespace accel::testing {
 namespace {
@@ -15,18 +16,6 @@ using ::testing::HasSubstr;
 Accelerator& A() { return SharedAccelerator(); }
 int N() { return A().num_processes(); }
 int R() { return A().process_index(); }
-
-// Fails unless `fn` throws UsageError; returns its message.
-template <typename Fn>
-std::string UsageErrorOf(Fn&& fn) {
-  try {
-    fn();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no UsageError";
-  return "";
-}
 
 TEST(AcceleratorTest, ProcessProperties) {
   EXPECT_EQ(N(), std::atoi(std::getenv("WORLD_SIZE")));

@@ -352,5 +352,143 @@ TEST(ExamplesTest, NcclWithoutGpuFailsFastOnEveryRankAndAutoPicksGloo) {
   EXPECT_THAT(automatic.output, HasSubstr("on 2 process(es) (gloo)"));
 }
 
+std::vector<std::string> Lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+size_t Count(const std::vector<std::string>& lines, const std::string& part) {
+  size_t n = 0;
+  for (const std::string& line : lines)
+    n += line.find(part) != std::string::npos;
+  return n;
+}
+
+// The acceptance check: complete_example's TensorBoard file holds
+// exactly what its JSONL file holds, read back independently.
+TEST(ExamplesTest, CompleteExampleTracksEveryStepToTensorBoardAndJsonl) {
+  const std::string out = MakeTempDir("complete") + "/out";
+  const ProcessResult r = RunExample(
+      "complete_example",
+      {"--num_processes=2", "--report_to=all", "--output_dir=" + out});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string run = out + "/complete_example";
+  const std::vector<std::string> lines = Lines(run + "/metrics.jsonl");
+  // 240 samples in global batches of 12: 20 steps per epoch, 3 epochs, and
+  // an evaluation per epoch; the configuration first.
+  ASSERT_EQ(lines.size(), 1u + 60u + 3u) << r.output;
+  EXPECT_EQ(Count(lines, "\"config\""), 1u);
+  EXPECT_EQ(Count(lines, "\"samples_per_second\""), 60u);
+  EXPECT_EQ(Count(lines, "\"accuracy\""), 3u);
+  EXPECT_THAT(lines[0], HasSubstr("\"num_processes\":2"));
+  EXPECT_THAT(lines[1], HasSubstr("\"step\":1,"));
+  EXPECT_THAT(lines.back(), HasSubstr("\"step\":60,"));
+
+  const std::string expect = out + "/expected.jsonl";
+  {
+    std::ofstream file(expect);
+    for (const std::string& line : lines) file << line << "\n";
+    file << "{\"finished\": true}\n";
+  }
+  const ProcessResult read_back = RunProcess(
+      {"/usr/bin/python3", Runfile("accel/tracking/read_tensorboard_events.py"),
+       "--protoc=" + Runfile("../accel_protobuf/bin/protoc"),
+       "--proto_root=" + Runfile(""),
+       "--wkt_root=" + Runfile("../accel_protobuf/include"),
+       "--expect=" + expect, run},
+      {}, kTimeout);
+  EXPECT_EQ(read_back.exit_code, 0) << read_back.output;
+  EXPECT_THAT(read_back.output,
+              HasSubstr("checked 1 files, 66 records, 66 length CRCs, 66 "
+                        "data CRCs, 63 steps, 246 tags, 246 values, 8 "
+                        "hparams"));
+  std::cout << read_back.output;
+
+  const ProcessResult plot = RunProcess(
+      {Runfile("tools/plot_metrics"), run, "-o", out + "/curves.png"}, {},
+      kTimeout);
+  EXPECT_EQ(plot.exit_code, 0) << plot.output;
+  EXPECT_THAT(plot.output, HasSubstr("(loss, accuracy, learning_rate, "
+                                     "samples_per_second; up to 60 steps)"));
+  EXPECT_TRUE(Exists(out + "/curves.png"));
+}
+
+TEST(ExamplesTest, TrainDemoLogsEveryStepOnlyWhenAsked) {
+  const std::string quiet = MakeTempDir("untracked") + "/model";
+  const ProcessResult untracked =
+      RunExample("train_demo", {"--num_processes=2", "--output_dir=" + quiet});
+  ASSERT_EQ(untracked.exit_code, 0) << untracked.output;
+  EXPECT_FALSE(Exists(quiet + "/train_demo"));
+
+  const std::string out = MakeTempDir("tracked") + "/model";
+  const ProcessResult r =
+      RunExample("train_demo", {"--num_processes=2", "--report_to=jsonl",
+                                "--logging_dir=" + out + "/logs"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<std::string> lines =
+      Lines(out + "/logs/train_demo/metrics.jsonl");
+  // 64 samples in global batches of 8, 3 epochs: 24 steps, 3 epoch lines.
+  ASSERT_EQ(lines.size(), 1u + 24u + 3u) << r.output;
+  EXPECT_EQ(Count(lines, "\"learning_rate\":0.0003"), 24u);
+  EXPECT_EQ(Count(lines, "\"epoch_accuracy\""), 3u);
+}
+
+TEST(ExamplesTest, AnUnknownTrackerIsAClearErrorOnEveryRank) {
+  const ProcessResult r = RunExample(
+      "train_demo", {"--num_processes=2", "--report_to=jsonl,wandb"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(Matches(r.output,
+                    "error: \\[rank [01]/2\\] unknown tracker 'wandb'; "
+                    "linked trackers: jsonl, tensorboard")
+                .size(),
+            2u)
+      << r.output;
+  EXPECT_LT(r.elapsed, kFailFast);
+}
+
+// --v=1: rendezvous and connections; --v=2: also one line per collective
+// (sequence number, operation, bytes, duration, call site); nothing of it
+// by default. Every line names its rank.
+TEST(ExamplesTest, VerboseLoggingShowsRendezvousThenEveryCollective) {
+  const std::string glog_line = "(^|\n)I[0-9]{8} [0-9:.]+ +[0-9]+ ";
+  const std::string collective =
+      "\\[rank [01]/2\\] \\[gloo\\] gather #1 \\(gather_demo.cc:[0-9]+\\): "
+      "allgather uint8 x 1024, 1024 bytes, [0-9]+\\.[0-9]{3} ms";
+  const std::string joined =
+      "\\[rank [01]/2\\] all 2 ranks joined after [0-9]+ ms";
+
+  const ProcessResult quiet = RunExample("gather_demo", {"--num_processes=2"});
+  ASSERT_EQ(quiet.exit_code, 0) << quiet.output;
+  EXPECT_TRUE(Matches(quiet.output, glog_line).empty()) << quiet.output;
+
+  const ProcessResult v1 =
+      RunExample("gather_demo", {"--num_processes=2", "--v=1"});
+  ASSERT_EQ(v1.exit_code, 0) << v1.output;
+  EXPECT_EQ(Matches(v1.output, joined).size(), 2u) << v1.output;
+  EXPECT_EQ(
+      Matches(v1.output, "\\[rank 0/2\\] store: rank 1 connected from").size(),
+      1u)
+      << v1.output;
+  EXPECT_EQ(
+      Matches(v1.output, "\\[rank [01]/2\\] gloo connected 2 ranks").size(), 2u)
+      << v1.output;
+  EXPECT_TRUE(Matches(v1.output, collective).empty()) << v1.output;
+
+  const ProcessResult v2 =
+      RunExample("gather_demo", {"--num_processes=2", "--v=2"});
+  ASSERT_EQ(v2.exit_code, 0) << v2.output;
+  EXPECT_EQ(Matches(v2.output, collective).size(), 2u) << v2.output;
+  EXPECT_EQ(Matches(v2.output, joined).size(), 2u) << v2.output;
+
+  // One file's lines only.
+  const ProcessResult one_file = RunExample(
+      "gather_demo", {"--num_processes=2", "--vmodule=communicator=2"});
+  ASSERT_EQ(one_file.exit_code, 0) << one_file.output;
+  EXPECT_EQ(Matches(one_file.output, collective).size(), 2u) << one_file.output;
+  EXPECT_TRUE(Matches(one_file.output, joined).empty()) << one_file.output;
+}
+
 }  // namespace
 }  // namespace accel::testing

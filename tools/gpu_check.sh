@@ -72,19 +72,24 @@ CUDA_FLAGS="-isystem $cuda_inc -isystem $nccl_inc"
 CUDA_LIBS="$cudart $nccl -Wl,-rpath,$cuda_lib -Wl,-rpath,$nccl_lib"
 
 DEPS_INC=""; DEPS_LIB=""
-if [ ! -e /usr/include/gflags/gflags.h ] || [ ! -e /usr/include/gtest/gtest.h ]; then
-  DEPS_INC="-isystem $ROOT/.gpu_deps/include"; DEPS_LIB="-L$ROOT/.gpu_deps/lib"
+if [ ! -e /usr/include/gflags/gflags.h ] || [ ! -e /usr/include/gtest/gtest.h ] ||
+   [ ! -e /usr/include/glog/logging.h ]; then
+  DEPS_INC="-isystem $ROOT/.gpu_deps/include"
+  DEPS_LIB="-L$ROOT/.gpu_deps/lib -Wl,-rpath,$ROOT/.gpu_deps/lib"
 fi
+# accel logs through glog (shared: Debian's static glog needs libunwind's).
+GLOG_LIBS="-lglog -lgflags"
 echo "torch: ${torch_dir:-/usr (Debian)} (cxx11 abi $abi); cuda: $cuda_inc; nccl: $nccl"
 
 # --- Build --------------------------------------------------------------------
 CXX=${CXX:-g++}
 CXXFLAGS="-std=c++17 -O2 -fPIC -D_GLIBCXX_USE_CXX11_ABI=$abi -I$ROOT $DEPS_INC $CUDA_FLAGS"
-CORE="accel/runtime/dtype accel/runtime/store accel/runtime/net accel/runtime/tcp_store accel/runtime/communicator
-      accel/runtime/registry accel/runtime/environment accel/runtime/process_group accel/runtime/launch
-      accel/runtime/program backends/nccl/nccl_communicator"
-TORCH_UNITS="accel/tensor_ops accel/gradient_sync accel/checkpoint accel/accelerator
-             examples/train_demo"
+# Every non-test source of the runtime and the LibTorch layer, so that the
+# list cannot fall behind (trackers other than the interface need JSON and
+# protobuf headers the GPU machine lacks: --report_to is not checked there).
+units() { find "$@" -name '*.cc' ! -name '*_test.cc' | sed 's/\.cc$//' | sort; }
+CORE="$(units accel/runtime) accel/tracking/tracker backends/nccl/nccl_communicator"
+TORCH_UNITS="$(units accel -maxdepth 1) examples/train_demo"
 TEST_UNITS="tests/conformance tests/thread_ranks backends/nccl/nccl_conformance_test
             tools/bench/nccl_bandwidth"
 compile() {  # compile UNIT [extra flags]
@@ -102,11 +107,11 @@ printf '%s\n' $TORCH_UNITS | xargs -P "$(nproc)" -I{} bash -c 'compile {} $TORCH
 o() { for u in "$@"; do printf '%s ' "$BUILD/obj/${u//\//_}.o"; done; }
 if [ $build_ok = 1 ]; then
   $CXX -o "$BUILD/nccl_conformance_test" $(o $CORE tests/conformance tests/thread_ranks backends/nccl/nccl_conformance_test) \
-    $DEPS_LIB -lgtest_main -lgtest -lgflags $CUDA_LIBS -pthread 2> "$LOGS/link_test.log" || build_ok=0
+    $DEPS_LIB -lgtest_main -lgtest $GLOG_LIBS $CUDA_LIBS -pthread 2> "$LOGS/link_test.log" || build_ok=0
   $CXX -o "$BUILD/nccl_bandwidth" $(o $CORE tools/bench/nccl_bandwidth) \
-    $DEPS_LIB -lgflags $CUDA_LIBS -pthread 2> "$LOGS/link_bench.log" || build_ok=0
-  $CXX -o "$BUILD/train_demo" $(o $CORE accel/tensor_ops accel/gradient_sync accel/checkpoint accel/accelerator examples/train_demo) \
-    $DEPS_LIB -lgflags $TORCH_LIBS $CUDA_LIBS -pthread 2> "$LOGS/link_demo.log" || build_ok=0
+    $DEPS_LIB $GLOG_LIBS $CUDA_LIBS -pthread 2> "$LOGS/link_bench.log" || build_ok=0
+  $CXX -o "$BUILD/train_demo" $(o $CORE $TORCH_UNITS) \
+    $DEPS_LIB $GLOG_LIBS $TORCH_LIBS $CUDA_LIBS -pthread 2> "$LOGS/link_demo.log" || build_ok=0
   [ $build_ok = 1 ] || cat "$LOGS"/link_*.log | head -30
 fi
 if [ $build_ok = 1 ]; then

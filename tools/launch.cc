@@ -16,12 +16,8 @@
 #include "accel/runtime/help.h"
 #include "accel/runtime/program.h"
 
-// Programs that link LibTorch get this flag from glog (which accel reuses);
-// the launcher links neither.
-DEFINE_string(log_dir, "",
-              "When set, each rank's stdout and stderr also go to "
-              "<log_dir>/attempt_<n>/rank_<r>/{stdout,stderr}.log; the "
-              "console keeps a copy with lines prefixed [rank r].");
+// --log_dir is glog's flag (accel logs through glog), which the launcher
+// reuses for the ranks' logs, as programs do.
 
 namespace {
 
@@ -35,13 +31,18 @@ const std::set<std::string> kUsed = {"num_processes",
                                      "num_threads",
                                      "num_cpu_threads_per_process",
                                      "max_restarts",
-                                     "log_dir"};
+                                     "log_dir",
+                                     "config_file"};
 
 // Flags of the ranks that the launcher passes on, as `accelerate launch`
 // does with its training flags.
-const std::set<std::string> kForwarded = {
-    "backend", "timeout_s", "rendezvous_timeout_s", "collective_checks",
-    "network_timeout_s"};
+const std::set<std::string> kForwarded = {"backend",
+                                          "timeout_s",
+                                          "rendezvous_timeout_s",
+                                          "collective_checks",
+                                          "network_timeout_s",
+                                          "v",
+                                          "vmodule"};
 
 bool IsGflagsOwn(const gflags::CommandLineFlagInfo& flag) {
   return flag.filename.find("gflags") != std::string::npos;
@@ -54,6 +55,7 @@ int main(int argc, char** argv) {
       "launch --num_processes=N [--main_process_port=P] -- PROGRAM ARGS...");
   std::set<std::string> shown = kUsed;
   shown.insert(kForwarded.begin(), kForwarded.end());
+  accel::UseLaunchConfig(argc, argv);
   accel::PrintHelpAndExitIfAsked(argc, argv, &shown);
   gflags::ParseCommandLineFlags(&argc, &argv, /*remove_flags=*/true);
   std::vector<std::string> command(argv + 1, argv + argc);

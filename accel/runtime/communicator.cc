@@ -1,17 +1,28 @@
 #include "accel/runtime/communicator.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <thread>
 
 #include "accel/runtime/errors.h"
+#include "accel/runtime/logging.h"
 
 namespace accel {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// "0.123": milliseconds with microseconds, for --v=2.
+std::string MillisecondsSince(Clock::time_point start) {
+  char text[32];
+  std::snprintf(
+      text, sizeof(text), "%.3f",
+      std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+  return text;
+}
 
 // How long a rank that saw a broken connection waits for the store to notice
 // which process went away: the data path usually fails first.
@@ -127,7 +138,7 @@ std::shared_ptr<Work> Communicator::StartAllgather(
       std::string("allgather ") + DTypeName(dtype) + " x " +
           std::to_string(count),
       [=](const Op& op) { RunAllgather(op, input, output, count, dtype); },
-      mode);
+      mode, count * ElementSize(dtype));
 }
 
 std::shared_ptr<Work> Communicator::allgatherv_async(
@@ -159,6 +170,7 @@ std::shared_ptr<Work> Communicator::StartAllgatherv(
     FailUsage("allgatherv", "null buffer with non-zero counts");
   }
   ElementSize(dtype);
+  const size_t my_bytes = counts[rank_] * ElementSize(dtype);
   std::string signature = std::string("allgatherv ") + DTypeName(dtype) + " [";
   for (size_t r = 0; r < counts.size(); ++r) {
     signature += (r ? ", " : "") + std::to_string(counts[r]);
@@ -168,7 +180,7 @@ std::shared_ptr<Work> Communicator::StartAllgatherv(
       [=, counts = std::move(counts)](const Op& op) {
         RunAllgatherv(op, input, output, counts, dtype);
       },
-      mode);
+      mode, my_bytes);
 }
 
 std::shared_ptr<Work> Communicator::allreduce_async(
@@ -203,7 +215,7 @@ std::shared_ptr<Work> Communicator::StartAllreduce(
       std::string("allreduce ") + ReduceOpName(reduce_op) + " " +
           DTypeName(dtype) + " x " + std::to_string(count),
       [=](const Op& op) { RunAllreduce(op, buffer, count, dtype, reduce_op); },
-      mode);
+      mode, count * ElementSize(dtype));
 }
 
 std::shared_ptr<Work> Communicator::broadcast_async(
@@ -235,8 +247,8 @@ std::shared_ptr<Work> Communicator::StartBroadcast(
       "broadcast", options,
       std::string("broadcast ") + DTypeName(dtype) + " x " +
           std::to_string(count) + " from rank " + std::to_string(root),
-      [=](const Op& op) { RunBroadcast(op, buffer, count, dtype, root); },
-      mode);
+      [=](const Op& op) { RunBroadcast(op, buffer, count, dtype, root); }, mode,
+      count * ElementSize(dtype));
 }
 
 std::shared_ptr<Work> Communicator::barrier_async(
@@ -267,7 +279,7 @@ std::string Communicator::DescribeCall(const CollectiveOptions& options,
 std::shared_ptr<Work> Communicator::Start(const char* name,
                                           const CollectiveOptions& options,
                                           std::string signature, Task task,
-                                          Mode mode) {
+                                          Mode mode, size_t bytes) {
   if (options.timeout.count() < 0) {
     FailUsage(name, "timeout must not be negative, found " +
                         std::to_string(options.timeout.count()) + " ms");
@@ -278,6 +290,7 @@ std::shared_ptr<Work> Communicator::Start(const char* name,
   job->op.api = options.api != nullptr ? options.api : name;
   job->op.site = options.site;
   job->op.signature = std::move(signature);
+  job->op.bytes = bytes;
   job->task = std::move(task);
   std::shared_ptr<Work> work;
   {
@@ -655,6 +668,12 @@ std::exception_ptr Communicator::Diagnose(const std::string& what, const Op& op,
       failed_rank));
 }
 
+std::string Communicator::Traced(const Op& op) const {
+  return "[" + backend_name() + "] " + op.api + " #" +
+         std::to_string(op.sequence) + " (" + op.site.ToString() +
+         "): " + op.signature + ", " + std::to_string(op.bytes) + " bytes, ";
+}
+
 void Communicator::Execute(Job& job) {
   const std::string what = Where() + job.op.api + " #" +
                            std::to_string(job.op.sequence) + " (" +
@@ -671,9 +690,11 @@ void Communicator::Execute(Job& job) {
     return;
   }
   SetStatus(job.op, /*running=*/true);
+  const auto started = Clock::now();
   try {
     job.task(job.op);
     SetStatus(job.op, /*running=*/false);
+    ACCEL_VLOG(2) << Traced(job.op) << MillisecondsSince(started) << " ms";
     if (NeedsEveryRank(job.op.name)) {
       std::lock_guard<std::mutex> lock(status_mutex_);
       last_completed_ = {job.op.sequence, job.op.api, job.op.site.ToString()};
@@ -697,6 +718,8 @@ void Communicator::Execute(Job& job) {
       usage = abort_is_usage_;
       aborted_for = abort_rank_;
     }
+    ACCEL_VLOG(2) << Traced(job.op) << "failed after "
+                  << MillisecondsSince(started) << " ms: " << e.what();
     if (!reason.empty() && usage) {
       broken_ = std::make_exception_ptr(UsageError(what + reason));
     } else if (!reason.empty()) {

@@ -5,6 +5,8 @@
 #include <map>
 #include <mutex>
 
+#include "accel/runtime/logging.h"
+
 namespace accel {
 namespace {
 
@@ -23,15 +25,8 @@ std::string OneLine(std::string text) {
 // "[rank 1/2] " when several processes run and the message does not say
 // which rank it comes from already.
 std::string RankPrefix(const std::string& message) {
-  const char* rank = std::getenv("RANK");
-  const char* size = std::getenv("WORLD_SIZE");
-  if (rank == nullptr || size == nullptr) return "";
-  const int r = std::atoi(rank);
-  const int n = std::atoi(size);
-  if (n <= 1 || r < 0 || r >= n) return "";
-  const std::string mine =
-      "rank " + std::to_string(r) + "/" + std::to_string(n);
-  if (message.find(mine) != std::string::npos) return "";
+  const std::string mine = RankLabel();
+  if (mine.empty() || message.find(mine) != std::string::npos) return "";
   return "[" + mine + "] ";
 }
 

@@ -16,12 +16,6 @@
 namespace accel {
 namespace {
 
-std::string FolderOf(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
 // Unique among the threads and processes that may save the same file.
 std::string TemporaryName(const std::string& path) {
   static std::atomic<uint64_t> counter{0};
@@ -132,6 +126,12 @@ bool IsWritableFolder(const std::string& dir) {
     return false;
   }
   return access(dir.c_str(), W_OK | X_OK) == 0;
+}
+
+std::string FolderOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
 }
 
 bool IsFile(const std::string& path) {

@@ -57,6 +57,9 @@ void WriteFileAtomically(const std::string& path, std::string_view contents);
 // folder that could not be created and why.
 void MakeDirectories(const std::string& dir);
 
+// The folder `path` is in: "a/b" for "a/b/c", "." for "c", "/" for "/c".
+std::string FolderOf(const std::string& path);
+
 // Whether `path` names an existing file (not a folder).
 bool IsFile(const std::string& path);
 

@@ -11,6 +11,10 @@
 namespace accel {
 namespace {
 
+constexpr char kLogDirDescription[] =
+    "Each rank's stdout and stderr also go to "
+    "<log_dir>/attempt_<n>/rank_<r>/ (the console keeps a copy).";
+
 bool AsksForHelp(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -58,7 +62,11 @@ void PrintHelpAndExitIfAsked(int argc, char** argv,
   gflags::GetAllFlags(&flags);
   std::map<std::string, std::string> own_by_file;
   std::string accel;
-  for (const auto& flag : flags) {
+  for (auto& flag : flags) {
+    if (flag.name == "log_dir" && IsLibraryFlag(flag)) {
+      // glog's flag, which accel reuses for the ranks' logs.
+      flag.description = kLogDirDescription;
+    }
     if (only != nullptr) {
       if (only->count(flag.name) != 0) accel += Describe(flag);
     } else if (IsAccelFlag(flag)) {
@@ -75,10 +83,7 @@ void PrintHelpAndExitIfAsked(int argc, char** argv,
   gflags::CommandLineFlagInfo log_dir;
   if (only == nullptr && gflags::GetCommandLineFlagInfo("log_dir", &log_dir) &&
       IsLibraryFlag(log_dir)) {
-    // glog's flag, which accel reuses for the ranks' logs.
-    log_dir.description =
-        "Each rank's stdout and stderr also go to "
-        "<log_dir>/attempt_<n>/rank_<r>/ (the console keeps a copy).";
+    log_dir.description = kLogDirDescription;
     accel += Describe(log_dir);
   }
   if (!accel.empty()) {

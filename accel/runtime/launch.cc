@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "accel/runtime/errors.h"
+#include "accel/runtime/logging.h"
 #include "accel/runtime/net.h"
 #include "accel/runtime/rank_output.h"
 
@@ -240,6 +241,8 @@ pid_t StartRank(const std::vector<std::string>& command,
     throw UsageError("cannot run '" + command[0] +
                      "': " + std::strerror(error));
   }
+  ACCEL_VLOG(1) << "launch: started rank " << rank << "/" << world << " as pid "
+                << pid;
   return pid;
 }
 
@@ -310,6 +313,8 @@ class RankSet {
         if (r.pid != pid || !r.running) continue;
         r.running = false;
         --running_;
+        ACCEL_VLOG(1) << "launch: rank " << r.rank << " (pid " << r.pid << ") "
+                      << DescribeStatus(s);
         // Whatever the rank left in its group goes with it.
         kill(-r.pid, SIGKILL);
         if (ExitCodeOf(s) != 0) {

@@ -8,6 +8,7 @@
 
 #include "accel/runtime/error_report.h"
 #include "accel/runtime/errors.h"
+#include "accel/runtime/logging.h"
 #include "accel/runtime/net.h"
 #include "accel/runtime/registry.h"
 #include "accel/runtime/rendezvous.h"
@@ -28,6 +29,10 @@ std::mutex g_connector_mutex;
 AgentStoreConnector& Connector() {
   static AgentStoreConnector connector;
   return connector;
+}
+
+int64_t ElapsedMs(Clock::time_point since) {
+  return std::chrono::duration_cast<milliseconds>(Clock::now() - since).count();
 }
 
 milliseconds Left(Clock::time_point deadline) {
@@ -73,13 +78,16 @@ std::shared_ptr<Store> ConnectStore(const DistributedEnvironment& env,
         std::max<size_t>(server_options.max_unauthenticated,
                          static_cast<size_t>(env.world_size) + 16);
     server = std::make_unique<TcpStoreServer>(server_options);
+    ACCEL_VLOG(1) << "serving the rendezvous store on " << env.master_addr
+                  << ":" << server->port() << " for " << env.world_size
+                  << " ranks";
     if (env.run_secret.empty() && !net::IsLoopback(env.master_addr)) {
-      std::fprintf(stderr,
-                   "warning: rank 0's rendezvous store on %s:%d has no "
-                   "ACCEL_RUN_SECRET: anyone who can reach that port can join "
-                   "or change it; export the same secret on every rank (e.g. "
-                   "ACCEL_RUN_SECRET=$(openssl rand -hex 16))\n",
-                   env.master_addr.c_str(), server->port());
+      ACCEL_LOG(WARNING)
+          << "rank 0's rendezvous store on " << env.master_addr << ":"
+          << server->port()
+          << " has no ACCEL_RUN_SECRET: anyone who can reach that port can "
+             "join or change it; export the same secret on every rank (e.g. "
+             "ACCEL_RUN_SECRET=$(openssl rand -hex 16))";
     }
   }
   TcpStoreOptions store_options;
@@ -140,6 +148,14 @@ std::unique_ptr<ProcessGroup> ProcessGroup::Join(
 
   const std::string where = "rank " + std::to_string(env.rank) + "/" +
                             std::to_string(env.world_size) + ": ";
+  SetLogRank(env.rank, env.world_size);
+  const auto started = Clock::now();
+  ACCEL_VLOG(1) << "joining a job of " << env.world_size << " ranks"
+                << (env.engine.empty() ? "" : " started by " + env.engine)
+                << " (local rank " << env.local_rank << "/"
+                << env.local_world_size << ", restart " << env.restart_count
+                << ") through the store at " << env.master_addr << ":"
+                << env.master_port << ", backend " << backend;
   BackendContext context;
   context.host = DataAddress(env);
   try {
@@ -147,8 +163,12 @@ std::unique_ptr<ProcessGroup> ProcessGroup::Join(
     auto* tcp = dynamic_cast<TcpStore*>(group->store_.get());
     TcpStoreServer* hosted = tcp != nullptr ? tcp->server() : nullptr;
     group->hosts_store_ = hosted != nullptr;
+    ACCEL_VLOG(1) << "connected to the rendezvous store after "
+                  << ElapsedMs(started) << " ms";
     if (env.world_size > 1) {
       MeetAtStore(*group->store_, env, context.host, deadline, hosted);
+      ACCEL_VLOG(1) << "all " << env.world_size << " ranks joined after "
+                    << ElapsedMs(started) << " ms";
     }
   } catch (const TimeoutError& e) {
     throw TimeoutError(where + "rendezvous failed: " + e.what());
@@ -166,6 +186,9 @@ std::unique_ptr<ProcessGroup> ProcessGroup::Join(
   context.options = options.communicator;
   context.connect_timeout = Left(deadline);
   group->communicator_ = CreateCommunicator(backend, context);
+  ACCEL_VLOG(1) << backend << " connected " << env.world_size
+                << " ranks (data on " << context.host << ") after "
+                << ElapsedMs(started) << " ms";
   if (env.world_size > 1) {
     // An error that ends the process through std::terminate tells the
     // others what it was.
@@ -186,6 +209,8 @@ std::unique_ptr<ProcessGroup> ProcessGroup::Join(const std::string& backend) {
 }
 
 ProcessGroup::~ProcessGroup() {
+  ACCEL_VLOG(1) << "leaving the job"
+                << (std::uncaught_exceptions() > 0 ? " after an error" : "");
   if (fatal_hook_ >= 0) RemoveFatalErrorHook(fatal_hook_);
   if (std::uncaught_exceptions() > 0 && env_.world_size > 1 && store_) {
     // Leaving because of an error: the others say so rather than "a peer

@@ -11,6 +11,7 @@
 #include "accel/runtime/error_report.h"
 #include "accel/runtime/errors.h"
 #include "accel/runtime/help.h"
+#include "accel/runtime/launch_config.h"
 #include "accel/runtime/self_launch.h"
 
 DEFINE_int32(num_processes, 1,
@@ -46,12 +47,37 @@ DEFINE_string(mixed_precision, "no",
 DEFINE_int32(gradient_accumulation_steps, 1,
              "Micro-batches whose gradients are accumulated before each "
              "optimizer step (inside accelerator.accumulate(model)).");
+DEFINE_string(report_to, "",
+              "Experiment trackers for init_trackers/log: a comma-separated "
+              "list of jsonl, tensorboard (or any tracker the program "
+              "registers), all, or none.");
+DEFINE_string(logging_dir, "",
+              "Where trackers write: <logging_dir>/<project_name>/ (default: "
+              "the program's project directory, if it has one).");
+
+DEFINE_string(config_file, "",
+              "Launch configuration to read before the command line (written "
+              "by accel config); default: $ACCEL_CONFIG_FILE, else "
+              "~/.config/accel/default_config.flags when it exists. Empty "
+              "with =: none.");
 
 DEFINE_int32(network_timeout_s, 20,
              "How long a machine may stop answering on the network before "
              "its ranks are reported unreachable, in seconds.");
 
 namespace accel {
+
+void UseLaunchConfig(int argc, char** argv) {
+  try {
+    const std::string path = LaunchConfigPath(argc, argv);
+    ApplyLaunchConfig(path);
+    // The ranks (and their ranks) read the same file, whatever their $HOME.
+    setenv("ACCEL_CONFIG_FILE", path.c_str(), /*overwrite=*/1);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    std::exit(2);
+  }
+}
 
 LaunchOptions LaunchOptionsFromFlags() {
   LaunchOptions options;
@@ -77,6 +103,7 @@ void InitProgram(int* argc, char*** argv) {
   InstallTerminateHandler();
   // Keep the original arguments: the ranks get exactly what we got.
   std::vector<std::string> command(*argv, *argv + *argc);
+  UseLaunchConfig(*argc, *argv);
   PrintHelpAndExitIfAsked(*argc, *argv);
   gflags::ParseCommandLineFlags(argc, argv, /*remove_flags=*/true);
   // Under `bazel run`, relative paths (--output_dir=trained_model) mean the

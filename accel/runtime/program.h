@@ -12,7 +12,8 @@
 // Flags (mirroring `accelerate launch`, so that programs keep every other
 // name for themselves): --num_processes, --num_machines, --machine_rank,
 // --main_process_ip, --main_process_port, --num_cpu_threads_per_process,
-// --max_restarts, --mixed_precision, --gradient_accumulation_steps, and
+// --max_restarts, --mixed_precision, --gradient_accumulation_steps,
+// --report_to, --logging_dir, and
 // accel's --backend, --timeout_s, --rendezvous_timeout_s and
 // --collective_checks. With
 // --num_processes > 1 and no launch environment, InitProgram starts the ranks
@@ -38,11 +39,20 @@ DECLARE_int32(gradient_accumulation_steps);
 DECLARE_bool(collective_checks);
 DECLARE_int32(max_restarts);
 DECLARE_int32(network_timeout_s);
+DECLARE_string(report_to);
+DECLARE_string(config_file);
+DECLARE_string(logging_dir);
 
 namespace accel {
 
-// Parses flags (removing them from argv) and self-launches when asked to.
+// Reads the launch configuration file (see launch_config.h), parses flags
+// (removing them from argv) and self-launches when asked to.
 void InitProgram(int* argc, char*** argv);
+
+// The configuration file's values as the flags' defaults, before the
+// command line is parsed; prints the error and exits with code 2 for a bad
+// file. InitProgram and the launcher call it.
+void UseLaunchConfig(int argc, char** argv);
 
 // LaunchOptions from the flags above.
 LaunchOptions LaunchOptionsFromFlags();

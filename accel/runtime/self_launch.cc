@@ -8,6 +8,7 @@
 #include "accel/runtime/environment.h"
 #include "accel/runtime/errors.h"
 #include "accel/runtime/launch.h"
+#include "accel/runtime/logging.h"
 #include "accel/runtime/program.h"
 
 namespace accel {
@@ -48,7 +49,7 @@ void SelfLaunchIfAsked(std::vector<std::string> command) {
     Fail(e.what(), 1);
   }
   for (const auto& warning : env.warnings) {
-    std::fprintf(stderr, "warning: %s\n", warning.c_str());
+    ACCEL_LOG(WARNING) << warning;
   }
   const bool explicit_count =
       !gflags::GetCommandLineFlagInfoOrDie("num_processes").is_default;

@@ -16,6 +16,7 @@
 #include <set>
 
 #include "accel/runtime/errors.h"
+#include "accel/runtime/logging.h"
 #include "accel/runtime/net.h"
 
 namespace accel {
@@ -208,6 +209,8 @@ struct TcpStoreServer::State {
   void Reject(int fd, uint64_t id, Status status, int rank,
               const std::string& reason) {
     Connection& conn = connections[fd];
+    ACCEL_VLOG(1) << "store: refused a connection from " << conn.address
+                  << " claiming rank " << rank << ": " << reason;
     Reply(fd, Response(id, status));
     conn.close_after_flush = true;
     std::lock_guard<std::mutex> lock(shared_mutex);
@@ -269,6 +272,10 @@ struct TcpStoreServer::State {
       std::lock_guard<std::mutex> lock(shared_mutex);
       rank_addresses[rank] = conn.address;
     }
+    ACCEL_VLOG(1) << "store: "
+                  << (rank >= 0 ? "rank " + std::to_string(rank)
+                                : std::string("a client"))
+                  << " connected from " << conn.address;
     Reply(fd, Response(id, Status::kOk));
   }
 
@@ -382,6 +389,8 @@ struct TcpStoreServer::State {
                                       ? "unreachable at " + conn.address
                                       : "crashed";
         }
+        ACCEL_VLOG(1) << "store: rank " << conn.rank << " disconnected ("
+                      << departures[conn.rank] << ")";
       }
     }
     waiters.erase(std::remove_if(waiters.begin(), waiters.end(),
@@ -700,7 +709,10 @@ class TcpStore::Connection {
             .bytes());
     network_timeout_ = options.network_timeout;
     auto backoff = milliseconds(10);
+    const auto started = Clock::now();
+    int attempts = 0;
     while (true) {
+      ++attempts;
       const auto left =
           std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
       fd_ = net::Connect(host_, port_, std::max(left, milliseconds(1)),
@@ -721,6 +733,12 @@ class TcpStore::Connection {
       }
       if (status == net::RecvStatus::kOk) {
         CheckHelloReply(static_cast<Status>(body[8]), options);
+        ACCEL_VLOG(1) << "connected to the " << Describe() << " in "
+                      << std::chrono::duration_cast<milliseconds>(Clock::now() -
+                                                                  started)
+                             .count()
+                      << " ms (" << attempts
+                      << (attempts == 1 ? " attempt)" : " attempts)");
         break;
       }
       close(fd_);

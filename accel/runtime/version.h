@@ -1,0 +1,10 @@
+// accel's version, for `accel env`, bug reports and programs that print it.
+//
+//   std::printf("accel %s\n", accel::kVersion);  // accel 0.1.0
+#pragma once
+
+namespace accel {
+
+inline constexpr char kVersion[] = "0.1.0";
+
+}  // namespace accel

@@ -1,0 +1,216 @@
+// accel config: writes the launch configuration that the launcher and every
+// accel program read (see accel/runtime/launch_config.h), as `accelerate
+// config` does: asks on a terminal, or takes flags.
+//
+//   $ bazel run //tools:config                      # asks each question
+//   $ bazel run //tools:config -- --num_processes=4 --mixed_precision=bf16
+//         --nointeractive                           # no questions
+//   $ bazel run //tools:config -- --config_file=two_machines.flags
+//   $ bazel run //tools:config -- --show            # what programs read
+//
+// Answers default to the file's current values (or the flags given); an
+// empty answer keeps the default, a bad one is asked again.
+#include <gflags/gflags.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <iostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "accel/runtime/errors.h"
+#include "accel/runtime/files.h"
+#include "accel/runtime/launch_config.h"
+#include "accel/runtime/program.h"
+
+DEFINE_bool(interactive, isatty(0) != 0,
+            "Ask each question (default: when the input is a terminal).");
+DEFINE_bool(show, false,
+            "Print the configuration programs read now, and where it is.");
+
+namespace {
+
+using Check = std::function<std::string(const std::string&)>;  // "" if ok.
+
+std::string Integer(const std::string& value, long low, long high) {
+  char* end = nullptr;
+  const long number = std::strtol(value.c_str(), &end, 10);
+  if (value.empty() || *end != '\0' || number < low || number > high) {
+    return "expected a whole number from " + std::to_string(low) + " to " +
+           std::to_string(high) + ", found \"" + value + "\"";
+  }
+  return "";
+}
+
+Check IntegerIn(long low, long high) {
+  return [=](const std::string& value) { return Integer(value, low, high); };
+}
+
+Check OneOf(std::vector<std::string> choices) {
+  return [choices](const std::string& value) {
+    std::string listed;
+    for (const std::string& choice : choices) {
+      if (value == choice) return std::string();
+      listed += (listed.empty() ? "" : ", ") + choice;
+    }
+    return "expected one of " + listed + ", found \"" + value + "\"";
+  };
+}
+
+std::string Current(const std::string& flag) {
+  return gflags::GetCommandLineFlagInfoOrDie(flag.c_str()).current_value;
+}
+
+// Asks until the answer passes `check`; the flag's value is the default.
+std::string Ask(const std::string& question, const std::string& flag,
+                const Check& check) {
+  const std::string fallback = Current(flag);
+  if (!FLAGS_interactive) {
+    const std::string problem = check(fallback);
+    if (!problem.empty()) {
+      throw accel::UsageError("--" + flag + ": " + problem);
+    }
+    return fallback;
+  }
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    std::printf("%s [%s]: ", question.c_str(), fallback.c_str());
+    std::fflush(stdout);
+    std::string answer;
+    if (!std::getline(std::cin, answer)) {
+      std::printf("\n");
+      throw accel::UsageError("no answer to \"" + question +
+                              "\" (the input ended)");
+    }
+    const size_t begin = answer.find_first_not_of(" \t\r");
+    answer = begin == std::string::npos
+                 ? fallback
+                 : answer.substr(begin,
+                                 answer.find_last_not_of(" \t\r") - begin + 1);
+    const std::string problem = check(answer);
+    if (problem.empty()) return answer;
+    std::printf("  %s\n", problem.c_str());
+  }
+  throw accel::UsageError("no valid answer to \"" + question + "\"");
+}
+
+// Where to write: --config_file, else the default location.
+std::string Target(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    for (const char* prefix : {"--config_file=", "-config_file="}) {
+      if (arg.rfind(prefix, 0) == 0) {
+        return arg.substr(std::string(prefix).size());
+      }
+    }
+    if ((arg == "--config_file" || arg == "-config_file") && i + 1 < argc) {
+      return argv[i + 1];
+    }
+  }
+  return accel::DefaultLaunchConfigPath();
+}
+
+int Show(const std::string& path) {
+  if (path.empty()) {
+    std::printf("no launch configuration (%s does not exist)\n",
+                accel::DefaultLaunchConfigPath().c_str());
+    return 0;
+  }
+  std::printf("%s:\n", path.c_str());
+  for (const auto& [name, value] : accel::ReadLaunchConfig(path)) {
+    std::printf("  --%s=%s\n", name.c_str(), value.c_str());
+  }
+  return 0;
+}
+
+int Configure(const std::string& path) {
+  std::vector<std::pair<std::string, std::string>> flags;
+  auto keep = [&flags](const std::string& flag, const std::string& value) {
+    flags.emplace_back(flag, value);
+  };
+  const std::string machines = Ask("How many machines will run the job?",
+                                   "num_machines", IntegerIn(1, 100000));
+  keep("num_machines", machines);
+  if (machines != "1") {
+    const long count = std::stol(machines);
+    keep("machine_rank", Ask("Which machine is this one (0 runs rank 0)?",
+                             "machine_rank", IntegerIn(0, count - 1)));
+    keep("main_process_ip",
+         Ask("What is the IP address of machine 0?", "main_process_ip",
+             [](const std::string& v) {
+               return v.empty() ? std::string("expected an address")
+                                : std::string();
+             }));
+    keep("main_process_port",
+         Ask("Which port does rank 0's rendezvous store listen on?",
+             "main_process_port", IntegerIn(1, 65535)));
+  }
+  keep("num_processes",
+       Ask("How many processes in all (one per GPU with nccl)?",
+           "num_processes", IntegerIn(1, 1000000)));
+  keep("backend", Ask("Which backend: auto (nccl with GPUs, else gloo), "
+                      "gloo, nccl or mpi?",
+                      "backend", OneOf({"auto", "gloo", "nccl", "mpi"})));
+  keep("mixed_precision",
+       Ask("Mixed precision: no, bf16 or fp16?", "mixed_precision",
+           OneOf({"no", "bf16", "fp16"})));
+  keep("num_cpu_threads_per_process",
+       Ask("How many CPU threads per process (OMP_NUM_THREADS)?",
+           "num_cpu_threads_per_process", IntegerIn(1, 4096)));
+  // Anything else the command line set, kept as given.
+  for (const std::string& flag : accel::ConfigurableFlags()) {
+    bool asked = false;
+    for (const auto& entry : flags) asked |= entry.first == flag;
+    if (!asked &&
+        !gflags::GetCommandLineFlagInfoOrDie(flag.c_str()).is_default) {
+      keep(flag, Current(flag));
+    }
+  }
+  accel::WriteLaunchConfig(path, flags);
+  std::printf("accel config: wrote %s\n", path.c_str());
+  for (const auto& [name, value] : flags) {
+    std::printf("  --%s=%s\n", name.c_str(), value.c_str());
+  }
+  std::printf(
+      "The launcher and accel programs read it before their command line "
+      "(--config_file picks another file).\n");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage(
+      "config [--config_file=PATH] [--nointeractive] [--num_processes=N "
+      "...] | --show");
+  try {
+    // Under `bazel run`, relative paths are the user's.
+    if (const char* dir = std::getenv("BUILD_WORKING_DIRECTORY")) {
+      if (chdir(dir) != 0) {
+        throw accel::UsageError(std::string("cannot enter ") + dir);
+      }
+    }
+    bool show = false;
+    for (int i = 1; i < argc; ++i) show |= std::string(argv[i]) == "--show";
+    // What programs read now (for --show), before flags change anything.
+    const std::string read = show ? accel::LaunchConfigPath(argc, argv) : "";
+    const std::string path = Target(argc, argv);
+    if (path.empty()) {
+      throw accel::UsageError(
+          "no default location ($HOME is not set): give --config_file=PATH");
+    }
+    // The file's values are the defaults of the questions.
+    if (accel::IsFile(path)) accel::ApplyLaunchConfig(path);
+    gflags::ParseCommandLineFlags(&argc, &argv, /*remove_flags=*/true);
+    if (argc > 1) {
+      throw accel::UsageError(std::string("unexpected argument '") + argv[1] +
+                              "'");
+    }
+    return FLAGS_show ? Show(read) : Configure(path);
+  } catch (const accel::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+}

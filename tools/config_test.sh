@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# accel config writes the launch configuration; the launcher and programs
+# read it before their command line; bad files and answers are clear errors.
+set -euo pipefail
+config=tools/config
+launch=tools/launch
+demo=examples/gather_demo
+dir="$TEST_TMPDIR/config_test"
+mkdir -p "$dir"
+fail() { echo "FAIL: $*"; exit 1; }
+has() { grep -qF -- "$2" <<<"$1" || fail "no '$2' in: $1"; }
+
+# Asked on a terminal (here: --interactive with answers on stdin). A bad
+# answer is asked again; an empty one keeps the default.
+out=$(printf '0\n1\nthree\n2\nmpich\ngloo\nbf16\n\n' |
+      "$config" --interactive --config_file="$dir/asked.flags")
+echo "$out"
+has "$out" "expected a whole number from 1 to 100000, found \"0\""
+has "$out" "expected a whole number from 1 to 1000000, found \"three\""
+has "$out" "expected one of auto, gloo, nccl, mpi, found \"mpich\""
+has "$out" "accel config: wrote $dir/asked.flags"
+expected="--num_machines=1
+--num_processes=2
+--backend=gloo
+--mixed_precision=bf16
+--num_cpu_threads_per_process=1"
+[ "$(grep -v '^#' "$dir/asked.flags")" = "$expected" ] ||
+  fail "asked.flags: $(cat "$dir/asked.flags")"
+
+# The input ends before the last answer.
+if printf '1\n' | "$config" --interactive --config_file="$dir/cut.flags" \
+    >/dev/null 2>"$dir/err"; then fail "an ended input was accepted"; fi
+has "$(cat "$dir/err")" "(the input ended)"
+
+# From flags, without questions; other program flags given are kept.
+"$config" --nointeractive --config_file="$dir/flags.flags" --num_processes=3 \
+  --report_to=jsonl >/dev/null
+has "$(cat "$dir/flags.flags")" "--num_processes=3"
+has "$(cat "$dir/flags.flags")" "--report_to=jsonl"
+if "$config" --nointeractive --config_file="$dir/bad.flags" \
+    --mixed_precision=fp8 2>"$dir/err"; then fail "fp8 was accepted"; fi
+has "$(cat "$dir/err")" "--mixed_precision: expected one of no, bf16, fp16, found \"fp8\""
+# Earlier values are the next run's defaults.
+"$config" --nointeractive --config_file="$dir/flags.flags" --backend=gloo >/dev/null
+has "$(cat "$dir/flags.flags")" "--num_processes=3"
+
+# Programs read the default file ($HOME/.config/accel/...) when it exists.
+export HOME="$dir/home"
+unset ACCEL_CONFIG_FILE XDG_CONFIG_HOME
+"$config" --nointeractive --num_processes=2 --main_process_port=0 >/dev/null
+test -f "$HOME/.config/accel/default_config.flags" || fail "no default file"
+has "$("$config" --show)" "$HOME/.config/accel/default_config.flags:"
+out=$("$demo" 2>&1)
+has "$out" "Gathered tensor: tensor([1, 2, 3, 1, 2, 3])"   # 2 processes
+out=$("$demo" --num_processes=1 2>&1)                      # the command line wins
+has "$out" "Gathered tensor: tensor([1, 2, 3])"
+out=$("$demo" --config_file= 2>&1)                         # no configuration
+has "$out" "Gathered tensor: tensor([1, 2, 3])"
+# --config_file picks another; the launcher passes it on to the ranks.
+printf -- '--num_processes=3\n--main_process_port=0\n' >"$dir/three.flags"
+out=$("$demo" --config_file="$dir/three.flags" 2>&1)
+has "$out" "tensor([1, 2, 3, 1, 2, 3, 1, 2, 3])"
+out=$("$launch" --config_file="$dir/three.flags" -- "$demo" 2>&1)
+has "$out" "tensor([1, 2, 3, 1, 2, 3, 1, 2, 3])"
+
+# Bad files are errors naming the file and line.
+printf -- '--num_processes=2\nnum_machines 2\n' >"$dir/broken.flags"
+if out=$("$demo" --config_file="$dir/broken.flags" 2>&1); then fail "broken file accepted"; fi
+has "$out" "error: $dir/broken.flags:2: expected --flag=value, found \"num_machines 2\""
+printf -- '--epochs=3\n' >"$dir/foreign.flags"
+if out=$("$demo" --config_file="$dir/foreign.flags" 2>&1); then fail "--epochs accepted"; fi
+has "$out" "$dir/foreign.flags:1: --epochs cannot be set in a configuration file"
+printf -- '--num_processes=two\n' >"$dir/value.flags"
+if out=$("$demo" --config_file="$dir/value.flags" 2>&1); then fail "two accepted"; fi
+has "$out" "--num_processes=two: not a valid int32 value"
+if out=$("$demo" --config_file="$dir/missing.flags" 2>&1); then fail "missing accepted"; fi
+has "$out" "--config_file=$dir/missing.flags: no such file"
+echo PASS

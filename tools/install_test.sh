@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The installed tools run outside Bazel, from a bare PATH and environment.
+set -euo pipefail
+prefix="$TEST_TMPDIR/prefix"
+tools/install "$prefix"
+for tool in accel-launch accel-env accel-config accel-plot-metrics; do
+  test -x "$prefix/bin/$tool" || { echo "FAIL: $tool not installed"; exit 1; }
+done
+
+report=$(env -i HOME="$TEST_TMPDIR" PATH=/usr/bin:/bin RANK=0 WORLD_SIZE=1 \
+           ACCEL_RUN_SECRET=hunter2 "$prefix/bin/accel-env")
+echo "$report"
+expect() {
+  grep -qF -- "$1" <<<"$report" || { echo "FAIL: no '$1' in the report"; exit 1; }
+}
+expect "Copy-and-paste the text below in your GitHub issue"
+expect "- accel version: 0.1.0"
+expect "- LibTorch version: 1.13"
+expect "- Gloo version: 0.5.0"
+expect "- MPI version: "
+expect "- CUDA: "
+expect "- NCCL version: "
+expect "- Backends linked: gloo, nccl (--backend=auto picks "
+expect "- Trackers linked: jsonl, tensorboard"
+expect "- GPUs visible: "
+expect "- CPUs: "
+expect "- Threads: LibTorch intra-op "
+expect "- BLAS: "
+expect "    RANK=0"
+expect "    WORLD_SIZE=1"
+expect "    ACCEL_RUN_SECRET=(set, not shown)"
+expect "- Launch config: none ($TEST_TMPDIR/.config/accel/default_config.flags does not exist; accel config writes it)"
+if grep -q hunter2 <<<"$report"; then echo "FAIL: the secret is shown"; exit 1; fi
+
+if "$prefix/bin/accel-env" --bogus 2>"$TEST_TMPDIR/err"; then
+  echo "FAIL: accel-env accepted an argument"; exit 1
+fi
+grep -q "accel env takes no arguments, found '--bogus'" "$TEST_TMPDIR/err"
+
+help=$("$prefix/bin/accel-launch" --help 2>&1 || true)
+grep -q "num_processes" <<<"$help" || { echo "FAIL: accel-launch --help"; exit 1; }
+"$prefix/bin/accel-plot-metrics" --help | grep -q "metrics.jsonl" ||
+  { echo "FAIL: accel-plot-metrics --help"; exit 1; }
+echo PASS
