@@ -116,10 +116,10 @@ void SetAgentStoreConnector(AgentStoreConnector connector) {
 }
 
 std::unique_ptr<ProcessGroup> ProcessGroup::Join(
-    const DistributedEnvironment& env, const ProcessGroupOptions& options) {
+    const DistributedEnvironment& given_env,
+    const ProcessGroupOptions& options) {
   const auto deadline = Clock::now() + options.rendezvous_timeout;
   std::unique_ptr<ProcessGroup> group(new ProcessGroup());
-  group->env_ = env;
   const std::string backend = ResolveBackend(options.backend);
   // Validate the backend name before anyone waits on the network.
   bool known = false;
@@ -130,6 +130,9 @@ std::unique_ptr<ProcessGroup> ProcessGroup::Join(
                      std::to_string(options.rendezvous_timeout.count()) +
                      " ms");
   }
+  // An MPI launcher knows the ranks and can agree on the store itself.
+  group->env_ = EnvironmentForBackend(backend, given_env);
+  const DistributedEnvironment& env = group->env_;
 
   const std::string where = "rank " + std::to_string(env.rank) + "/" +
                             std::to_string(env.world_size) + ": ";

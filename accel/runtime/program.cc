@@ -22,8 +22,9 @@ DEFINE_string(main_process_ip, "127.0.0.1",
 DEFINE_int32(main_process_port, 29500,
              "Port of rank 0's rendezvous store; 0 picks a free port.");
 DEFINE_string(backend, "auto",
-              "Communication backend: gloo, nccl, or auto (nccl when a GPU "
-              "is visible, else gloo).");
+              "Communication backend: gloo, nccl, mpi, or auto (nccl when a "
+              "GPU is visible, mpi when started by mpirun or srun with MPI, "
+              "else gloo).");
 DEFINE_int32(timeout_s, 300,
              "Default timeout of each collective, in seconds. Mismatched "
              "collectives and departed ranks are reported long before it.");
