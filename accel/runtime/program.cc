@@ -63,6 +63,9 @@ LaunchOptions LaunchOptionsFromFlags() {
   options.main_process_port = FLAGS_main_process_port;
   options.threads_per_process = FLAGS_num_cpu_threads_per_process;
   options.max_restarts = FLAGS_max_restarts;
+  // MPI's ranks must be started by mpirun (the ranks get --backend from
+  // their command line either way).
+  if (FLAGS_backend == "mpi") options.backend = FLAGS_backend;
   // --log_dir is glog's flag in programs that link LibTorch (which links
   // glog), and the launcher's own in tools/launch: reuse whichever exists.
   gflags::GetCommandLineOption("log_dir", &options.log_dir);

@@ -69,12 +69,8 @@ void SelfLaunchIfAsked(std::vector<std::string> command) {
                       FLAGS_max_restarts > 0;
   if (!wanted) return;
   command[0] = ExecutablePath();
-  LaunchOptions options = LaunchOptionsFromFlags();
-  // The ranks get --backend from `command`; the launcher needs to know that
-  // mpirun must start them.
-  if (FLAGS_backend == "mpi") options.backend = FLAGS_backend;
   try {
-    std::exit(Launch(options, command));
+    std::exit(Launch(LaunchOptionsFromFlags(), command));
   } catch (const Error& e) {
     Fail(e.what(), 2);
   }
