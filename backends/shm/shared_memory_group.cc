@@ -5,6 +5,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include <algorithm>
 #include <climits>
 #include <cstring>
@@ -60,6 +64,44 @@ size_t RoundUp(size_t value, size_t multiple) {
 void Pause() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
+#endif
+}
+
+// Copies n bytes between buffers that do not overlap. glibc's memcpy (rep
+// movsb, for 4 KiB to 256 KiB on this machine's AMD EPYC) runs 13 times
+// slower when the destination lies 1 to 31 bytes past the source modulo
+// 4096 (3 GB/s instead of 40-50, measured): exactly where a malloc'd buffer,
+// 16 bytes past a page, lands against our page-aligned slots. A plain vector
+// loop has no such case.
+void Copy(void* destination, const void* source, size_t n) {
+  const uintptr_t distance = (reinterpret_cast<uintptr_t>(destination) -
+                              reinterpret_cast<uintptr_t>(source)) %
+                             4096;
+  if (n < 2048 || distance == 0 || distance >= 64) {
+    std::memcpy(destination, source, n);
+    return;
+  }
+#if defined(__SSE2__)
+  auto* to = static_cast<char*>(destination);
+  const auto* from = static_cast<const char*>(source);
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    const __m128i a =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i));
+    const __m128i b =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i + 16));
+    const __m128i c =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i + 32));
+    const __m128i d =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i + 48));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(to + i), a);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(to + i + 16), b);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(to + i + 32), c);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(to + i + 48), d);
+  }
+  std::memcpy(to + i, from + i, n - i);
+#else
+  std::memcpy(destination, source, n);
 #endif
 }
 
@@ -278,14 +320,39 @@ void SharedMemoryGroup::WaitUntil(const Call& call, Ready&& ready,
   }
 }
 
-bool SharedMemoryGroup::SharesCpu() const {
+bool SharedMemoryGroup::SharesCpu() {
   const int cpu = sched_getcpu();
+  cpu_set_t others_use;
+  CPU_ZERO(&others_use);
+  bool shared = false;
   for (int r = 0; r < local_size_; ++r) {
-    if (r != local_rank_ &&
-        State(r).cpu.load(std::memory_order_relaxed) == cpu) {
-      return true;
-    }
+    if (r == local_rank_) continue;
+    const int other = State(r).cpu.load(std::memory_order_relaxed);
+    if (other == cpu) shared = true;
+    if (other >= 0 && other < CPU_SETSIZE) CPU_SET(other, &others_use);
   }
+  if (!shared) return false;
+  // The kernel wakes a sleeping thread on its waker's CPU, so two ranks can
+  // end up taking turns on one CPU while another has room (8 us per
+  // collective instead of 0.2, measured). Move to a CPU that no other local
+  // rank last ran on, or any other, then let the thread go anywhere again.
+  // At most every few milliseconds, so as not to fight the scheduler.
+  const auto now = Clock::now();
+  if (now < next_move_) return true;
+  next_move_ = now + std::chrono::milliseconds(5);
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return true;
+  cpu_set_t target;
+  CPU_AND(&target, &allowed, &others_use);
+  CPU_XOR(&target, &allowed, &target);  // allowed and not used by others
+  if (CPU_COUNT(&target) == 0) {
+    target = allowed;
+    CPU_CLR(cpu, &target);
+    if (CPU_COUNT(&target) == 0) return true;
+  }
+  if (sched_setaffinity(0, sizeof(target), &target) != 0) return true;
+  sched_setaffinity(0, sizeof(allowed), &allowed);
+  State(local_rank_).cpu.store(sched_getcpu(), std::memory_order_relaxed);
   return false;
 }
 
@@ -420,12 +487,12 @@ void SharedMemoryGroup::Broadcast(const Call& call, void* buffer, size_t bytes,
     for (size_t offset = 0; offset < bytes; offset += options_.slot_bytes) {
       const size_t n = std::min(options_.slot_bytes, bytes - offset);
       const uint64_t chunk = BeginChunk(call);
-      if (local_rank_ == root) std::memcpy(Slot(root, chunk), data + offset, n);
+      if (local_rank_ == root) Copy(Slot(root, chunk), data + offset, n);
       Post(chunk, id);
       // Waiting for every rank, not only the root, checks that all of them
       // are in this call before anyone moves on.
       WaitPosted(call, chunk, id);
-      if (local_rank_ != root) std::memcpy(data + offset, Slot(root, chunk), n);
+      if (local_rank_ != root) Copy(data + offset, Slot(root, chunk), n);
       Consume(chunk);
     }
   });
@@ -472,7 +539,7 @@ void SharedMemoryGroup::Allgatherv(const Call& call, const void* input,
                    : size_t{0};
       };
       const uint64_t chunk = BeginChunk(call);
-      std::memcpy(Slot(local_rank_, chunk), in + offset, piece(local_rank_));
+      Copy(Slot(local_rank_, chunk), in + offset, piece(local_rank_));
       Post(chunk, id);
       WaitPosted(call, chunk, id);
       if (receive) {
@@ -481,7 +548,7 @@ void SharedMemoryGroup::Allgatherv(const Call& call, const void* input,
           if (n == 0) continue;
           char* destination = out + offsets[r] + offset;
           const char* source = r == local_rank_ ? in + offset : Slot(r, chunk);
-          if (destination != source) std::memmove(destination, source, n);
+          if (destination != source) Copy(destination, source, n);
         }
       }
       Consume(chunk);
@@ -515,7 +582,7 @@ void SharedMemoryGroup::Allreduce(const Call& call, void* buffer, size_t count,
         const size_t n = std::min(step, count - begin);
         char* own = data + begin * element;
         const uint64_t chunk = BeginChunk(call);
-        std::memcpy(Slot(local_rank_, chunk), own, n * element);
+        Copy(Slot(local_rank_, chunk), own, n * element);
         Post(chunk, id);
         WaitPosted(call, chunk, id);
         if (receive) {
@@ -539,8 +606,8 @@ void SharedMemoryGroup::Allreduce(const Call& call, void* buffer, size_t count,
       for (int q = 0; q < local_size_; ++q) {
         const Part part = PartOf(n, local_size_, q, element);
         if (q != local_rank_ && part.count > 0) {
-          std::memcpy(slot + part.begin * element, base + part.begin * element,
-                      part.count * element);
+          Copy(slot + part.begin * element, base + part.begin * element,
+               part.count * element);
         }
       }
       Post(chunk, id);
@@ -556,7 +623,7 @@ void SharedMemoryGroup::Allreduce(const Call& call, void* buffer, size_t count,
         for (int r = 2; r < local_size_; ++r) {
           Reduce(dtype, op, slot + at, slot + at, source(r), mine.count);
         }
-        if (receive) std::memcpy(base + at, slot + at, mine.count * element);
+        if (receive) Copy(base + at, slot + at, mine.count * element);
       }
       MarkReduced(chunk);
       if (receive) {
@@ -564,9 +631,8 @@ void SharedMemoryGroup::Allreduce(const Call& call, void* buffer, size_t count,
         for (int q = 0; q < local_size_; ++q) {
           const Part part = PartOf(n, local_size_, q, element);
           if (q != local_rank_ && part.count > 0) {
-            std::memcpy(base + part.begin * element,
-                        Slot(q, chunk) + part.begin * element,
-                        part.count * element);
+            Copy(base + part.begin * element,
+                 Slot(q, chunk) + part.begin * element, part.count * element);
           }
         }
       }

@@ -59,7 +59,8 @@ struct SharedMemoryOptions {
   // woken through the scheduler (tens of microseconds, and the kernel tends
   // to move it onto its waker's CPU, where the two then take turns), so
   // polling lasts as long as a scheduler time slice. A rank that polls while
-  // the one it waits for last ran on the same CPU yields that CPU to it.
+  // the one it waits for last ran on the same CPU moves to another CPU (at
+  // most every 5 ms), or else yields its CPU.
   // With more local ranks than CPUs a waiting rank sleeps at once: the rank
   // it waits for may need its CPU.
   std::chrono::microseconds spin{1000};
@@ -126,8 +127,9 @@ class SharedMemoryGroup {
   template <typename Ready, typename Laggards>
   void WaitUntil(const Call& call, Ready&& ready, Laggards&& laggards);
   [[noreturn]] void ThrowAborted() const;
-  // Whether another local rank last ran on the CPU we run on.
-  bool SharesCpu() const;
+  // Whether another local rank last ran on the CPU we run on (after trying
+  // to move to another CPU).
+  bool SharesCpu();
   void WakeAll();
 
   char* Slot(int rank, uint64_t chunk) const;
@@ -147,6 +149,7 @@ class SharedMemoryGroup {
   RankState* states_ = nullptr;
   char* slots_ = nullptr;
   uint64_t next_chunk_ = 0;
+  std::chrono::steady_clock::time_point next_move_;  // See SharesCpu().
 };
 
 }  // namespace accel
