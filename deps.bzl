@@ -11,6 +11,7 @@ defines, from the Debian packages that tools/setup.sh installs:
     accel_gflags     gflags 2.2 (libgflags-dev)        @accel_gflags//:gflags
     accel_glog       glog 0.6 (libgoogle-glog-dev)     @accel_glog//:glog
     accel_json       nlohmann JSON 3.11                @accel_json//:json
+    accel_mpi        Open MPI 4.1 (libopenmpi-dev)     @accel_mpi//:mpi
     accel_protobuf   Protocol Buffers 3.21             @accel_protobuf//:protobuf,
                                                        :bin/protoc, :well_known_protos
     accel_gtest      GoogleTest 1.12 (accel's tests)   @accel_gtest//:gtest, :gtest_main
@@ -44,6 +45,7 @@ _SYSTEM_LIBRARIES = {
     "accel_gloo": "gloo.BUILD",
     "accel_gtest": "gtest.BUILD",
     "accel_json": "json.BUILD",
+    "accel_mpi": "mpi.BUILD",
     "accel_protobuf": "protobuf.BUILD",
     "accel_torch": "torch.BUILD",
 }

@@ -154,6 +154,8 @@ Accelerator::Accelerator(AcceleratorOptions options)
   group_options.network_timeout = options_.network_timeout;
   group_options.communicator.check_collectives = options_.check_collectives;
   group_ = ProcessGroup::Join(env_, group_options);
+  // An MPI launcher gives ranks through MPI rather than the environment.
+  env_ = group_->environment();
   const int gpu = group_->communicator().device_index();
   if (gpu >= 0) device_ = torch::Device(torch::kCUDA, gpu);
 

@@ -29,8 +29,6 @@ class Numbers {
     return torch::tensor({static_cast<int64_t>(i)});
   }
   size_t size() const { return n_; }
-  size_t fail_at_ = static_cast<size_t>(-1);
-  std::atomic<int> calls_{0};
 
   Numbers(const Numbers& other)
       : n_(other.n_), delay_(other.delay_), fail_at_(other.fail_at_) {}
@@ -38,6 +36,10 @@ class Numbers {
  private:
   size_t n_;
   std::chrono::milliseconds delay_;
+
+ public:
+  size_t fail_at_ = static_cast<size_t>(-1);
+  std::atomic<int> calls_{0};
 };
 
 class Pairs : public torch::data::datasets::Dataset<Pairs> {

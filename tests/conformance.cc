@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "accel/runtime/dtype.h"
@@ -17,6 +19,32 @@ namespace {
 using ::testing::HasSubstr;
 
 constexpr size_t kCounts[] = {0, 1, 3, 1000, 1 << 20};
+
+ConformanceMemory& Memory() {
+  static HostMemory host;
+  ConformanceMemory* memory = GetConformanceSetup().memory;
+  return memory != nullptr ? *memory : host;
+}
+
+void RunOnRanks(const std::string& backend, int world_size,
+                const std::function<void(Communicator&)>& body,
+                const RankOptions& options = {}) {
+  RankRunner run = GetConformanceSetup().run_ranks;
+  (run != nullptr ? run : RunRanks)(backend, world_size, body, options);
+}
+
+// Why `world_size` cannot run in this process, or "" when it can.
+std::string Unsupported(int world_size) {
+  const char* limit = std::getenv("ACCEL_CONFORMANCE_MAX_WORLD_SIZE");
+  if (limit != nullptr && world_size > std::atoi(limit)) {
+    return "world size above ACCEL_CONFORMANCE_MAX_WORLD_SIZE";
+  }
+  const int only = GetConformanceSetup().only_world_size;
+  if (only != 0 && world_size != only) {
+    return "this process runs world size " + std::to_string(only) + " only";
+  }
+  return "";
+}
 
 // Writes `value` (an integer that `dtype` represents exactly) at index i.
 void Put(DType dtype, void* buffer, size_t i, double value) {
@@ -103,20 +131,20 @@ class Buffer {
   Buffer(DType dtype, size_t count)
       : dtype_(dtype),
         host_(count * ElementSize(dtype) + 1, 0),
-        buffer_(BackendMemory().Allocate(host_.size())) {}
-  ~Buffer() { BackendMemory().Free(buffer_); }
+        buffer_(Memory().Allocate(host_.size())) {}
+  ~Buffer() { Memory().Free(buffer_); }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
 
   void* data() {
-    BackendMemory().CopyIn(buffer_, host_.data(), host_.size());
+    Memory().CopyIn(buffer_, host_.data(), host_.size());
     fresh_ = false;
     return buffer_;
   }
   void Set(size_t i, double v) { Put(dtype_, host_.data(), i, v); }
   double At(size_t i) {
     if (!fresh_) {
-      BackendMemory().CopyOut(host_.data(), buffer_, host_.size());
+      Memory().CopyOut(host_.data(), buffer_, host_.size());
       fresh_ = true;
     }
     return Get(dtype_, host_.data(), i);
@@ -140,17 +168,17 @@ class Buffer {
     }                                                             \
   }
 
-class ConformanceTest : public ::testing::TestWithParam<int> {
+class ConformanceTest
+    : public ::testing::TestWithParam<std::tuple<std::string, int>> {
  protected:
-  int world_size() const { return GetParam(); }
+  const std::string& backend() const { return std::get<0>(GetParam()); }
+  int world_size() const { return std::get<1>(GetParam()); }
   void SetUp() override {
-    const char* limit = std::getenv("ACCEL_CONFORMANCE_MAX_WORLD_SIZE");
-    if (limit != nullptr && world_size() > std::atoi(limit)) {
-      GTEST_SKIP() << "world size above ACCEL_CONFORMANCE_MAX_WORLD_SIZE";
-    }
+    const std::string why = Unsupported(world_size());
+    if (!why.empty()) GTEST_SKIP() << why;
   }
   void Run(const std::function<void(Communicator&)>& body) {
-    RunRanks(ConformanceBackend(), world_size(), body);
+    RunOnRanks(backend(), world_size(), body);
   }
 };
 
@@ -259,15 +287,28 @@ TEST_P(ConformanceTest, BroadcastFromEveryRoot) {
 
 TEST_P(ConformanceTest, BarrierWaitsForTheSlowestRank) {
   Run([&](Communicator& comm) {
-    const auto start = std::chrono::steady_clock::now();
-    if (comm.rank() == comm.size() - 1) {
+    auto now_ns = [] {
+      // CLOCK_MONOTONIC: comparable between the processes of one host.
+      return static_cast<int64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(
+              std::chrono::steady_clock::now().time_since_epoch())
+              .count());
+    };
+    const int slowest = comm.size() - 1;
+    comm.barrier();  // Ranks start at different times.
+    int64_t arrived = 0;
+    if (comm.rank() == slowest) {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      arrived = now_ns();
     }
     comm.barrier();
-    if (comm.size() > 1) {
-      EXPECT_GE(std::chrono::steady_clock::now() - start,
-                std::chrono::milliseconds(190));
-    }
+    const int64_t passed = now_ns();
+    Buffer arrival(DType::kInt64, 1);
+    arrival.Set(0, static_cast<double>(arrived));
+    comm.broadcast(arrival.data(), 1, DType::kInt64, slowest);
+    EXPECT_GE(passed, static_cast<int64_t>(arrival.At(0)))
+        << "rank " << comm.rank() << " left the barrier before rank " << slowest
+        << " arrived";
   });
 }
 
@@ -347,17 +388,37 @@ TEST_P(ConformanceTest, InvalidArgumentsAreUsageErrorsNamingTheOperation) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, ConformanceTest,
-                         ::testing::Values(1, 2, 3, 4),
-                         [](const ::testing::TestParamInfo<int>& info) {
-                           return "world" + std::to_string(info.param);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Backends, ConformanceTest,
+    ::testing::Combine(::testing::ValuesIn(GetConformanceSetup().backends),
+                       ::testing::Values(1, 2, 3, 4)),
+    [](const ::testing::TestParamInfo<std::tuple<std::string, int>>& info) {
+      return std::get<0>(info.param) + "_world" +
+             std::to_string(std::get<1>(info.param));
+    });
 
-TEST(ConformanceFailures, MissingRankTimesOutNamingOperationAndRank) {
+class ConformanceFailureTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  const std::string& backend() const { return GetParam(); }
+  void SetUp() override {
+    if (!GetConformanceSetup().failures_throw) {
+      GTEST_SKIP() << "a failed collective ends this backend's job: its own "
+                      "tests check its failures";
+    }
+  }
+  void Run(int world_size, const std::function<void(Communicator&)>& body,
+           const RankOptions& options) {
+    const std::string why = Unsupported(world_size);
+    if (!why.empty()) GTEST_SKIP() << why;
+    RunOnRanks(backend(), world_size, body, options);
+  }
+};
+
+TEST_P(ConformanceFailureTest, MissingRankTimesOutNamingOperationAndRank) {
   RankOptions options;
   options.timeout = std::chrono::milliseconds(500);
-  RunRanks(
-      ConformanceBackend(), 2,
+  Run(
+      2,
       [](Communicator& comm) {
         if (comm.rank() == 1) {
           // Skips the barrier, then waits until rank 0 has given up: rank 0
@@ -395,12 +456,13 @@ TEST(ConformanceFailures, MissingRankTimesOutNamingOperationAndRank) {
       options);
 }
 
-TEST(ConformanceFailures, DifferentCollectivesFailFastNamingEachRanksCall) {
+TEST_P(ConformanceFailureTest,
+       DifferentCollectivesFailFastNamingEachRanksCall) {
   RankOptions options;
   options.timeout = std::chrono::seconds(30);
   for (int world_size : {2, 3})
-    RunRanks(
-        ConformanceBackend(), world_size,
+    Run(
+        world_size,
         [](Communicator& comm) {
           Buffer values(DType::kFloat32, 3);
           const auto start = std::chrono::steady_clock::now();
@@ -420,7 +482,9 @@ TEST(ConformanceFailures, DifferentCollectivesFailFastNamingEachRanksCall) {
             const std::string other = comm.rank() == 0 ? "1" : "0";
             EXPECT_THAT(e.what(),
                         HasSubstr("ranks called different collectives"));
-            EXPECT_THAT(e.what(), HasSubstr("rank " + other + " is in "));
+            // "left" when that rank's own watchdog failed its call first.
+            EXPECT_THAT(e.what(), ::testing::ContainsRegex("rank " + other +
+                                                           " (is in|left) "));
             EXPECT_THAT(e.what(), HasSubstr("gather #1 (conformance.cc:"));
             EXPECT_THAT(e.what(),
                         HasSubstr("wait_for_everyone #1 (conformance.cc:"));
@@ -433,6 +497,12 @@ TEST(ConformanceFailures, DifferentCollectivesFailFastNamingEachRanksCall) {
         },
         options);
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, ConformanceFailureTest,
+                         ::testing::ValuesIn(GetConformanceSetup().backends),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
 
 }  // namespace
 }  // namespace accel::testing

@@ -322,11 +322,11 @@ TEST(ExamplesTest, BadFlagsAreOneClearErrorOnEveryRankBeforeAnyTraining) {
 
 TEST(ExamplesTest, UnknownBackendIsAClearErrorOnEveryRank) {
   const ProcessResult r =
-      RunExample("train_demo", {"--num_processes=2", "--backend=mpi"});
+      RunExample("train_demo", {"--num_processes=2", "--backend=nope"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_EQ(Matches(r.output,
-                    "error: \\[rank [01]/2\\] unknown backend 'mpi'; available "
-                    "backends: gloo")
+                    "error: \\[rank [01]/2\\] unknown backend 'nope'; available "
+                    "backends: gloo, mpi")
                 .size(),
             2u)
       << r.output;

@@ -346,7 +346,7 @@ TEST(LaunchTest, PortZeroIsHeldFromChoiceUntilRank0ServesIt) {
 }
 
 TEST(LaunchTest, HelpIsShortListsTheProgramsAndAccelsFlagsAndExitsZero) {
-  for (const std::string program : {Worker(), Runfile("tests/fault_worker")}) {
+  for (const std::string& program : {Worker(), Runfile("tests/fault_worker")}) {
     const ProcessResult r = RunProcess({program, "--help"}, {}, kTimeout);
     EXPECT_EQ(r.exit_code, 0) << r.output;
     EXPECT_THAT(r.output, HasSubstr("--scenario="));

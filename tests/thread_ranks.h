@@ -24,4 +24,10 @@ void RunRanks(const std::string& backend, int world_size,
               const std::function<void(Communicator&)>& body,
               const RankOptions& options = {});
 
+// RunRanks' signature, for suites that let a backend run its ranks another
+// way (tests/conformance.h).
+using RankRunner = void (*)(const std::string& backend, int world_size,
+                            const std::function<void(Communicator&)>& body,
+                            const RankOptions& options);
+
 }  // namespace accel::testing

@@ -138,10 +138,10 @@ check() {  # check NAME SECONDS COMMAND...
 }
 cd "$BUILD"
 check "conformance world 1" 240 env ACCEL_CONFORMANCE_MAX_WORLD_SIZE=1 \
-  ./nccl_conformance_test --gtest_filter='WorldSizes/*world1*'
+  ./nccl_conformance_test --gtest_filter='Backends/*nccl_world1'
 grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$LOGS"/conformance_world_1.log
 check "conformance world 2 (1 GPU)" 240 env NCCL_MULTI_RANK_GPU_ENABLE=1 \
-  ACCEL_CONFORMANCE_MAX_WORLD_SIZE=2 ./nccl_conformance_test --gtest_filter='WorldSizes/*world2*'
+  ACCEL_CONFORMANCE_MAX_WORLD_SIZE=2 ./nccl_conformance_test --gtest_filter='Backends/*nccl_world2'
 grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$LOGS"/conformance_world_2__1_GPU_.log
 check "train_demo --backend=nccl" 120 ./train_demo --backend=nccl --noprogress --output_dir="$BUILD/tm1"
 grep -E 'Accuracy|Trained|fingerprint' "$LOGS"/train_demo_--backend_nccl.log

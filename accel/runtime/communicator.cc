@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <string_view>
 #include <thread>
 
 #include "accel/runtime/errors.h"
@@ -58,6 +59,16 @@ std::string DescribeDeparture(int rank, const std::string& how) {
   }
   return "rank " + std::to_string(rank) + " " + how +
          " (its process left the job)";
+}
+
+// Concatenates with one allocation: signatures are built on every call.
+std::string Concat(std::initializer_list<std::string_view> parts) {
+  size_t size = 0;
+  for (std::string_view part : parts) size += part.size();
+  std::string text;
+  text.reserve(size);
+  for (std::string_view part : parts) text.append(part);
+  return text;
 }
 
 }  // namespace
@@ -115,7 +126,8 @@ void Communicator::FailUsage(const char* operation,
 std::shared_ptr<Work> Communicator::allgather_async(
     const void* input, void* output, size_t count, DType dtype,
     const CollectiveOptions& options) {
-  return StartAllgather(input, output, count, dtype, options, Mode::kAsync);
+  return StartAllgather(input, output, count, dtype, options, Mode::kAsync)
+      .work;
 }
 
 uint64_t Communicator::allgather(const void* input, void* output, size_t count,
@@ -125,7 +137,7 @@ uint64_t Communicator::allgather(const void* input, void* output, size_t count,
       StartAllgather(input, output, count, dtype, options, Mode::kBlocking));
 }
 
-std::shared_ptr<Work> Communicator::StartAllgather(
+Communicator::Started Communicator::StartAllgather(
     const void* input, void* output, size_t count, DType dtype,
     const CollectiveOptions& options, Mode mode) {
   if (count > 0 && (input == nullptr || output == nullptr)) {
@@ -135,8 +147,7 @@ std::shared_ptr<Work> Communicator::StartAllgather(
   ElementSize(dtype);  // Rejects an out-of-range dtype value.
   return Start(
       "allgather", options,
-      std::string("allgather ") + DTypeName(dtype) + " x " +
-          std::to_string(count),
+      Concat({"allgather ", DTypeName(dtype), " x ", std::to_string(count)}),
       [=](const Op& op) { RunAllgather(op, input, output, count, dtype); },
       mode, count * ElementSize(dtype));
 }
@@ -145,7 +156,8 @@ std::shared_ptr<Work> Communicator::allgatherv_async(
     const void* input, void* output, std::vector<size_t> counts, DType dtype,
     const CollectiveOptions& options) {
   return StartAllgatherv(input, output, std::move(counts), dtype, options,
-                         Mode::kAsync);
+                         Mode::kAsync)
+      .work;
 }
 
 uint64_t Communicator::allgatherv(const void* input, void* output,
@@ -155,7 +167,7 @@ uint64_t Communicator::allgatherv(const void* input, void* output,
                                 options, Mode::kBlocking));
 }
 
-std::shared_ptr<Work> Communicator::StartAllgatherv(
+Communicator::Started Communicator::StartAllgatherv(
     const void* input, void* output, std::vector<size_t> counts, DType dtype,
     const CollectiveOptions& options, Mode mode) {
   if (counts.size() != static_cast<size_t>(size_)) {
@@ -186,7 +198,8 @@ std::shared_ptr<Work> Communicator::StartAllgatherv(
 std::shared_ptr<Work> Communicator::allreduce_async(
     void* buffer, size_t count, DType dtype, ReduceOp reduce_op,
     const CollectiveOptions& options) {
-  return StartAllreduce(buffer, count, dtype, reduce_op, options, Mode::kAsync);
+  return StartAllreduce(buffer, count, dtype, reduce_op, options, Mode::kAsync)
+      .work;
 }
 
 uint64_t Communicator::allreduce(void* buffer, size_t count, DType dtype,
@@ -196,7 +209,7 @@ uint64_t Communicator::allreduce(void* buffer, size_t count, DType dtype,
                                Mode::kBlocking));
 }
 
-std::shared_ptr<Work> Communicator::StartAllreduce(
+Communicator::Started Communicator::StartAllreduce(
     void* buffer, size_t count, DType dtype, ReduceOp reduce_op,
     const CollectiveOptions& options, Mode mode) {
   if (count > 0 && buffer == nullptr) {
@@ -212,8 +225,8 @@ std::shared_ptr<Work> Communicator::StartAllreduce(
   }
   return Start(
       "allreduce", options,
-      std::string("allreduce ") + ReduceOpName(reduce_op) + " " +
-          DTypeName(dtype) + " x " + std::to_string(count),
+      Concat({"allreduce ", ReduceOpName(reduce_op), " ", DTypeName(dtype),
+              " x ", std::to_string(count)}),
       [=](const Op& op) { RunAllreduce(op, buffer, count, dtype, reduce_op); },
       mode, count * ElementSize(dtype));
 }
@@ -221,7 +234,7 @@ std::shared_ptr<Work> Communicator::StartAllreduce(
 std::shared_ptr<Work> Communicator::broadcast_async(
     void* buffer, size_t count, DType dtype, int root,
     const CollectiveOptions& options) {
-  return StartBroadcast(buffer, count, dtype, root, options, Mode::kAsync);
+  return StartBroadcast(buffer, count, dtype, root, options, Mode::kAsync).work;
 }
 
 uint64_t Communicator::broadcast(void* buffer, size_t count, DType dtype,
@@ -230,7 +243,7 @@ uint64_t Communicator::broadcast(void* buffer, size_t count, DType dtype,
       StartBroadcast(buffer, count, dtype, root, options, Mode::kBlocking));
 }
 
-std::shared_ptr<Work> Communicator::StartBroadcast(
+Communicator::Started Communicator::StartBroadcast(
     void* buffer, size_t count, DType dtype, int root,
     const CollectiveOptions& options, Mode mode) {
   if (root < 0 || root >= size_) {
@@ -245,17 +258,18 @@ std::shared_ptr<Work> Communicator::StartBroadcast(
   ElementSize(dtype);
   return Start(
       "broadcast", options,
-      std::string("broadcast ") + DTypeName(dtype) + " x " +
-          std::to_string(count) + " from rank " + std::to_string(root),
-      [=](const Op& op) { RunBroadcast(op, buffer, count, dtype, root); }, mode,
-      count * ElementSize(dtype));
+      Concat({"broadcast ", DTypeName(dtype), " x ", std::to_string(count),
+              " from rank ", std::to_string(root)}),
+      [=](const Op& op) { RunBroadcast(op, buffer, count, dtype, root); },
+      mode, count * ElementSize(dtype));
 }
 
 std::shared_ptr<Work> Communicator::barrier_async(
     const CollectiveOptions& options) {
   return Start(
-      "barrier", options, "barrier", [=](const Op& op) { RunBarrier(op); },
-      Mode::kAsync);
+             "barrier", options, "barrier",
+             [=](const Op& op) { RunBarrier(op); }, Mode::kAsync)
+      .work;
 }
 
 uint64_t Communicator::barrier(const CollectiveOptions& options) {
@@ -264,9 +278,9 @@ uint64_t Communicator::barrier(const CollectiveOptions& options) {
       Mode::kBlocking));
 }
 
-uint64_t Communicator::Finish(const std::shared_ptr<Work>& work) {
-  work->wait();
-  return work->sequence();
+uint64_t Communicator::Finish(const Started& started) {
+  if (started.work != nullptr) started.work->wait();
+  return started.sequence;
 }
 
 std::string Communicator::DescribeCall(const CollectiveOptions& options,
@@ -276,48 +290,60 @@ std::string Communicator::DescribeCall(const CollectiveOptions& options,
          std::to_string(sequence) + " (" + options.site.ToString() + "): ";
 }
 
-std::shared_ptr<Work> Communicator::Start(const char* name,
+template <typename Fn>
+Communicator::Started Communicator::Start(const char* name,
                                           const CollectiveOptions& options,
-                                          std::string signature, Task task,
+                                          std::string signature, Fn&& task,
                                           Mode mode, size_t bytes) {
   if (options.timeout.count() < 0) {
     FailUsage(name, "timeout must not be negative, found " +
                         std::to_string(options.timeout.count()) + " ms");
   }
+  Op op;
+  op.name = name;
+  op.timeout = options.timeout.count() > 0 ? options.timeout : timeout_;
+  op.api = options.api != nullptr ? options.api : name;
+  op.site = options.site;
+  op.signature = std::move(signature);
+  op.bytes = bytes;
+  if (mode == Mode::kBlocking) {
+    bool inline_run = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stopping_) FailUsage(name, "communicator is shutting down");
+      if (queue_.empty() && !executing_) {
+        op.sequence = next_sequence_++;
+        executing_ = true;
+        inline_run = true;
+      }
+    }
+    if (inline_run) {
+      const std::exception_ptr error = Execute(op, task);
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        executing_ = false;
+      }
+      // Async work queued meanwhile waited for this call to finish.
+      work_available_.notify_one();
+      if (error) std::rethrow_exception(error);
+      return {nullptr, op.sequence};
+    }
+  }
   auto job = std::make_unique<Job>();
-  job->op.name = name;
-  job->op.timeout = options.timeout.count() > 0 ? options.timeout : timeout_;
-  job->op.api = options.api != nullptr ? options.api : name;
-  job->op.site = options.site;
-  job->op.signature = std::move(signature);
-  job->op.bytes = bytes;
-  job->task = std::move(task);
-  std::shared_ptr<Work> work;
+  job->op = std::move(op);
+  job->task = std::forward<Fn>(task);
+  Started started;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) FailUsage(name, "communicator is shutting down");
     job->op.sequence = next_sequence_++;
-    work = std::make_shared<Work>(job->done.get_future().share(),
-                                  job->op.sequence);
-    const bool idle = queue_.empty() && !executing_;
-    if (mode == Mode::kAsync || !idle) {
-      queue_.push_back(std::move(job));
-    } else {
-      executing_ = true;
-    }
+    started.sequence = job->op.sequence;
+    started.work = std::make_shared<Work>(job->done.get_future().share(),
+                                          job->op.sequence);
+    queue_.push_back(std::move(job));
   }
-  if (job == nullptr) {
-    work_available_.notify_one();
-    return work;
-  }
-  Execute(*job);
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    executing_ = false;
-  }
-  // Async work queued meanwhile waited for this call to finish.
   work_available_.notify_one();
-  return work;
+  return started;
 }
 
 void Communicator::WorkerLoop() {
@@ -338,7 +364,12 @@ void Communicator::WorkerLoop() {
       }
       executing_ = true;
     }
-    Execute(*job);
+    const std::exception_ptr error = Execute(job->op, job->task);
+    if (error) {
+      job->done.set_exception(error);
+    } else {
+      job->done.set_value();
+    }
     {
       std::lock_guard<std::mutex> lock(mutex_);
       executing_ = false;
@@ -373,16 +404,26 @@ std::string Communicator::AwaitDepartures(int* failed_rank) {
   }
 }
 
-void Communicator::SetStatus(const Op& op, bool running) {
+void Communicator::SetStatus(const Op& op, bool running, bool succeeded) {
   std::lock_guard<std::mutex> lock(status_mutex_);
   status_.known = true;
   status_.sequence = op.sequence;
   status_.running = running;
-  status_.api = op.api;
-  status_.signature = op.signature;
-  status_.site = op.site.ToString();
+  // Assignments reuse the strings' storage: nothing allocates per call.
+  status_.api.assign(op.api);
+  status_.signature.assign(op.signature);
+  if (op.site.file != status_site_.file || op.site.line != status_site_.line) {
+    status_site_ = op.site;
+    status_.site = op.site.ToString();
+  }
   ++status_version_;
-  if (running) running_since_ = Clock::now();
+  if (running) {
+    running_since_ = Clock::now();
+  } else if (succeeded && NeedsEveryRank(op.name)) {
+    last_completed_.sequence = op.sequence;
+    last_completed_.api.assign(op.api);
+    last_completed_.site.assign(status_.site);
+  }
 }
 
 Communicator::Status Communicator::CurrentStatus() {
@@ -420,10 +461,9 @@ Communicator::Status Communicator::Decode(const std::string& text) {
 }
 
 bool Communicator::Differs(const Status& other, const Status& mine) {
-  // A finished call counts too: the other rank may have failed already, and
-  // left since (the mismatch is still the cause to report).
-  return other.known && other.sequence == mine.sequence &&
-         other.signature != mine.signature;
+  // A finished call counts too: the other rank may have failed already.
+  return other.known && other.departed.empty() &&
+         other.sequence == mine.sequence && other.signature != mine.signature;
 }
 
 std::vector<Communicator::Status> Communicator::ReadStatuses(
@@ -513,10 +553,7 @@ std::string Communicator::DescribeRanks(const std::vector<Status>& statuses,
       last.site = completed.site;
     }
     std::string text = "rank " + std::to_string(r) + " ";
-    if (!s.departed.empty() && Differs(s, mine)) {
-      text += "is in " + call(s) + " [" + s.signature +
-              "]; it has left the job since (" + s.departed + ")";
-    } else if (!s.departed.empty()) {
+    if (!s.departed.empty()) {
       text = DescribeDeparture(r, s.departed);
     } else if (s.silent) {
       text += "is not responding (its status has not changed for " +
@@ -528,6 +565,9 @@ std::string Communicator::DescribeRanks(const std::vector<Status>& statuses,
       text += "has not called a collective yet";
     } else if (last.running) {
       text += "is in " + call(last) + " [" + last.signature + "]";
+    } else if (last.sequence == mine.sequence) {
+      // It left this very call (it failed first): say what it called.
+      text += "left " + call(last) + " [" + last.signature + "]";
     } else {
       text += "is not in a collective (its last was " + call(last) + ")";
     }
@@ -668,46 +708,56 @@ std::exception_ptr Communicator::Diagnose(const std::string& what, const Op& op,
       failed_rank));
 }
 
+template <typename Fn>
+std::exception_ptr Communicator::Execute(const Op& op, Fn& task) {
+  if (broken_) return Failed(op, nullptr);
+  SetStatus(op, /*running=*/true);
+  const bool traced = VLOG_IS_ON(2);
+  const auto started = traced ? Clock::now() : Clock::time_point();
+  try {
+    task(op);
+  } catch (const std::exception& e) {
+    SetStatus(op, /*running=*/false);
+    ACCEL_VLOG(2) << Traced(op) << "failed after " << MillisecondsSince(started)
+                  << " ms: " << e.what();
+    return Failed(op, std::current_exception());
+  } catch (...) {
+    SetStatus(op, /*running=*/false);
+    return Failed(op, std::current_exception());
+  }
+  SetStatus(op, /*running=*/false, /*succeeded=*/true);
+  if (traced) {
+    ACCEL_VLOG(2) << Traced(op) << MillisecondsSince(started) << " ms";
+  }
+  return nullptr;
+}
+
 std::string Communicator::Traced(const Op& op) const {
   return "[" + backend_name() + "] " + op.api + " #" +
          std::to_string(op.sequence) + " (" + op.site.ToString() +
          "): " + op.signature + ", " + std::to_string(op.bytes) + " bytes, ";
 }
 
-void Communicator::Execute(Job& job) {
-  const std::string what = Where() + job.op.api + " #" +
-                           std::to_string(job.op.sequence) + " (" +
-                           job.op.site.ToString() + "): ";
-  if (broken_) {
+std::exception_ptr Communicator::Failed(const Op& op,
+                                        std::exception_ptr error) {
+  const std::string what = Where() + op.api + " #" +
+                           std::to_string(op.sequence) + " (" +
+                           op.site.ToString() + "): ";
+  if (error == nullptr) {
     std::string cause = "unknown error";
     try {
       std::rethrow_exception(broken_);
     } catch (const std::exception& e) {
       cause = e.what();
     }
-    job.done.set_exception(std::make_exception_ptr(PeerError(
-        what + "not run because an earlier collective failed: " + cause)));
-    return;
+    return std::make_exception_ptr(PeerError(
+        what + "not run because an earlier collective failed: " + cause));
   }
-  SetStatus(job.op, /*running=*/true);
-  const auto started = Clock::now();
   try {
-    job.task(job.op);
-    SetStatus(job.op, /*running=*/false);
-    ACCEL_VLOG(2) << Traced(job.op) << MillisecondsSince(started) << " ms";
-    if (NeedsEveryRank(job.op.name)) {
-      std::lock_guard<std::mutex> lock(status_mutex_);
-      last_completed_ = {job.op.sequence, job.op.api, job.op.site.ToString()};
-    }
-    job.done.set_value();
-    return;
+    std::rethrow_exception(error);
   } catch (const UsageError& e) {
-    SetStatus(job.op, /*running=*/false);
-    job.done.set_exception(
-        std::make_exception_ptr(UsageError(what + e.what())));
-    return;
+    return std::make_exception_ptr(UsageError(what + e.what()));
   } catch (const std::exception& e) {
-    SetStatus(job.op, /*running=*/false);
     std::string reason;
     bool usage = false;
     int aborted_for = -1;
@@ -718,17 +768,23 @@ void Communicator::Execute(Job& job) {
       usage = abort_is_usage_;
       aborted_for = abort_rank_;
     }
-    ACCEL_VLOG(2) << Traced(job.op) << "failed after "
-                  << MillisecondsSince(started) << " ms: " << e.what();
     if (!reason.empty() && usage) {
       broken_ = std::make_exception_ptr(UsageError(what + reason));
     } else if (!reason.empty()) {
       broken_ = std::make_exception_ptr(PeerError(what + reason, aborted_for));
     } else {
-      broken_ = Diagnose(what, job.op, e);
+      broken_ = Diagnose(what, op, e);
     }
+  } catch (...) {
+    broken_ = std::make_exception_ptr(
+        Error(what + "failed with an exception that is not std::exception"));
   }
-  job.done.set_exception(broken_);
+  try {
+    std::rethrow_exception(broken_);
+  } catch (const std::exception& e) {
+    OnBroken(e.what());
+  }
+  return broken_;
 }
 
 }  // namespace accel

@@ -207,6 +207,12 @@ class Communicator {
   // connections, NCCL aborts its communicator.
   virtual void Abort() {}
 
+  // Called on the thread that ran an operation that failed and broke the
+  // communicator, with the message its caller is about to get. MPI cannot
+  // cancel a collective, so its backend reports the message and ends the
+  // job here instead.
+  virtual void OnBroken(const std::string& message) {}
+
   // "[gloo] rank 1/2: ", the prefix of every message about this rank.
   std::string Where() const;
 
@@ -223,32 +229,39 @@ class Communicator {
   };
 
   enum class Mode { kAsync, kBlocking };
+  // A started operation: its Work, or none when a blocking call already ran
+  // on the calling thread.
+  struct Started {
+    std::shared_ptr<Work> work;
+    uint64_t sequence = 0;
+  };
   // Validated operations come here. kBlocking runs `task` on the calling
-  // thread when the worker is idle, else queues it like kAsync.
-  std::shared_ptr<Work> Start(const char* name,
-                              const CollectiveOptions& options,
-                              std::string signature, Task task, Mode mode,
-                              size_t bytes = 0);
+  // thread when the worker is idle (and then allocates nothing: latency-bound
+  // collectives take a microsecond), else queues it like kAsync.
+  template <typename Fn>
+  Started Start(const char* name, const CollectiveOptions& options,
+                std::string signature, Fn&& task, Mode mode,
+                size_t bytes = 0);
   // Each public operation validates its arguments once, then starts.
-  std::shared_ptr<Work> StartAllgather(const void* input, void* output,
-                                       size_t count, DType dtype,
-                                       const CollectiveOptions& options,
-                                       Mode mode);
-  std::shared_ptr<Work> StartAllgatherv(const void* input, void* output,
-                                        std::vector<size_t> counts, DType dtype,
-                                        const CollectiveOptions& options,
-                                        Mode mode);
-  std::shared_ptr<Work> StartAllreduce(void* buffer, size_t count, DType dtype,
-                                       ReduceOp op,
-                                       const CollectiveOptions& options,
-                                       Mode mode);
-  std::shared_ptr<Work> StartBroadcast(void* buffer, size_t count, DType dtype,
-                                       int root,
-                                       const CollectiveOptions& options,
-                                       Mode mode);
-  static uint64_t Finish(const std::shared_ptr<Work>& work);
+  Started StartAllgather(const void* input, void* output, size_t count,
+                         DType dtype, const CollectiveOptions& options,
+                         Mode mode);
+  Started StartAllgatherv(const void* input, void* output,
+                          std::vector<size_t> counts, DType dtype,
+                          const CollectiveOptions& options, Mode mode);
+  Started StartAllreduce(void* buffer, size_t count, DType dtype, ReduceOp op,
+                         const CollectiveOptions& options, Mode mode);
+  Started StartBroadcast(void* buffer, size_t count, DType dtype, int root,
+                         const CollectiveOptions& options, Mode mode);
+  static uint64_t Finish(const Started& started);
   void WorkerLoop();
-  void Execute(Job& job);
+  // Runs one operation; returns its error, if any.
+  template <typename Fn>
+  std::exception_ptr Execute(const Op& op, Fn& task);
+  // Turns an operation's failure into the error its caller gets, breaking
+  // the communicator for timeouts and peer failures (`error` null: an
+  // earlier failure broke it).
+  std::exception_ptr Failed(const Op& op, std::exception_ptr error);
   // "[gloo] gather #12 (train.cc:75): allgather uint8 x 1024, 1024 bytes, ",
   // the start of --v=2's line about `op`.
   std::string Traced(const Op& op) const;
@@ -299,7 +312,8 @@ class Communicator {
   // "rank 1 is in gather #12 (train.cc:75)" for every other rank.
   std::string DescribeRanks(const std::vector<Status>& statuses,
                             const Status& mine, bool only_differing) const;
-  void SetStatus(const Op& op, bool running);
+  // `succeeded`: the call completed here (see last_completed_).
+  void SetStatus(const Op& op, bool running, bool succeeded = false);
   void WatchdogLoop();
   // Waits briefly for the store to notice which process left after the
   // data path saw a broken connection; the departed ranks, or "".
@@ -328,6 +342,7 @@ class Communicator {
   mutable std::mutex status_mutex_;
   std::condition_variable status_changed_;
   Status status_;
+  CallSite status_site_;  // status_.site, formatted only when it changes
   uint64_t status_version_ = 0;
   std::chrono::steady_clock::time_point running_since_;
   Completed last_completed_;

@@ -20,7 +20,9 @@
 
 #include "accel/runtime/errors.h"
 #include "accel/runtime/logging.h"
+#include "accel/runtime/mpirun.h"
 #include "accel/runtime/net.h"
+#include "accel/runtime/random_hex.h"
 #include "accel/runtime/rank_output.h"
 
 namespace accel {
@@ -30,26 +32,14 @@ std::atomic<int> g_forwarded_signal{0};
 
 void RecordSignal(int signal) { g_forwarded_signal = signal; }
 
+// The rank number of the one child when mpirun starts the ranks.
+constexpr int kMpirun = -1;
+
 struct Rank {
   int rank;
   pid_t pid;
   bool running = true;
 };
-
-std::string RandomHex(size_t bytes_wanted) {
-  std::vector<unsigned char> bytes(bytes_wanted);
-  std::ifstream random("/dev/urandom", std::ios::binary);
-  if (!random.read(reinterpret_cast<char*>(bytes.data()), bytes.size())) {
-    throw Error("cannot read /dev/urandom for the run secret");
-  }
-  static const char kHex[] = "0123456789abcdef";
-  std::string text;
-  for (unsigned char b : bytes) {
-    text += kHex[b >> 4];
-    text += kHex[b & 15];
-  }
-  return text;
-}
 
 // FNV-1a: the same on every machine, unlike std::hash.
 std::string StableHash(const std::string& text) {
@@ -124,6 +114,11 @@ void Validate(const LaunchOptions& o) {
     throw UsageError(
         "--main_process_port=0 (pick a free port) works on one machine only; "
         "give every machine the same explicit port");
+  }
+  if (o.backend == "mpi" && o.num_machines > 1) {
+    throw UsageError(
+        "--backend=mpi with --num_machines > 1: start multi-machine MPI jobs "
+        "with mpirun (a hostfile) or srun, which place the ranks themselves");
   }
   if (o.max_restarts < 0) {
     throw UsageError("--max_restarts must not be negative, found " +
@@ -328,9 +323,11 @@ class RankSet {
 
   // After a failure: lets the others report it, then stops them.
   Attempt FailWith(const Rank& failed, int status, const char* when) {
-    report_("rank " + std::to_string(failed.rank) + " (pid " +
-            std::to_string(failed.pid) + ") " + DescribeStatus(status) + when +
-            "; stopping the other " + std::to_string(running_) + " rank(s)");
+    report_((failed.rank == kMpirun ? std::string("mpirun")
+                                    : "rank " + std::to_string(failed.rank)) +
+            " (pid " + std::to_string(failed.pid) + ") " +
+            DescribeStatus(status) + when + "; stopping the other " +
+            std::to_string(running_) + " rank(s)");
     if (WaitForExit(ranks_, options_.report_grace)) {
       report_("stopping the ranks still running");
     }
@@ -381,25 +378,45 @@ Attempt RunRanks(const LaunchOptions& options,
   } clear_output{report};
   RankSet ranks(options, report);
   const char* omp = std::getenv("OMP_NUM_THREADS");
+  // What every rank gets; each rank's own numbers come on top.
+  const std::map<std::string, std::string> job_env = {
+      {"MASTER_ADDR", options.main_process_ip},
+      {"MASTER_PORT", std::to_string(held.port)},
+      {"ACCEL_RUN_SECRET", secret},
+      {"ACCEL_JOB_ID", job_id},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count)},
+      {"OMP_NUM_THREADS",
+       omp ? omp : std::to_string(options.threads_per_process)},
+  };
   try {
-    for (int local = 0; local < local_world_size; ++local) {
+    if (options.backend == "mpi") {
+      // mpirun starts and numbers the ranks (the backend learns them from
+      // MPI): one child to watch, which passes the job's variables on. The
+      // port cannot travel through mpirun: rank 0 binds it again.
+      ChildSetup setup;
+      setup.env = job_env;
+      std::vector<std::string> names;
+      for (const auto& entry : job_env) names.push_back(entry.first);
+      if (held.fd >= 0) {
+        close(held.fd);
+        held.fd = -1;
+      }
+      ranks.Add(kMpirun, StartRank(MpirunCommand(local_world_size, argv, names),
+                                   setup, kMpirun, options.num_processes));
+    }
+    for (int local = 0; local < local_world_size && options.backend != "mpi";
+         ++local) {
       if (auto stopped = ranks.CheckSignal()) return *stopped;
       const int rank = options.machine_rank * local_world_size + local;
       ChildSetup setup;
-      setup.env = {
+      setup.env = job_env;
+      setup.env.insert({
           {"RANK", std::to_string(rank)},
           {"WORLD_SIZE", std::to_string(options.num_processes)},
           {"LOCAL_RANK", std::to_string(local)},
           {"LOCAL_WORLD_SIZE", std::to_string(local_world_size)},
           {"GROUP_RANK", std::to_string(options.machine_rank)},
-          {"MASTER_ADDR", options.main_process_ip},
-          {"MASTER_PORT", std::to_string(held.port)},
-          {"ACCEL_RUN_SECRET", secret},
-          {"ACCEL_JOB_ID", job_id},
-          {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count)},
-          {"OMP_NUM_THREADS",
-           omp ? omp : std::to_string(options.threads_per_process)},
-      };
+      });
       if (rank == 0 && held.fd >= 0) {
         setup.env["ACCEL_STORE_LISTEN_FD"] = std::to_string(held.fd);
         setup.keep_fd = held.fd;

@@ -33,8 +33,10 @@ struct LaunchOptions {
   int machine_rank = 0;
   std::string main_process_ip = "127.0.0.1";
   int main_process_port = 29500;  // 0 picks a free port (one machine only).
-  std::string backend;            // When set, passed on as --backend=NAME.
-  int threads_per_process = 1;    // OMP_NUM_THREADS unless already set.
+  // When set, passed on as --backend=NAME. "mpi" starts the ranks through
+  // mpirun (accel/runtime/mpirun.h) instead of forking them itself.
+  std::string backend;
+  int threads_per_process = 1;  // OMP_NUM_THREADS unless already set.
   // After a failure, start all ranks again up to this many times (with
   // TORCHELASTIC_RESTART_COUNT set to the try); a program that resumes from
   // its last checkpoint then carries on (see train_demo --resume).

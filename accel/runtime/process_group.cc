@@ -124,20 +124,20 @@ void SetAgentStoreConnector(AgentStoreConnector connector) {
 }
 
 std::unique_ptr<ProcessGroup> ProcessGroup::Join(
-    const DistributedEnvironment& env, const ProcessGroupOptions& options) {
+    const DistributedEnvironment& given_env,
+    const ProcessGroupOptions& options) {
   const auto deadline = Clock::now() + options.rendezvous_timeout;
   std::unique_ptr<ProcessGroup> group(new ProcessGroup());
-  group->env_ = env;
   const std::string backend = ResolveBackend(options.backend);
   // An unknown backend, or one that cannot run here (nccl without a GPU),
   // fails on every rank with its own explanation before anyone waits on the
   // network: creating it without a store throws that explanation.
   if (!BackendUsable(backend)) {
     BackendContext alone;
-    alone.rank = env.rank;
-    alone.size = env.world_size;
-    alone.local_rank = env.local_rank;
-    alone.local_size = env.local_world_size;
+    alone.rank = given_env.rank;
+    alone.size = given_env.world_size;
+    alone.local_rank = given_env.local_rank;
+    alone.local_size = given_env.local_world_size;
     CreateCommunicator(backend, alone);
   }
   if (options.rendezvous_timeout.count() <= 0) {
@@ -145,6 +145,9 @@ std::unique_ptr<ProcessGroup> ProcessGroup::Join(
                      std::to_string(options.rendezvous_timeout.count()) +
                      " ms");
   }
+  // An MPI launcher knows the ranks and can agree on the store itself.
+  group->env_ = EnvironmentForBackend(backend, given_env);
+  const DistributedEnvironment& env = group->env_;
 
   const std::string where = "rank " + std::to_string(env.rank) + "/" +
                             std::to_string(env.world_size) + ": ";

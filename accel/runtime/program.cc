@@ -23,8 +23,9 @@ DEFINE_string(main_process_ip, "127.0.0.1",
 DEFINE_int32(main_process_port, 29500,
              "Port of rank 0's rendezvous store; 0 picks a free port.");
 DEFINE_string(backend, "auto",
-              "Communication backend: gloo, nccl, or auto (nccl when a GPU "
-              "is visible, else gloo).");
+              "Communication backend: gloo, nccl, mpi, or auto (nccl when a "
+              "GPU is visible, mpi when started by mpirun or srun with MPI, "
+              "else gloo).");
 DEFINE_int32(timeout_s, 300,
              "Default timeout of each collective, in seconds. Mismatched "
              "collectives and departed ranks are reported long before it.");
@@ -88,6 +89,9 @@ LaunchOptions LaunchOptionsFromFlags() {
   options.main_process_port = FLAGS_main_process_port;
   options.threads_per_process = FLAGS_num_cpu_threads_per_process;
   options.max_restarts = FLAGS_max_restarts;
+  // MPI's ranks must be started by mpirun (the ranks get --backend from
+  // their command line either way).
+  if (FLAGS_backend == "mpi") options.backend = FLAGS_backend;
   // --log_dir is glog's flag in programs that link LibTorch (which links
   // glog), and the launcher's own in tools/launch: reuse whichever exists,
   // when the user set it (glog's default is $TEST_TMPDIR under bazel test).

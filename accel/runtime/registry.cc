@@ -12,6 +12,7 @@ struct Registry {
   std::mutex mutex;
   std::map<std::string, BackendFactory> factories;
   std::map<std::string, BackendProbe> probes;
+  std::map<std::string, BackendEnvironment> environments;
 };
 
 Registry& GetRegistry() {
@@ -34,7 +35,7 @@ void RegisterBackend(const std::string& name, BackendFactory factory,
 
 std::string ResolveBackend(const std::string& name) {
   if (name != "auto") return name;
-  for (const char* candidate : {"nccl", "gloo"}) {
+  for (const char* candidate : {"nccl", "mpi", "gloo"}) {
     BackendProbe probe;
     {
       Registry& registry = GetRegistry();
@@ -57,6 +58,25 @@ bool BackendUsable(const std::string& name) {
     probe = it->second;
   }
   return probe && probe();
+}
+
+void RegisterBackendEnvironment(const std::string& name,
+                                BackendEnvironment environment) {
+  Registry& registry = GetRegistry();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  registry.environments[name] = std::move(environment);
+}
+
+DistributedEnvironment EnvironmentForBackend(
+    const std::string& name, const DistributedEnvironment& env) {
+  BackendEnvironment environment;
+  {
+    Registry& registry = GetRegistry();
+    std::lock_guard<std::mutex> lock(registry.mutex);
+    auto it = registry.environments.find(name);
+    if (it != registry.environments.end()) environment = it->second;
+  }
+  return environment ? environment(env) : env;
 }
 
 std::vector<std::string> RegisteredBackends() {

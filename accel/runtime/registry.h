@@ -1,5 +1,5 @@
 // Creates communicators by backend name, so that accel never names a backend
-// and programs choose one at run time (--backend=gloo|nccl).
+// and programs choose one at run time (--backend=gloo|nccl|mpi).
 //
 //   // In a backend's .cc (its cc_library has alwayslink = 1):
 //   static const accel::BackendRegistration kRegistration(
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "accel/runtime/communicator.h"
+#include "accel/runtime/environment.h"
 
 namespace accel {
 
@@ -29,9 +30,22 @@ void RegisterBackend(
     const std::string& name, BackendFactory factory,
     BackendProbe usable = [] { return true; });
 
-// "auto" becomes the first usable of "nccl", "gloo"; other names are
-// returned as they are (CreateCommunicator checks them).
+// "auto" becomes the first usable of "nccl", "mpi" (usable when an MPI
+// launcher started the process), "gloo"; other names are returned as they
+// are (CreateCommunicator checks them).
 std::string ResolveBackend(const std::string& name);
+
+// For a backend whose launcher already knows the job (MPI under mpirun or
+// srun): returns `env` with this process's rank, world size and local rank,
+// and the rendezvous store's address agreed among the ranks when the
+// environment gave none. ProcessGroup::Join applies it before the ranks
+// meet; without one, `env` is used as it is.
+using BackendEnvironment =
+    std::function<DistributedEnvironment(const DistributedEnvironment& env)>;
+void RegisterBackendEnvironment(const std::string& name,
+                                BackendEnvironment environment);
+DistributedEnvironment EnvironmentForBackend(const std::string& name,
+                                             const DistributedEnvironment& env);
 
 // Throws UsageError listing the registered names when `name` is unknown.
 std::unique_ptr<Communicator> CreateCommunicator(const std::string& name,

@@ -18,10 +18,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "accel/runtime/errors.h"
 #include "accel/runtime/registry.h"
+#include "backends/shm/host_layout.h"
 
 namespace accel {
 namespace {
@@ -107,8 +109,8 @@ void Translate(Fn&& fn) {
   }
 }
 
-// Up to this many bytes in total, allreduce is an allgather plus a local
-// reduction: latency matters more than bandwidth there.
+// Up to this many bytes in total, allreduce over Gloo is an allgather plus
+// a local reduction: latency matters more than bandwidth there.
 constexpr size_t kSmallAllreduceBytes = 64 << 10;
 
 // Gloo matches messages by tag; the sequence number is the same on every
@@ -122,44 +124,109 @@ const BackendRegistration kRegistration(
 
 }  // namespace
 
-GlooCommunicator::GlooCommunicator(const BackendContext& context)
+GlooOptions GlooOptions::FromEnvironment() {
+  GlooOptions options;
+  if (const char* value = std::getenv("ACCEL_SHARED_MEMORY")) {
+    const std::string text = value;
+    if (text == "0" || text == "false" || text == "off" || text == "no") {
+      options.shared_memory = false;
+    } else if (!(text.empty() || text == "1" || text == "true" ||
+                 text == "on" || text == "yes")) {
+      throw UsageError(
+          "ACCEL_SHARED_MEMORY must be 1 or 0 (on or off), "
+          "found '" +
+          text + "'");
+    }
+  }
+  return options;
+}
+
+GlooCommunicator::GlooCommunicator(const BackendContext& context,
+                                   GlooOptions options)
     : Communicator(context) {
   try {
-    Translate([&] {
-      gloo::transport::tcp::attr attr;
-      attr.hostname = context.host;
-      auto device = gloo::transport::tcp::CreateDevice(attr);
-      auto gloo_context = std::make_shared<gloo::rendezvous::Context>(
-          context.rank, context.size);
-      // Connecting is part of the rendezvous, bounded by what is left of
-      // its timeout; collectives then pass their own timeouts.
-      const auto connect_timeout = context.connect_timeout.count() > 0
-                                       ? context.connect_timeout
-                                       : context.options.timeout;
-      // Gloo waits five times its timeout for a pair's first connection
-      // (gloo/transport/tcp/pair.h); the ranks have all met at the store
-      // by now (ProcessGroup), so its own key waits are short anyway.
-      gloo_context->setTimeout(
-          std::max(std::chrono::milliseconds(1), connect_timeout / 5));
-      GlooStoreAdapter store(context.store, connect_timeout);
-      gloo_context->connectFullMesh(store, device);
-      gloo_context->setTimeout(context.options.timeout);
-      // A pair's address is where it listened for its peer.
-      for (int peer = 0; peer < context.size; ++peer) {
-        if (peer == context.rank) continue;
-        const auto* address =
-            dynamic_cast<const gloo::transport::tcp::Address*>(
-                &gloo_context->getPair(peer)->address());
-        if (address != nullptr) {
-          const sockaddr_storage& ss = address->getSockaddr();
-          listen_ports_.push_back(
-              ss.ss_family == AF_INET6
-                  ? ntohs(reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_port)
-                  : ntohs(reinterpret_cast<const sockaddr_in*>(&ss)->sin_port));
-        }
+    // Connecting is part of the rendezvous, bounded by what is left of its
+    // timeout; collectives then pass their own timeouts.
+    const auto timeout = context.connect_timeout.count() > 0
+                             ? context.connect_timeout
+                             : context.options.timeout;
+    if (size() > 1 && context.store == nullptr) {
+      throw UsageError(
+          "the gloo backend needs a store to meet the other "
+          "ranks");
+    }
+    HostLayout layout;
+    if (size() == 1) {
+      layout = HostLayout::FromKeys({""});
+    } else if (!options.shared_memory) {
+      std::vector<std::string> alone;
+      for (int r = 0; r < size(); ++r) alone.push_back(std::to_string(r));
+      layout = HostLayout::FromKeys(alone);
+    } else {
+      const std::string key = options.host_key ? options.host_key(rank())
+                                               : HostLayout::ThisHostKey();
+      layout =
+          HostLayout::Exchange(*context.store, rank(), size(), key, timeout);
+    }
+    hosts_ = std::move(layout.hosts);
+    host_of_ = std::move(layout.host_of);
+    local_rank_of_ = std::move(layout.local_rank);
+    host_ = host_of_[rank()];
+    local_rank_ = local_rank_of_[rank()];
+    if (hosts_[host_].size() > 1) {
+      PrefixStore store("shm/" + std::to_string(host_), context.store);
+      try {
+        local_ = std::make_unique<SharedMemoryGroup>(
+            local_rank_, hosts_[host_], store, timeout,
+            options.shared_memory_options);
+      } catch (const UsageError&) {
+        throw;
+      } catch (const Error& e) {
+        const std::string message =
+            std::string(
+                "setting up shared memory with this host's other "
+                "ranks: ") +
+            e.what() +
+            " (ACCEL_SHARED_MEMORY=0 connects them over TCP instead)";
+        if (dynamic_cast<const TimeoutError*>(&e)) throw TimeoutError(message);
+        throw PeerError(message);
       }
-      context_ = std::move(gloo_context);
-    });
+    }
+    if (host_count() > 1 && leader()) {
+      Translate([&] {
+        gloo::transport::tcp::attr attr;
+        attr.hostname = context.host;
+        auto device = gloo::transport::tcp::CreateDevice(attr);
+        auto gloo_context =
+            std::make_shared<gloo::rendezvous::Context>(host_, host_count());
+        // Gloo waits five times its timeout for a pair's first connection
+        // (gloo/transport/tcp/pair.h); the ranks have all met at the store
+        // by now (ProcessGroup), so its own key waits are short anyway.
+        gloo_context->setTimeout(
+            std::max(std::chrono::milliseconds(1), timeout / 5));
+        GlooStoreAdapter store(
+            std::make_shared<PrefixStore>("hosts", context.store), timeout);
+        gloo_context->connectFullMesh(store, device);
+        gloo_context->setTimeout(context.options.timeout);
+        // A pair's address is where it listened for its peer.
+        for (int peer = 0; peer < host_count(); ++peer) {
+          if (peer == host_) continue;
+          const auto* address =
+              dynamic_cast<const gloo::transport::tcp::Address*>(
+                  &gloo_context->getPair(peer)->address());
+          if (address != nullptr) {
+            const sockaddr_storage& ss = address->getSockaddr();
+            listen_ports_.push_back(
+                ss.ss_family == AF_INET6
+                    ? ntohs(
+                          reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_port)
+                    : ntohs(
+                          reinterpret_cast<const sockaddr_in*>(&ss)->sin_port));
+          }
+        }
+        context_ = std::move(gloo_context);
+      });
+    }
   } catch (const Error& e) {
     StopWorker();
     const std::string what = e.what();
@@ -178,6 +245,7 @@ GlooCommunicator::GlooCommunicator(const BackendContext& context)
     }
     const std::string message =
         Where() + "connecting to the other ranks failed: " + what;
+    if (dynamic_cast<const UsageError*>(&e)) throw UsageError(message);
     if (dynamic_cast<const TimeoutError*>(&e)) throw TimeoutError(message);
     throw PeerError(message);
   }
@@ -185,7 +253,12 @@ GlooCommunicator::GlooCommunicator(const BackendContext& context)
 
 GlooCommunicator::~GlooCommunicator() { StopWorker(); }
 
+int GlooCommunicator::local_size() const {
+  return static_cast<int>(hosts_[host_].size());
+}
+
 void GlooCommunicator::Abort() {
+  if (local_) local_->Abort("its watchdog stopped the collective");
   if (listen_ports_.empty()) return;
   // Gloo's own close() unregisters a socket before closing it, so the
   // operation blocked on it never hears of it, and Gloo gives no access to
@@ -208,6 +281,23 @@ void GlooCommunicator::Abort() {
   closedir(fds);
 }
 
+template <typename Body>
+void GlooCommunicator::Run(const Op& op, Body&& body) {
+  deadline_ = std::chrono::steady_clock::now() + op.timeout;
+  try {
+    body();
+  } catch (const std::exception& e) {
+    if (local_) local_->Abort(e.what());
+    throw;
+  }
+}
+
+SharedMemoryGroup::Call GlooCommunicator::LocalCall(const Op& op,
+                                                    int phase) const {
+  // Up to two shared memory steps per collective.
+  return {op.sequence * 2 + static_cast<uint64_t>(phase), deadline_};
+}
+
 void GlooCommunicator::RunAllgather(const Op& op, const void* input,
                                     void* output, size_t count, DType dtype) {
   if (count == 0) return;
@@ -216,14 +306,7 @@ void GlooCommunicator::RunAllgather(const Op& op, const void* input,
     std::memmove(output, input, bytes);
     return;
   }
-  Translate([&] {
-    gloo::AllgatherOptions options(context_);
-    options.setInput(static_cast<uint8_t*>(const_cast<void*>(input)), bytes);
-    options.setOutput(static_cast<uint8_t*>(output), bytes * size());
-    options.setTag(Tag(op.sequence));
-    options.setTimeout(op.timeout);
-    gloo::allgather(options);
-  });
+  RunAllgatherBytes(op, input, output, std::vector<size_t>(size(), bytes));
 }
 
 void GlooCommunicator::RunAllgatherv(const Op& op, const void* input,
@@ -242,36 +325,155 @@ void GlooCommunicator::RunAllgatherv(const Op& op, const void* input,
     std::memmove(output, input, total);
     return;
   }
-  Translate([&] {
-    gloo::AllgathervOptions options(context_);
-    // Gloo wants a valid pointer even for an empty contribution.
-    uint8_t empty = 0;
-    auto* in = bytes[rank()] == 0
-                   ? &empty
-                   : static_cast<uint8_t*>(const_cast<void*>(input));
-    options.setInput(in, bytes[rank()]);
-    options.setOutput(static_cast<uint8_t*>(output), bytes);
-    options.setTag(Tag(op.sequence));
-    options.setTimeout(op.timeout);
-    gloo::allgatherv(options);
+  RunAllgatherBytes(op, input, output, bytes);
+}
+
+void GlooCommunicator::RunAllgatherBytes(const Op& op, const void* input,
+                                         void* output,
+                                         const std::vector<size_t>& bytes) {
+  std::vector<size_t> offsets(size());
+  size_t total = 0;
+  for (int r = 0; r < size(); ++r) {
+    offsets[r] = total;
+    total += bytes[r];
+  }
+  Run(op, [&] {
+    if (host_count() == 1) {
+      // Every rank here, local rank = rank.
+      local_->Allgatherv(LocalCall(op, 0), input, output, bytes, offsets);
+      return;
+    }
+    if (host_count() == size()) {
+      HostsAllgatherv(op, input, output, bytes);
+      return;
+    }
+    // This host's blocks, in local order, at its leader.
+    const std::vector<int>& here = hosts_[host_];
+    std::vector<size_t> host_bytes(host_count(), 0);
+    for (int r = 0; r < size(); ++r) host_bytes[host_of_[r]] += bytes[r];
+    std::vector<char> block(leader() ? host_bytes[host_] : 0);
+    const void* host_block = input;
+    if (local_) {
+      std::vector<size_t> local_bytes, local_offsets;
+      size_t at = 0;
+      for (int r : here) {
+        local_bytes.push_back(bytes[r]);
+        local_offsets.push_back(at);
+        at += bytes[r];
+      }
+      local_->Allgatherv(LocalCall(op, 0), input, block.data(), local_bytes,
+                         local_offsets, /*receiver=*/0);
+      host_block = block.data();
+    }
+    if (leader()) {
+      // Hosts' blocks in host order, then each rank's piece to its place.
+      std::vector<char> by_host(total);
+      HostsAllgatherv(op, host_block, by_host.data(), host_bytes);
+      size_t at = 0;
+      for (const auto& ranks : hosts_) {
+        for (int r : ranks) {
+          std::memcpy(static_cast<char*>(output) + offsets[r],
+                      by_host.data() + at, bytes[r]);
+          at += bytes[r];
+        }
+      }
+    }
+    if (local_) local_->Broadcast(LocalCall(op, 1), output, total, 0);
   });
 }
 
 void GlooCommunicator::RunAllreduce(const Op& op, void* buffer, size_t count,
                                     DType dtype, ReduceOp reduce_op) {
   if (count == 0 || size() == 1) return;
+  Run(op, [&] {
+    if (local_) {
+      // With other hosts, only the leader needs this host's sum.
+      local_->Allreduce(LocalCall(op, 0), buffer, count, dtype, reduce_op,
+                        host_count() > 1 ? 0 : SharedMemoryGroup::kEveryRank);
+    }
+    if (host_count() == 1) return;
+    if (leader()) HostsAllreduce(op, buffer, count, dtype, reduce_op);
+    if (local_) {
+      local_->Broadcast(LocalCall(op, 1), buffer, count * ElementSize(dtype),
+                        0);
+    }
+  });
+}
+
+void GlooCommunicator::RunBroadcast(const Op& op, void* buffer, size_t count,
+                                    DType dtype, int root) {
+  if (count == 0 || size() == 1) return;
   const size_t bytes = count * ElementSize(dtype);
-  if (count >= static_cast<size_t>(size()) &&
-      bytes * size() <= kSmallAllreduceBytes) {
-    // One exchange instead of the ring's 2 (size - 1) steps (measured with
-    // //tools/bench:collectives; below one element per rank Gloo's ring is
-    // faster still). Every rank reduces the same data in rank order, so all
-    // get identical results.
-    std::vector<char> gathered(bytes * size());
-    RunAllgather(op, buffer, gathered.data(), count, dtype);
+  const int root_host = host_of_[root];
+  Run(op, [&] {
+    if (host_ == root_host && local_) {
+      local_->Broadcast(LocalCall(op, 0), buffer, bytes, local_rank_of_[root]);
+    }
+    if (host_count() == 1) return;
+    if (leader()) HostsBroadcast(op, buffer, bytes, root_host);
+    if (host_ != root_host && local_) {
+      local_->Broadcast(LocalCall(op, 1), buffer, bytes, 0);
+    }
+  });
+}
+
+void GlooCommunicator::RunBarrier(const Op& op) {
+  if (size() == 1) return;
+  Run(op, [&] {
+    if (local_) local_->Barrier(LocalCall(op, 0));
+    if (host_count() == 1) return;
+    if (leader()) HostsBarrier(op);
+    // Nobody here leaves before the other hosts have arrived.
+    if (local_) local_->Barrier(LocalCall(op, 1));
+  });
+}
+
+void GlooCommunicator::HostsAllgatherv(const Op& op, const void* input,
+                                       void* output,
+                                       const std::vector<size_t>& bytes) {
+  const bool equal = std::all_of(bytes.begin(), bytes.end(),
+                                 [&](size_t b) { return b == bytes.front(); });
+  Translate([&] {
+    // Gloo wants a valid pointer even for an empty contribution.
+    uint8_t empty = 0;
+    auto* in = bytes[host_] == 0
+                   ? &empty
+                   : static_cast<uint8_t*>(const_cast<void*>(input));
+    if (equal) {
+      gloo::AllgatherOptions options(context_);
+      options.setInput(in, bytes[host_]);
+      options.setOutput(static_cast<uint8_t*>(output),
+                        bytes[host_] * host_count());
+      options.setTag(Tag(op.sequence));
+      options.setTimeout(op.timeout);
+      gloo::allgather(options);
+    } else {
+      gloo::AllgathervOptions options(context_);
+      options.setInput(in, bytes[host_]);
+      options.setOutput(static_cast<uint8_t*>(output), bytes);
+      options.setTag(Tag(op.sequence));
+      options.setTimeout(op.timeout);
+      gloo::allgatherv(options);
+    }
+  });
+}
+
+void GlooCommunicator::HostsAllreduce(const Op& op, void* buffer, size_t count,
+                                      DType dtype, ReduceOp reduce_op) {
+  const size_t bytes = count * ElementSize(dtype);
+  const int hosts = host_count();
+  if (count >= static_cast<size_t>(hosts) &&
+      bytes * hosts <= kSmallAllreduceBytes) {
+    // One exchange instead of the ring's 2 (hosts - 1) steps (measured with
+    // //tools/bench:collectives; below one element per host Gloo's ring is
+    // faster still). Every leader reduces the same data in host order, so
+    // all get identical results.
+    std::vector<char> gathered(bytes * hosts);
+    HostsAllgatherv(op, buffer, gathered.data(),
+                    std::vector<size_t>(hosts, bytes));
     std::memcpy(buffer, gathered.data(), bytes);
-    for (int r = 1; r < size(); ++r) {
-      Reduce(dtype, reduce_op, buffer, buffer, gathered.data() + r * bytes,
+    for (int h = 1; h < hosts; ++h) {
+      Reduce(dtype, reduce_op, buffer, buffer, gathered.data() + h * bytes,
              count);
     }
     return;
@@ -292,22 +494,19 @@ void GlooCommunicator::RunAllreduce(const Op& op, void* buffer, size_t count,
   });
 }
 
-void GlooCommunicator::RunBroadcast(const Op& op, void* buffer, size_t count,
-                                    DType dtype, int root) {
-  if (count == 0 || size() == 1) return;
+void GlooCommunicator::HostsBroadcast(const Op& op, void* buffer, size_t bytes,
+                                      int root_host) {
   Translate([&] {
     gloo::BroadcastOptions options(context_);
-    options.setOutput(static_cast<uint8_t*>(buffer),
-                      count * ElementSize(dtype));
-    options.setRoot(root);
+    options.setOutput(static_cast<uint8_t*>(buffer), bytes);
+    options.setRoot(root_host);
     options.setTag(Tag(op.sequence));
     options.setTimeout(op.timeout);
     gloo::broadcast(options);
   });
 }
 
-void GlooCommunicator::RunBarrier(const Op& op) {
-  if (size() == 1) return;
+void GlooCommunicator::HostsBarrier(const Op& op) {
   Translate([&] {
     gloo::BarrierOptions options(context_);
     options.setTag(Tag(op.sequence));

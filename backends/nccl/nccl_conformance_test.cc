@@ -62,11 +62,10 @@ const auto* const kEnvironment =
 
 }  // namespace
 
-const char* ConformanceBackend() { return "nccl"; }
-
-ConformanceMemory& BackendMemory() {
+const ConformanceSetup& GetConformanceSetup() {
   static CudaMemory memory;
-  return memory;
+  static const ConformanceSetup setup{{"nccl"}, &memory};
+  return setup;
 }
 
 }  // namespace accel::testing

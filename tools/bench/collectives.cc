@@ -1,141 +1,133 @@
-// Collective latency and throughput of accel against torch.distributed, both
-// over Gloo, measured in the same run (a benchmark, not a test).
+// Collective latency and throughput of accel against Open MPI and
+// torch.distributed, measured in the same run (a benchmark, not a test).
 //
 //   bazel run -c opt //tools/bench:collectives -- --num_processes=2
+//   # accel's MPI backend instead (the ranks run under mpirun):
+//   bazel run -c opt //tools/bench:collectives -- --num_processes=2
+//   --backend=mpi
 //
-// Each figure is the median of many timed iterations on rank 0. The ratio
-// column is torch.distributed's time divided by accel's: above 1 means accel
-// is faster.
+// Every row is timed the same way in each program (tools/bench/rows.h): a
+// round is the median of many calls; each program runs --rounds rounds, and
+// the whole comparison repeats --repetitions times, alternating accel, Open
+// MPI (tools/bench/mpi_collectives.cc under mpirun) and torch.distributed
+// (tools/bench/torch_collectives.py, Gloo), so that a change in the
+// machine's load hits all three. Cells show min / median / max over all
+// rounds; the ratios compare medians: the other's time over accel's (above
+// 1: accel is faster). The machine's load average is printed with the
+// table: on a shared machine, rerun when it is quiet.
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <functional>
+#include <cstdlib>
+#include <fstream>
 #include <map>
 #include <memory>
-#include <sstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "accel/runtime/errors.h"
+#include "accel/runtime/mpirun.h"
 #include "accel/runtime/process_group.h"
 #include "accel/runtime/program.h"
+#include "tools/bench/rows.h"
 
 DEFINE_string(sizes, "4096,65536,1048576,16777216,67108864",
               "Message sizes in bytes for the throughput rows.");
-DEFINE_int32(latency_iterations, 200, "Timed iterations per latency row.");
-DEFINE_bool(baseline, true, "Also measure torch.distributed (python3-torch).");
+DEFINE_int32(latency_iterations, 200, "Calls per round of a latency row.");
+DEFINE_int32(rounds, 5, "Rounds per row and program in each repetition.");
+DEFINE_int32(repetitions, 3,
+             "How many times to alternate accel, Open MPI and torch.");
+DEFINE_bool(torch_baseline, true,
+            "Also measure torch.distributed (python3-torch, Gloo).");
+DEFINE_bool(mpi_baseline, true, "Also measure Open MPI (mpirun).");
 DEFINE_string(python, "/usr/bin/python3",
               "Python with torch for the baseline.");
-DEFINE_string(torch_script, "",
-              "Path of torch_collectives.py (default: runfiles).");
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using accel::bench::Row;
+// Per row key: every round's median call time, in seconds.
+using Samples = std::map<std::string, std::vector<double>>;
 
-double MedianSeconds(const std::function<void()>& fn, int iterations) {
-  for (int i = 0; i < 3; ++i) fn();
-  std::vector<double> samples;
-  for (int i = 0; i < iterations; ++i) {
-    const auto start = Clock::now();
-    fn();
-    samples.push_back(
-        std::chrono::duration<double>(Clock::now() - start).count());
-  }
-  std::nth_element(samples.begin(), samples.begin() + samples.size() / 2,
-                   samples.end());
-  return samples[samples.size() / 2];
-}
-
-std::vector<size_t> ParseSizes() {
-  std::vector<size_t> sizes;
-  std::stringstream in(FLAGS_sizes);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    if (!item.empty()) sizes.push_back(std::stoull(item));
-  }
-  return sizes;
-}
-
-std::map<std::string, double> MeasureAccel(accel::Communicator& comm) {
-  std::map<std::string, double> results;
-  results["barrier"] =
-      MedianSeconds([&] { comm.barrier(); }, FLAGS_latency_iterations);
-  std::vector<int64_t> small = {0, 1, 2};
-  std::vector<int64_t> gathered(3 * comm.size());
-  results["allgather_3xint64"] = MedianSeconds(
-      [&] {
-        comm.allgather(small.data(), gathered.data(), 3, accel::DType::kInt64);
-      },
-      FLAGS_latency_iterations);
-  float one = 1;
-  results["allreduce_1xfloat32"] = MedianSeconds(
-      [&] {
-        comm.allreduce(&one, 1, accel::DType::kFloat32, accel::ReduceOp::kSum);
-      },
-      FLAGS_latency_iterations);
-  for (size_t size : ParseSizes()) {
-    const size_t count = size / 4;
-    const int iterations =
-        static_cast<int>(std::clamp<size_t>((256u << 20) / size, 3, 50));
-    std::vector<float> buffer(count, 1.0f);
-    std::vector<float> output(count * comm.size());
-    results["allgather_" + std::to_string(size)] = MedianSeconds(
-        [&] {
-          comm.allgather(buffer.data(), output.data(), count,
-                         accel::DType::kFloat32);
-        },
-        iterations);
-    results["allreduce_" + std::to_string(size)] = MedianSeconds(
-        [&] {
-          comm.allreduce(buffer.data(), count, accel::DType::kFloat32,
-                         accel::ReduceOp::kSum);
-        },
-        iterations);
-  }
-  comm.barrier();
-  return results;
-}
-
-std::string ScriptPath() {
-  if (!FLAGS_torch_script.empty()) return FLAGS_torch_script;
-  const std::string relative = "tools/bench/torch_collectives.py";
+std::string Runfile(const std::string& relative) {
   char self[4096] = {};
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   return std::string(self, n > 0 ? n : 0) + ".runfiles/accel/" + relative;
 }
 
-// Runs the torch.distributed baseline; its last output line is JSON of
-// {"name": seconds}. Parsed by hand: flat, numbers only.
-std::map<std::string, double> MeasureTorch(int world_size) {
-  const std::string command =
-      FLAGS_python + " " + ScriptPath() +
-      " --world_size=" + std::to_string(world_size) +
-      " --sizes=" + FLAGS_sizes +
-      " --latency_iterations=" + std::to_string(FLAGS_latency_iterations);
-  std::fprintf(stderr, "measuring torch.distributed: %s\n", command.c_str());
+void Append(Samples& to, const Samples& from) {
+  for (const auto& [key, values] : from) {
+    to[key].insert(to[key].end(), values.begin(), values.end());
+  }
+}
+
+Samples MeasureAccel(accel::Communicator& comm, const std::vector<Row>& rows) {
+  Samples results;
+  auto barrier = [&] { comm.barrier(); };
+  for (const Row& row : rows) {
+    const size_t element = row.int64 ? 8 : 4;
+    const size_t count = row.bytes / element;
+    const accel::DType dtype =
+        row.int64 ? accel::DType::kInt64 : accel::DType::kFloat32;
+    std::vector<char> input(row.bytes + 8, 1);
+    std::vector<char> output(row.bytes * comm.size() + 8);
+    std::function<void()> call;
+    if (row.kind == Row::Kind::kBarrier) {
+      call = barrier;
+    } else if (row.kind == Row::Kind::kAllgather) {
+      call = [&] { comm.allgather(input.data(), output.data(), count, dtype); };
+    } else {
+      call = [&] {
+        comm.allreduce(input.data(), count, dtype, accel::ReduceOp::kSum);
+      };
+    }
+    results[row.key] =
+        accel::bench::TimeRounds(call, row.iterations, FLAGS_rounds, barrier,
+                                 &results[accel::bench::SwitchesKey(row.key)]);
+  }
+  return results;
+}
+
+// Runs a baseline program; its last output line is JSON of {"key":
+// [seconds, ...]}.
+Samples RunBaseline(const std::string& name,
+                    const std::vector<std::string>& argv) {
+  std::string command;
+  // A baseline started from inside an MPI job (--backend=mpi) must not
+  // think it is part of that job.
+  for (char** env = environ; *env != nullptr; ++env) {
+    const std::string entry = *env;
+    for (const char* prefix : {"OMPI_", "PMIX_", "OPAL_", "ORTE_"}) {
+      if (entry.rfind(prefix, 0) == 0) {
+        command += "-u " + entry.substr(0, entry.find('=')) + " ";
+      }
+    }
+  }
+  command = "env " + command;
+  for (const auto& arg : argv) command += "'" + arg + "' ";
+  std::fprintf(stderr, "measuring %s: %s\n", name.c_str(), command.c_str());
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(command.c_str(), "r"),
                                              pclose);
-  std::map<std::string, double> results;
+  Samples results;
   if (!pipe) return results;
   std::string output;
   char buffer[4096];
   while (size_t n = fread(buffer, 1, sizeof(buffer), pipe.get())) {
     output.append(buffer, n);
   }
-  const size_t open = output.rfind('{');
-  if (open == std::string::npos) return results;
-  std::stringstream in(output.substr(open + 1));
-  std::string entry;
-  while (std::getline(in, entry, ',')) {
-    const size_t colon = entry.find(':');
-    const size_t q1 = entry.find('"');
-    const size_t q2 = entry.find('"', q1 + 1);
-    if (colon == std::string::npos || q2 == std::string::npos) continue;
-    results[entry.substr(q1 + 1, q2 - q1 - 1)] =
-        std::stod(entry.substr(colon + 1));
+  const size_t open = output.rfind("\n{");
+  const std::string last =
+      output.substr(open == std::string::npos ? 0 : open + 1);
+  try {
+    const nlohmann::json parsed = nlohmann::json::parse(last);
+    for (const auto& item : parsed.items()) {
+      results[item.key()] = item.value().get<std::vector<double>>();
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s gave no results (%s); its output:\n%s\n",
+                 name.c_str(), e.what(), output.c_str());
   }
   return results;
 }
@@ -146,67 +138,168 @@ std::string HumanBytes(size_t bytes) {
   return std::to_string(bytes) + " B";
 }
 
-void PrintTable(int world_size, const std::map<std::string, double>& ours,
-                const std::map<std::string, double>& torch) {
-  std::printf("\nCollectives over Gloo, %d ranks on this host (median)\n",
-              world_size);
-  std::printf("%-24s %10s %16s %20s %8s\n", "operation", "size", "accel",
-              "torch.distributed", "ratio");
-  auto row = [&](const std::string& label, const std::string& size,
-                 const std::string& key, size_t bytes) {
-    auto format = [&](const std::map<std::string, double>& m) -> std::string {
-      auto it = m.find(key);
-      if (it == m.end()) return "n/a";
-      char text[64];
-      if (bytes == 0) {
-        std::snprintf(text, sizeof(text), "%.1f us", it->second * 1e6);
-      } else {
-        std::snprintf(text, sizeof(text), "%.3f GB/s",
-                      bytes / it->second / 1e9);
-      }
-      return text;
-    };
-    std::string ratio = "n/a";
-    if (ours.count(key) && torch.count(key)) {
-      char text[32];
-      std::snprintf(text, sizeof(text), "%.2fx", torch.at(key) / ours.at(key));
-      ratio = text;
-    }
-    std::printf("%-24s %10s %16s %20s %8s\n", label.c_str(), size.c_str(),
-                format(ours).c_str(), format(torch).c_str(), ratio.c_str());
-  };
-  row("barrier", "-", "barrier", 0);
-  row("allgather 3 x int64", "24 B", "allgather_3xint64", 0);
-  row("allreduce 1 x float32", "4 B", "allreduce_1xfloat32", 0);
-  for (size_t size : ParseSizes()) {
-    row("allgather (per rank)", HumanBytes(size),
-        "allgather_" + std::to_string(size), size);
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+// "min / median / max" of a row, in us or GB/s.
+std::string Cell(const Row& row, const Samples& samples) {
+  auto it = samples.find(row.key);
+  if (it == samples.end() || it->second.empty()) return "n/a";
+  const auto [low, high] =
+      std::minmax_element(it->second.begin(), it->second.end());
+  const double median = Median(it->second);
+  char text[96];
+  if (row.latency) {
+    std::snprintf(text, sizeof(text), "%.2f / %.2f / %.2f us", *low * 1e6,
+                  median * 1e6, *high * 1e6);
+  } else {
+    // Throughput: the slowest round is the lowest figure.
+    const double gb = row.bytes / 1e9;
+    std::snprintf(text, sizeof(text), "%.2f / %.2f / %.2f GB/s", gb / *high,
+                  gb / median, gb / *low);
   }
-  for (size_t size : ParseSizes()) {
-    row("allreduce", HumanBytes(size), "allreduce_" + std::to_string(size),
-        size);
+  return text;
+}
+
+// The other's median time over accel's: above 1, accel is faster.
+double Ratio(const Row& row, const Samples& ours, const Samples& theirs) {
+  auto a = ours.find(row.key);
+  auto b = theirs.find(row.key);
+  if (a == ours.end() || b == theirs.end() || a->second.empty() ||
+      b->second.empty()) {
+    return 0;
+  }
+  return Median(b->second) / Median(a->second);
+}
+
+std::string RatioText(double ratio) {
+  if (ratio == 0) return "n/a";
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.2fx", ratio);
+  return text;
+}
+
+std::string LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  std::string one, five, fifteen;
+  in >> one >> five >> fifteen;
+  return one + " " + five + " " + fifteen;
+}
+
+void PrintTable(int world_size, const std::string& backend,
+                const std::vector<Row>& rows, const Samples& ours,
+                const Samples& mpi, const Samples& torch,
+                const std::string& load_before) {
+  const char* shared = std::getenv("ACCEL_SHARED_MEMORY");
+  std::printf(
+      "\nCollectives, %d ranks on this host (%ld CPUs), accel backend %s%s\n"
+      "load average (1, 5, 15 min): %s before, %s after\n"
+      "cells: min / median / max over %d repetitions x %d rounds; a round "
+      "is the median of its calls\n",
+      world_size, sysconf(_SC_NPROCESSORS_ONLN), backend.c_str(),
+      backend == "gloo" ? (shared != nullptr && std::string(shared) == "0"
+                               ? " (TCP only)"
+                               : " (shared memory on this host)")
+                        : "",
+      load_before.c_str(), LoadAverage().c_str(), FLAGS_repetitions,
+      FLAGS_rounds);
+  std::printf("%-22s %7s %28s %28s %28s %7s %7s\n", "operation", "size",
+              "accel", "Open MPI", "torch.distributed", "vs MPI", "vs torch");
+  for (const Row& row : rows) {
+    std::printf("%-22s %7s %28s %28s %28s %7s %7s\n", row.label.c_str(),
+                row.bytes == 0 ? "-" : HumanBytes(row.bytes).c_str(),
+                Cell(row, ours).c_str(), Cell(row, mpi).c_str(),
+                Cell(row, torch).c_str(),
+                RatioText(Ratio(row, ours, mpi)).c_str(),
+                RatioText(Ratio(row, ours, torch)).c_str());
+  }
+  std::printf("vs X = X's median time / accel's (above 1: accel faster)\n\n");
+  std::printf("context switches per call on rank 0, all threads (median):\n");
+  std::printf("%-22s %7s %10s %10s %18s\n", "operation", "size", "accel",
+              "Open MPI", "torch.distributed");
+  auto switches = [](const Row& row, const Samples& samples) -> std::string {
+    auto it = samples.find(accel::bench::SwitchesKey(row.key));
+    if (it == samples.end() || it->second.empty()) return "n/a";
+    char text[32];
+    std::snprintf(text, sizeof(text), "%.2f", Median(it->second));
+    return text;
+  };
+  for (const Row& row : rows) {
+    std::printf("%-22s %7s %10s %10s %18s\n", row.label.c_str(),
+                row.bytes == 0 ? "-" : HumanBytes(row.bytes).c_str(),
+                switches(row, ours).c_str(), switches(row, mpi).c_str(),
+                switches(row, torch).c_str());
   }
   std::printf(
-      "ratio = torch.distributed time / accel time (above 1: accel faster)\n");
+      "\n"
+      "Targets (issue 11): barrier and 4 B allreduce within 3x of Open MPI "
+      "(vs MPI >= 0.33x); allreduce and allgather of 1 and 16 MiB at least "
+      "0.8x Open MPI's throughput and 2x torch.distributed's.\n");
+  for (const Row& row : rows) {
+    const bool latency_target =
+        row.key == "barrier" || row.key == "allreduce_1xfloat32";
+    const bool throughput_target =
+        !row.latency && (row.bytes == (1u << 20) || row.bytes == (16u << 20));
+    if (!latency_target && !throughput_target) continue;
+    const double vs_mpi = Ratio(row, ours, mpi);
+    const double vs_torch = Ratio(row, ours, torch);
+    std::string verdict;
+    if (latency_target) {
+      verdict = vs_mpi >= 1.0 / 3 ? "met" : "below";
+    } else {
+      verdict = vs_mpi >= 0.8 && vs_torch >= 2 ? "met" : "below";
+    }
+    std::printf("  %-22s %7s vs MPI %-7s vs torch %-7s %s\n", row.label.c_str(),
+                row.bytes == 0 ? "-" : HumanBytes(row.bytes).c_str(),
+                RatioText(vs_mpi).c_str(), RatioText(vs_torch).c_str(),
+                verdict.c_str());
+  }
 }
 
 int Main(int argc, char** argv) {
-  std::map<std::string, double> ours;
-  int world_size;
-  int rank;
-  {
-    accel::ProcessGroupOptions options;
-    options.backend = FLAGS_backend;
-    auto group = accel::ProcessGroup::Join(
-        accel::DistributedEnvironment::FromProcess(), options);
-    world_size = group->communicator().size();
-    rank = group->communicator().rank();
-    ours = MeasureAccel(group->communicator());
+  const std::string load_before = LoadAverage();
+  accel::ProcessGroupOptions options;
+  options.backend = FLAGS_backend;
+  auto group = accel::ProcessGroup::Join(
+      accel::DistributedEnvironment::FromProcess(), options);
+  accel::Communicator& comm = group->communicator();
+  const std::vector<size_t> sizes = accel::bench::ParseSizes(FLAGS_sizes);
+  const std::vector<Row> rows =
+      accel::bench::Rows(sizes, FLAGS_latency_iterations);
+  Samples ours, mpi, torch;
+  for (int repetition = 0; repetition < FLAGS_repetitions; ++repetition) {
+    Append(ours, MeasureAccel(comm, rows));
+    if (comm.rank() == 0 && FLAGS_mpi_baseline) {
+      std::vector<std::string> argv = accel::MpirunCommand(
+          comm.size(), {Runfile("tools/bench/mpi_collectives")}, {});
+      for (const std::string& flag :
+           {"--sizes=" + FLAGS_sizes,
+            "--latency_iterations=" + std::to_string(FLAGS_latency_iterations),
+            "--rounds=" + std::to_string(FLAGS_rounds)}) {
+        argv.push_back(flag);
+      }
+      Append(mpi, RunBaseline("Open MPI", argv));
+    }
+    if (comm.rank() == 0 && FLAGS_torch_baseline) {
+      Append(torch, RunBaseline("torch.distributed",
+                                {FLAGS_python,
+                                 Runfile("tools/bench/torch_collectives.py"),
+                                 "--world_size=" + std::to_string(comm.size()),
+                                 "--sizes=" + FLAGS_sizes,
+                                 "--latency_iterations=" +
+                                     std::to_string(FLAGS_latency_iterations),
+                                 "--rounds=" + std::to_string(FLAGS_rounds)}));
+    }
+    // The other ranks wait (asleep) while rank 0 runs the baselines.
+    comm.barrier({std::chrono::hours(1)});
   }
-  if (rank != 0) return 0;
-  std::map<std::string, double> torch;
-  if (FLAGS_baseline) torch = MeasureTorch(world_size);
-  PrintTable(world_size, ours, torch);
+  if (comm.rank() == 0) {
+    PrintTable(comm.size(), comm.backend_name(), rows, ours, mpi, torch,
+               load_before);
+  }
   return 0;
 }
 

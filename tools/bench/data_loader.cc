@@ -4,8 +4,8 @@
 // (num_workers=0) or ahead of it on worker threads, in the same run.
 //
 //   bazel run -c opt //tools/bench:data_loader
-//   bazel run -c opt //tools/bench:data_loader -- --sample_cost_us=1000 \
-//       --workers=0,1,2,4 --repetitions=5
+//   bazel run -c opt //tools/bench:data_loader -- --sample_cost_us=1000
+//       --workers=0,1,2,4 --repetitions=5   (one line)
 //
 // A sample "costs" --sample_cost_us of CPU (decoding, augmenting: a busy
 // loop) or, with --sleep, of waiting (reading from a slow disk). The ratio
