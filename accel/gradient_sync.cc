@@ -20,12 +20,12 @@ struct GradientSynchronizer::State {
   };
   struct Slot {
     size_t bucket;
-    int64_t offset;
+    torch::Tensor view;  // The parameter's gradient inside the bucket.
     bool arrived = false;
   };
 
   Communicator& comm;
-  std::vector<torch::Tensor> parameters;
+  std::vector<torch::Tensor> parameters;  // Those that require a gradient.
   std::vector<Slot> slots;
   std::vector<Bucket> buckets;
   std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>>
@@ -37,12 +37,6 @@ struct GradientSynchronizer::State {
   CallSite site;
 
   explicit State(Communicator& c) : comm(c) {}
-
-  torch::Tensor SliceOf(size_t index) {
-    const Slot& slot = slots[index];
-    return buckets[slot.bucket].flat.narrow(0, slot.offset,
-                                            parameters[index].numel());
-  }
 
   void ResetStep() {
     for (auto& slot : slots) slot.arrived = false;
@@ -69,18 +63,38 @@ struct GradientSynchronizer::State {
     }
   }
 
+  // Makes parameter `index`'s gradient its view of the bucket, copying what
+  // it held (zeros for none) unless it already is that view.
+  void PlaceInBucket(size_t index) {
+    torch::Tensor& param = parameters[index];
+    const torch::Tensor& view = slots[index].view;
+    const torch::Tensor& grad = param.grad();
+    if (grad.defined() && grad.data_ptr() == view.data_ptr() &&
+        grad.sizes() == view.sizes() && grad.strides() == view.strides()) {
+      return;
+    }
+    torch::NoGradGuard no_grad;
+    if (grad.defined()) {
+      view.copy_(grad);
+    } else {
+      view.zero_();
+    }
+    param.mutable_grad() = view;
+  }
+
+  void MarkArrived(size_t index) {
+    slots[index].arrived = true;
+    PlaceInBucket(index);
+    if (--buckets[slots[index].bucket].pending == 0) LaunchReady();
+  }
+
   // Runs on the autograd thread once parameter `index`'s gradient has been
   // accumulated into .grad.
   void OnGradientReady(size_t index) {
     std::lock_guard<std::mutex> lock(mutex);
     if (!enabled || slots[index].arrived) return;
     step_started = true;
-    slots[index].arrived = true;
-    const torch::Tensor& grad = parameters[index].grad();
-    SliceOf(index).copy_(grad.reshape({-1}));
-    Bucket& bucket = buckets[slots[index].bucket];
-    --bucket.pending;
-    if (bucket.pending == 0) LaunchReady();
+    MarkArrived(index);
   }
 };
 
@@ -105,31 +119,22 @@ class GradientReadyHook : public torch::autograd::FunctionPostHook {
 
 }  // namespace
 
-GradientSynchronizer::GradientSynchronizer(
-    Communicator& comm, const std::vector<torch::Tensor>& parameters,
-    const GradientSyncOptions& options)
-    : state_(std::make_shared<State>(comm)) {
-  State& s = *state_;
-  for (const auto& p : parameters) {
-    if (p.requires_grad()) s.parameters.push_back(p);
-  }
-  s.slots.resize(s.parameters.size());
-  // Reverse registration order approximates the order in which backward
-  // produces gradients (DDP's heuristic), so early buckets fill first.
-  std::vector<size_t> order;
-  for (size_t i = s.parameters.size(); i-- > 0;) order.push_back(i);
+std::vector<std::vector<size_t>> AssignBuckets(
+    const std::vector<torch::Tensor>& parameters,
+    const GradientSyncOptions& options) {
   std::vector<std::vector<size_t>> groups;
   size_t group_bytes = 0;
-  for (size_t index : order) {
-    const torch::Tensor& p = s.parameters[index];
+  for (size_t index = parameters.size(); index-- > 0;) {
+    const torch::Tensor& p = parameters[index];
+    if (!p.requires_grad()) continue;
     ToDType(p.scalar_type());  // Rejects unsupported parameter dtypes early.
     const size_t bytes = p.numel() * p.element_size();
     const size_t cap = groups.size() <= 1 ? options.first_bucket_bytes
                                           : options.bucket_cap_bytes;
     const bool fits =
         !groups.empty() && group_bytes + bytes <= cap &&
-        s.parameters[groups.back().front()].scalar_type() == p.scalar_type() &&
-        s.parameters[groups.back().front()].device() == p.device();
+        parameters[groups.back().front()].scalar_type() == p.scalar_type() &&
+        parameters[groups.back().front()].device() == p.device();
     if (!fits) {
       groups.emplace_back();
       group_bytes = 0;
@@ -137,16 +142,38 @@ GradientSynchronizer::GradientSynchronizer(
     groups.back().push_back(index);
     group_bytes += bytes;
   }
+  return groups;
+}
+
+GradientSynchronizer::GradientSynchronizer(
+    Communicator& comm, const std::vector<torch::Tensor>& parameters,
+    const GradientSyncOptions& options)
+    : state_(std::make_shared<State>(comm)) {
+  State& s = *state_;
+  const std::vector<std::vector<size_t>> groups =
+      AssignBuckets(parameters, options);
   for (const auto& members : groups) {
     State::Bucket bucket;
-    bucket.members = members;
     int64_t numel = 0;
-    for (size_t index : members) {
-      s.slots[index] = {s.buckets.size(), numel};
-      numel += s.parameters[index].numel();
-    }
-    const torch::Tensor& first = s.parameters[members.front()];
+    for (size_t index : members) numel += parameters[index].numel();
+    const torch::Tensor& first = parameters[members.front()];
     bucket.flat = torch::zeros({numel}, first.options().requires_grad(false));
+    int64_t offset = 0;
+    for (size_t index : members) {
+      const torch::Tensor& p = parameters[index];
+      // The parameter's own strides where they are dense (as DDP), so that
+      // autograd's layout rules keep accumulating into the view. detach()
+      // makes it a plain tensor to autograd, not a view of the bucket: a
+      // zero_grad that detaches gradients in place would refuse a view.
+      torch::Tensor view =
+          p.is_non_overlapping_and_dense()
+              ? bucket.flat.as_strided(p.sizes(), p.strides(), offset)
+              : bucket.flat.narrow(0, offset, p.numel()).view(p.sizes());
+      bucket.members.push_back(s.parameters.size());
+      s.slots.push_back({s.buckets.size(), view.detach()});
+      s.parameters.push_back(p);
+      offset += p.numel();
+    }
     s.buckets.push_back(std::move(bucket));
   }
   s.ResetStep();
@@ -190,15 +217,10 @@ void GradientSynchronizer::finish() {
   {
     std::lock_guard<std::mutex> lock(s.mutex);
     if (!s.enabled) return;
-    // Parameters without a gradient this step contribute zeros.
+    // Parameters without a gradient this step contribute what they hold.
     for (size_t index = 0; index < s.parameters.size(); ++index) {
-      State::Slot& slot = s.slots[index];
-      if (slot.arrived) continue;
-      s.SliceOf(index).zero_();
-      slot.arrived = true;
-      --s.buckets[slot.bucket].pending;
+      if (!s.slots[index].arrived) s.MarkArrived(index);
     }
-    s.LaunchReady();
   }
   std::exception_ptr failure;
   for (auto& bucket : s.buckets) {
@@ -214,16 +236,8 @@ void GradientSynchronizer::finish() {
     std::rethrow_exception(failure);
   }
   torch::NoGradGuard no_grad;
+  // The gradients are views of the buckets: this averages them.
   for (auto& bucket : s.buckets) bucket.flat.div_(s.comm.size());
-  for (size_t index = 0; index < s.parameters.size(); ++index) {
-    torch::Tensor& param = s.parameters[index];
-    torch::Tensor average = s.SliceOf(index).view(param.sizes());
-    if (param.grad().defined()) {
-      param.mutable_grad().copy_(average);
-    } else {
-      param.mutable_grad() = average.clone();
-    }
-  }
   std::lock_guard<std::mutex> lock(s.mutex);
   s.ResetStep();
 }

@@ -7,10 +7,16 @@
 //   loss.backward();     // hooks start bucket allreduces as grads arrive
 //   sync.finish();       // waits for them; .grad now holds the average
 //
+// As torch DDP's gradient_as_bucket_view, each parameter's .grad becomes a
+// view of its bucket the first time it syncs: later backwards accumulate
+// straight into the bucket, and nothing is copied in or out (zero_grad that
+// zeroes in place keeps the view; one that sets gradients to none costs one
+// copy into the bucket at the next sync).
+//
 // A parameter that got no gradient in a step (unused in the forward pass)
-// contributes zeros; its bucket is launched when finish() runs, so a step
-// never hangs on it. A parameter that none of the ranks used ends the step
-// with a zero gradient rather than none.
+// contributes the gradient it holds (zeros if none); its bucket is launched
+// when finish() runs, so a step never hangs on it. A parameter that none of
+// the ranks used ends the step with a zero gradient rather than none.
 #pragma once
 
 #include <torch/types.h>
@@ -29,6 +35,15 @@ struct GradientSyncOptions {
   size_t first_bucket_bytes = 1 << 20;
   size_t bucket_cap_bytes = 25 << 20;
 };
+
+// Which parameters share a bucket: indices into `parameters` (those that
+// require a gradient), one group per bucket, in the order the buckets are
+// reduced. Like DDP: reverse registration order (roughly the order in which
+// backward produces gradients), a first bucket of up to first_bucket_bytes,
+// then buckets of up to bucket_cap_bytes; one dtype and device per bucket.
+std::vector<std::vector<size_t>> AssignBuckets(
+    const std::vector<torch::Tensor>& parameters,
+    const GradientSyncOptions& options);
 
 class GradientSynchronizer {
  public:

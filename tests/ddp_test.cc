@@ -129,6 +129,46 @@ TEST(DdpTest, SeveralBucketsAllStartDuringBackwardAndStillMatch) {
   EXPECT_LE(MaxDifference(*model, *reference), 1e-6);
 }
 
+// Gradients live in the buckets (DDP's gradient_as_bucket_view): whatever
+// a parameter accumulated on micro-steps without sync, even one it is not
+// used in on the syncing micro-step, and however the previous step cleared
+// it (set to none, or zeroed in place), reaches the average.
+TEST(DdpTest, MicroStepsWithoutSyncKeepEveryContribution) {
+  Accelerator& accelerator = SharedAccelerator();
+  const int rank = accelerator.process_index();
+  torch::manual_seed(5);
+  torch::nn::Linear early(3, 3), late(3, 1);
+  std::vector<torch::Tensor> parameters;
+  for (auto* m : {early.ptr().get(), late.ptr().get()}) {
+    for (auto& p : m->parameters()) parameters.push_back(p);
+  }
+  GradientSynchronizer sync(accelerator.communicator(), parameters, {});
+  for (int step = 0; step < 3; ++step) {
+    const torch::Tensor x = torch::full({2, 3}, 1.0 + rank + step);
+    // Micro-step 1 (no sync): only `early` gets a gradient.
+    sync.set_enabled(false);
+    early->forward(x).pow(2).sum().backward();
+    // Micro-step 2 (sync): only `late` does.
+    sync.set_enabled(true);
+    late->forward(x).sum().backward();
+    std::vector<torch::Tensor> local;
+    for (auto& p : parameters) local.push_back(p.grad().clone());
+    sync.finish();
+    for (size_t i = 0; i < parameters.size(); ++i) {
+      const torch::Tensor expected =
+          accelerator.reduce(local[i], "sum") / accelerator.num_processes();
+      EXPECT_TRUE(torch::allclose(parameters[i].grad(), expected))
+          << "step " << step << ", parameter " << i;
+    }
+    if (step == 0) {
+      early->zero_grad(/*set_to_none=*/true);
+      late->zero_grad(/*set_to_none=*/true);
+    } else {
+      for (auto& p : parameters) p.mutable_grad().zero_();
+    }
+  }
+}
+
 TEST(DdpTest, ParametersWithoutGradientsDoNotHangTheStep) {
   Accelerator& accelerator = SharedAccelerator();
   torch::manual_seed(11);

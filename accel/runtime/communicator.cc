@@ -82,8 +82,8 @@ std::string CallSite::ToString() const {
 Communicator::Communicator(const BackendContext& context)
     : rank_(context.rank),
       size_(context.size),
-      timeout_(context.options.timeout),
       local_size_(std::max(1, context.local_size)),
+      timeout_(context.options.timeout),
       store_(context.store
                  ? context.store->WithRequestTimeout(kDiagnosticRequestTimeout)
                  : nullptr),
