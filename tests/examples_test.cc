@@ -137,6 +137,42 @@ TEST(ExamplesTest, KilledRankIsRestartedAndResumesToTheSameResult) {
   EXPECT_FALSE(Exists(out + "/checkpoints/checkpoint_6"));
 }
 
+// The process the user started supervises its ranks as accel-launch, a
+// small program run in its place: it does not keep LibTorch resident.
+TEST(ExamplesTest, TheSupervisorOfASelfLaunchedJobIsSmall) {
+  const std::string dir = MakeTempDir("supervisor");
+  std::string name, status;
+  size_t ranks = 0;
+  const ProcessResult r = RunProcess(
+      {Runfile("examples/train_demo"), "--num_processes=2", "--epochs=2",
+       "--sleep_per_step_ms=100", "--output_dir=" + dir + "/out",
+       "--main_process_port=0"},
+      {}, kTimeout, [&](pid_t supervisor) {
+        // Once both ranks train, the supervisor has settled.
+        for (int i = 0; i < 3000 && !Exists(dir + "/out/checkpoints"); ++i) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        const std::string proc = "/proc/" + std::to_string(supervisor);
+        name = ReadFile(proc + "/comm");
+        status = ReadFile(proc + "/status");
+        ranks = ChildrenOf(supervisor).size();
+      });
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(ranks, 2u);
+  EXPECT_EQ(name, "accel-launch\n");
+  std::smatch rss;
+  ASSERT_TRUE(std::regex_search(status, rss, std::regex("VmRSS:\\s+(\\d+) kB")))
+      << status;
+  EXPECT_LT(std::stol(rss[1]), 20 * 1024) << status;
+
+  // Asked to, it supervises in the program's own process, as before.
+  const ProcessResult in_process = RunProcess(
+      {Runfile("examples/train_demo"), "--num_processes=2", "--epochs=1",
+       "--output_dir=" + dir + "/in_process", "--main_process_port=0"},
+      {{"ACCEL_IN_PROCESS_LAUNCH", "1"}}, kTimeout);
+  EXPECT_EQ(in_process.exit_code, 0) << in_process.output;
+}
+
 TEST(ExamplesTest, GatherDemoPrintsTheSeedsLineOnTheMainProcessOnly) {
   for (int n : {1, 2, 3}) {
     const ProcessResult r =

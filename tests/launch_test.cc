@@ -245,13 +245,6 @@ TEST(LaunchTest, MissingRankTimesOutNamingTheRendezvous) {
   EXPECT_LT(r.elapsed, seconds(10));
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 TEST(LaunchTest, RanksShowTheProgramsNameInPs) {
   for (const bool self_launch : {false, true}) {
     const std::string pid_dir = MakeTempDir(self_launch ? "self" : "launch");

@@ -115,4 +115,9 @@ std::vector<pid_t> ReadPidFiles(const std::string& dir) {
   return pids;
 }
 
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
 }  // namespace accel::testing

@@ -43,6 +43,9 @@ bool ProcessAlive(pid_t pid);
 // Child processes of `pid`, from /proc.
 std::vector<pid_t> ChildrenOf(pid_t pid);
 
+// A file's whole contents ("" if it cannot be read).
+std::string ReadFile(const std::string& path);
+
 // Pids written as "<pid>" into every *.pid file of `dir`.
 std::vector<pid_t> ReadPidFiles(const std::string& dir);
 

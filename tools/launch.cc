@@ -7,6 +7,8 @@
 // uses, and those it passes on to the program when given (--backend,
 // --timeout_s, --rendezvous_timeout_s, --collective_checks,
 // --network_timeout_s); anything else is an error, not silently dropped.
+#include <sys/prctl.h>
+
 #include <cstdio>
 #include <set>
 #include <string>
@@ -51,6 +53,9 @@ bool IsGflagsOwn(const gflags::CommandLineFlagInfo& flag) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // What ps and top show, also when a program runs this launcher from
+  // memory in its own place (self_launch.h) and the name would be "memfd:".
+  prctl(PR_SET_NAME, "accel-launch");
   gflags::SetUsageMessage(
       "launch --num_processes=N [--main_process_port=P] -- PROGRAM ARGS...");
   std::set<std::string> shown = kUsed;

@@ -461,9 +461,10 @@ Communicator::Status Communicator::Decode(const std::string& text) {
 }
 
 bool Communicator::Differs(const Status& other, const Status& mine) {
-  // A finished call counts too: the other rank may have failed already.
-  return other.known && other.departed.empty() &&
-         other.sequence == mine.sequence && other.signature != mine.signature;
+  // A finished call counts too: the other rank may have failed already, and
+  // left since (the mismatch is still the cause to report).
+  return other.known && other.sequence == mine.sequence &&
+         other.signature != mine.signature;
 }
 
 std::vector<Communicator::Status> Communicator::ReadStatuses(
@@ -553,7 +554,10 @@ std::string Communicator::DescribeRanks(const std::vector<Status>& statuses,
       last.site = completed.site;
     }
     std::string text = "rank " + std::to_string(r) + " ";
-    if (!s.departed.empty()) {
+    if (!s.departed.empty() && Differs(s, mine)) {
+      text += "is in " + call(s) + " [" + s.signature +
+              "]; it has left the job since (" + s.departed + ")";
+    } else if (!s.departed.empty()) {
       text = DescribeDeparture(r, s.departed);
     } else if (s.silent) {
       text += "is not responding (its status has not changed for " +

@@ -1,9 +1,13 @@
 #include "accel/runtime/self_launch.h"
 
+#include <gflags/gflags.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "accel/runtime/environment.h"
 #include "accel/runtime/errors.h"
@@ -19,7 +23,66 @@ namespace {
   std::exit(code);
 }
 
+const char* g_launcher_image = nullptr;
+size_t g_launcher_size = 0;
+
+// The launcher's own flags (tools/launch.cc), as this process has them.
+std::vector<std::string> LauncherFlags() {
+  std::vector<std::string> flags;
+  for (const char* name :
+       {"num_processes", "num_machines", "machine_rank", "main_process_ip",
+        "main_process_port", "num_cpu_threads_per_process", "max_restarts",
+        "log_dir", "config_file"}) {
+    gflags::CommandLineFlagInfo info;
+    if (gflags::GetCommandLineFlagInfo(name, &info) && !info.is_default) {
+      flags.push_back("--" + info.name + "=" + info.current_value);
+    }
+  }
+  return flags;
+}
+
+// Replaces this process with the registered launcher, which starts
+// `command` as the ranks. Returns only when that could not be done (then
+// this process launches them itself); ACCEL_IN_PROCESS_LAUNCH=1 asks for
+// that too.
+void ExecLauncher(const std::vector<std::string>& command) {
+  const char* in_process = std::getenv("ACCEL_IN_PROCESS_LAUNCH");
+  if (g_launcher_image == nullptr ||
+      (in_process != nullptr && std::strcmp(in_process, "1") == 0)) {
+    return;
+  }
+  const int fd = memfd_create("accel-launch", MFD_CLOEXEC);
+  if (fd < 0) return;
+  size_t written = 0;
+  while (written < g_launcher_size) {
+    const ssize_t n = write(fd, g_launcher_image + written,
+                            g_launcher_size - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      close(fd);
+      return;
+    }
+    written += static_cast<size_t>(n);
+  }
+  std::vector<std::string> args = {"accel-launch"};
+  for (auto& flag : LauncherFlags()) args.push_back(std::move(flag));
+  args.push_back("--");
+  args.insert(args.end(), command.begin(), command.end());
+  std::vector<char*> argv;
+  for (auto& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  fexecve(fd, argv.data(), environ);
+  close(fd);  // Still here: launch in this process instead.
+}
+
 }  // namespace
+
+void SetLauncherImage(const char* data, size_t size) {
+  g_launcher_image = data;
+  g_launcher_size = size;
+}
 
 std::string ExecutablePath() {
   char path[4096];
@@ -70,6 +133,7 @@ void SelfLaunchIfAsked(std::vector<std::string> command) {
                       FLAGS_max_restarts > 0;
   if (!wanted) return;
   command[0] = ExecutablePath();
+  ExecLauncher(command);
   try {
     std::exit(Launch(LaunchOptionsFromFlags(), command));
   } catch (const Error& e) {

@@ -10,8 +10,16 @@
 // error here, before anything runs, rather than N silent one-process runs.
 // The ranks run the program's real path (not /proc/self/exe), so that ps,
 // top and pgrep show its name.
+//
+// The program that launches need not stay a LibTorch-sized process while it
+// waits for its ranks: when a launcher image is registered (//accel links
+// one, see embedded_launcher.cc), it replaces itself with that small program
+// (accel-launch, about 4 MiB resident), which supervises exactly as
+// Launch() would here. Without one, or if that fails, Launch() runs in this
+// process.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -20,6 +28,10 @@ namespace accel {
 // Exits with the launcher's exit code after a launch, with 1 after an
 // error; returns when this process should go on as a rank (or alone).
 void SelfLaunchIfAsked(std::vector<std::string> command);
+
+// Registers the executable image (an ELF file's bytes, static storage) that
+// SelfLaunchIfAsked runs in this process's place to supervise the ranks.
+void SetLauncherImage(const char* data, size_t size);
 
 // This executable's path, resolved ("/proc/self/exe" if it cannot be).
 std::string ExecutablePath();
