@@ -13,6 +13,7 @@
 #include "accel/runtime/error_report.h"
 #include "accel/runtime/errors.h"
 #include "accel/runtime/logging.h"
+#include "accel/runtime/startup_trace.h"
 #include "accel/runtime/process_group.h"
 #include "accel/runtime/program.h"
 #include "accel/runtime/registry.h"
@@ -484,9 +485,11 @@ void Accelerator::set_seed(uint64_t seed, bool device_specific) {
 }
 
 void Accelerator::save_state(const std::string& dir) {
+  TraceStartup("save_begin");
   for (const StateHook& hook : save_hooks_) hook(contents_.models, dir);
   SaveCheckpoint(dir, process_index(), num_processes(), is_main_process(),
                  contents_);
+  TraceStartup("save_end");
 }
 
 std::string Accelerator::save_state(CallSite site) {

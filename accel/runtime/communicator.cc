@@ -10,6 +10,7 @@
 
 #include "accel/runtime/errors.h"
 #include "accel/runtime/logging.h"
+#include "accel/runtime/startup_trace.h"
 
 namespace accel {
 namespace {
@@ -730,6 +731,7 @@ std::exception_ptr Communicator::Execute(const Op& op, Fn& task) {
     return Failed(op, std::current_exception());
   }
   SetStatus(op, /*running=*/false, /*succeeded=*/true);
+  if (op.sequence == 1) TraceStartup("first_collective");
   if (traced) {
     ACCEL_VLOG(2) << Traced(op) << MillisecondsSince(started) << " ms";
   }

@@ -9,6 +9,7 @@
 #include "accel/runtime/error_report.h"
 #include "accel/runtime/errors.h"
 #include "accel/runtime/logging.h"
+#include "accel/runtime/startup_trace.h"
 #include "accel/runtime/net.h"
 #include "accel/runtime/registry.h"
 #include "accel/runtime/rendezvous.h"
@@ -202,6 +203,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::Join(
       }
     });
   }
+  TraceStartup("rendezvous");
   return group;
 }
 

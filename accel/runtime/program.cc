@@ -12,6 +12,7 @@
 #include "accel/runtime/errors.h"
 #include "accel/runtime/help.h"
 #include "accel/runtime/launch_config.h"
+#include "accel/runtime/startup_trace.h"
 #include "accel/runtime/self_launch.h"
 
 DEFINE_int32(num_processes, 1,
@@ -104,6 +105,8 @@ LaunchOptions LaunchOptionsFromFlags() {
 }
 
 void InitProgram(int* argc, char*** argv) {
+  TraceStartup("main");
+  std::atexit([] { TraceStartup("exit"); });
   InstallTerminateHandler();
   // Keep the original arguments: the ranks get exactly what we got.
   std::vector<std::string> command(*argv, *argv + *argc);

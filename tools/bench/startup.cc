@@ -1,0 +1,328 @@
+// Where the time of a short training job goes, from `train_demo
+// --num_processes=N` being started to its exit (a benchmark, not a test),
+// with the same job in Python Accelerate beside it when its source is given.
+//
+//   bazel run -c opt //tools/bench:startup
+//   bazel run -c opt //tools/bench:startup -- --processes=1,2,4
+//       --repetitions=7 --peer_src=/path/to/accelerate-0.20.3/src
+//
+// accel's processes append their milestones to $ACCEL_STARTUP_TRACE
+// (accel/runtime/startup_trace.h); the phases are, per run, over the ranks'
+// latest milestones:
+//   supervisor    start to the supervising process's main (process start and
+//                 LibTorch load; none with 1 process, which is its own rank)
+//   ranks start   to the ranks' main (process start and LibTorch load)
+//   rendezvous    the ranks meeting through the store
+//   first coll.   the first collective (the weights' broadcast)
+//   training      the rest, up to the exit, less the checkpoints
+//   checkpoints   every save_state (train_demo saves each epoch)
+//   exit          from the ranks' exit to the supervisor's
+// Memory: each rank's peak resident set, the supervisor's resident set while
+// the ranks train, and LibTorch's own footprint (an empty program linking
+// it). The Python rows run shared/peer's launch.sh and train_demo.py (the
+// seed's job) with --peer_src; runs of the two alternate.
+#include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gflags/gflags.h"
+
+DEFINE_string(processes, "1,2,4", "Numbers of processes to measure.");
+DEFINE_int32(repetitions, 5, "Runs per number of processes.");
+DEFINE_string(program, "", "The job (default: examples/train_demo).");
+DEFINE_string(peer_src, "",
+              "Folder holding Python Accelerate's `accelerate` package: also "
+              "run the seed's train_demo.py with it.");
+DEFINE_string(peer_dir, "", "Folder of launch.sh and train_demo.py.");
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+long long NowNs() {
+  timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  return static_cast<long long>(now.tv_sec) * 1000000000LL + now.tv_nsec;
+}
+
+std::string Runfile(const std::string& path) {
+  const char* dir = std::getenv("RUNFILES_DIR");
+  std::string base = dir != nullptr ? dir : "";
+  if (base.empty()) {
+    char self[4096];
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    base = std::string(self, n > 0 ? n : 0) + ".runfiles";
+  }
+  return base + "/accel/" + path;
+}
+
+long ResidentKb(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::atol(line.c_str() + 6);
+  }
+  return 0;
+}
+
+std::string Comm(pid_t pid) {
+  std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
+  std::string name;
+  std::getline(comm, name);
+  return name;
+}
+
+struct Run {
+  double wall_ms = 0;
+  long supervisor_kb = 0;  // Largest while the ranks ran.
+  std::vector<std::string> stdout_lines;
+};
+
+// Runs `argv` in `dir` with `env` added; its output goes to `log`.
+Run RunJob(const std::vector<std::string>& argv,
+           const std::vector<std::string>& env, const std::string& dir,
+           const std::string& log) {
+  const auto start = Clock::now();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    for (const auto& var : env) putenv(strdup(var.c_str()));
+    if (chdir(dir.c_str()) != 0) _exit(127);
+    if (!freopen(log.c_str(), "w", stdout) || dup2(1, 2) < 0) _exit(127);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  Run run;
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    // The self-launching program becomes accel-launch once it starts its
+    // ranks: that is the supervisor to measure.
+    if (Comm(pid) == "accel-launch") {
+      run.supervisor_kb = std::max(run.supervisor_kb, ResidentKb(pid));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  run.wall_ms =
+      std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::fprintf(stderr, "error: %s failed (status %d); see %s\n",
+                 argv[0].c_str(), status, log.c_str());
+    std::exit(1);
+  }
+  return run;
+}
+
+struct Event {
+  std::string name;
+  int rank;
+  long long ns;
+  long peak_kb;
+};
+
+std::vector<Event> ReadTrace(const std::string& path) {
+  std::vector<Event> events;
+  std::ifstream in(path);
+  Event e;
+  while (in >> e.name >> e.rank >> e.ns >> e.peak_kb) events.push_back(e);
+  return events;
+}
+
+using Phases = std::map<std::string, double>;  // ms or MiB per row.
+
+// The phases of one accel run from its trace (see the file's comment).
+Phases Breakdown(const std::vector<Event>& events, long long start_ns,
+                 const Run& run, int processes) {
+  const bool supervised = processes > 1;
+  // One process is its own rank, without RANK set.
+  auto is_rank = [&](const Event& e) { return !supervised || e.rank >= 0; };
+  auto latest = [&](const std::string& name, bool ranks) {
+    long long t = 0;
+    for (const auto& e : events) {
+      if (e.name == name && is_rank(e) == ranks) t = std::max(t, e.ns);
+    }
+    return t;
+  };
+  const long long supervisor_main =
+      supervised ? latest("main", false) : start_ns;
+  const long long ranks_main = latest("main", true);
+  const long long rendezvous = latest("rendezvous", true);
+  const long long first = latest("first_collective", true);
+  const long long exit_ns = latest("exit", true);
+  // Checkpoints: the longest total over the ranks.
+  std::map<int, long long> saving, begun;
+  long peak_kb = 0;
+  for (const auto& e : events) {
+    if (!is_rank(e)) continue;
+    if (e.name == "save_begin") begun[e.rank] = e.ns;
+    if (e.name == "save_end") saving[e.rank] += e.ns - begun[e.rank];
+    peak_kb = std::max(peak_kb, e.peak_kb);
+  }
+  long long saves = 0;
+  for (const auto& [rank, ns] : saving) saves = std::max(saves, ns);
+  const double end_ns = start_ns + run.wall_ms * 1e6;
+  Phases p;
+  p["supervisor start+load, ms"] = (supervisor_main - start_ns) / 1e6;
+  p["ranks start+load, ms"] = (ranks_main - supervisor_main) / 1e6;
+  p["rendezvous, ms"] = (rendezvous - ranks_main) / 1e6;
+  p["first collective, ms"] = (first - rendezvous) / 1e6;
+  p["training, ms"] = (exit_ns - first - saves) / 1e6;
+  p["checkpoints, ms"] = saves / 1e6;
+  p["exit, ms"] = (end_ns - exit_ns) / 1e6;
+  p["wall, ms"] = run.wall_ms;
+  p["rank peak RSS, MiB"] = peak_kb / 1024.0;
+  if (supervised) p["supervisor RSS, MiB"] = run.supervisor_kb / 1024.0;
+  return p;
+}
+
+std::string Cell(std::vector<double> v) {
+  if (v.empty()) return "-";
+  std::sort(v.begin(), v.end());
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.0f/%.0f/%.0f", v.front(),
+                v[v.size() / 2], v.back());
+  if (v.back() < 10) {
+    std::snprintf(text, sizeof(text), "%.2f/%.2f/%.2f", v.front(),
+                  v[v.size() / 2], v.back());
+  }
+  return text;
+}
+
+std::vector<int> ParseList(const std::string& text) {
+  std::vector<int> values;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const int value = std::atoi(item.c_str());
+    if (value < 1) {
+      std::fprintf(stderr, "error: --processes: expected numbers of at least "
+                   "1, found '%s'\n", item.c_str());
+      std::exit(2);
+    }
+    values.push_back(value);
+  }
+  return values;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  const std::vector<int> counts = ParseList(FLAGS_processes);
+  const std::string program =
+      FLAGS_program.empty() ? Runfile("examples/train_demo") : FLAGS_program;
+  char scratch_template[] = "/tmp/accel-startup-XXXXXX";
+  const std::string scratch = mkdtemp(scratch_template);
+  const bool peer = !FLAGS_peer_src.empty();
+  std::string peer_dir = FLAGS_peer_dir;
+  if (peer && peer_dir.empty()) {
+    const char* workspace = std::getenv("BUILD_WORKSPACE_DIRECTORY");
+    peer_dir = std::string(workspace ? workspace : ".") + "/../shared/peer";
+  }
+
+  // LibTorch's own cost: empty programs with and without it.
+  std::vector<double> bare_ms, torch_ms, torch_mib;
+  for (int i = 0; i < FLAGS_repetitions; ++i) {
+    bare_ms.push_back(RunJob({Runfile("tools/bench/startup_empty")}, {},
+                             scratch, scratch + "/empty.log")
+                          .wall_ms);
+    torch_ms.push_back(RunJob({Runfile("tools/bench/startup_empty_torch")},
+                              {}, scratch, scratch + "/empty_torch.log")
+                           .wall_ms);
+    std::ifstream out(scratch + "/empty_torch.log");
+    std::string label;
+    long kb = 0;
+    out >> label >> kb;
+    torch_mib.push_back(kb / 1024.0);
+  }
+
+  std::map<int, std::map<std::string, std::vector<double>>> table;
+  std::map<int, std::vector<double>> python_ms, ratio;
+  int port = 29700;
+  for (int n : counts) {
+    for (int i = 0; i < FLAGS_repetitions; ++i) {
+      const std::string dir =
+          scratch + "/run_" + std::to_string(n) + "_" + std::to_string(i);
+      std::filesystem::create_directories(dir);
+      auto accel_run = [&] {
+        const std::string trace = dir + "/trace";
+        const long long start = NowNs();
+        const Run run =
+            RunJob({program, "--num_processes=" + std::to_string(n),
+                    "--main_process_port=0"},
+                   {"ACCEL_STARTUP_TRACE=" + trace}, dir, dir + "/accel.log");
+        for (const auto& [row, value] :
+             Breakdown(ReadTrace(trace), start, run, n)) {
+          table[n][row].push_back(value);
+        }
+        return run.wall_ms;
+      };
+      auto python_run = [&] {
+        return RunJob({"/bin/bash", peer_dir + "/launch.sh", std::to_string(n),
+                       std::to_string(port++), peer_dir + "/train_demo.py"},
+                      {"PEER_SRC=" + FLAGS_peer_src}, dir, dir + "/python.log")
+            .wall_ms;
+      };
+      // Alternate which goes first, so neither always finds a warm cache.
+      double accel_ms = 0, py_ms = 0;
+      if (i % 2 == 0 || !peer) {
+        accel_ms = accel_run();
+        if (peer) py_ms = python_run();
+      } else {
+        py_ms = python_run();
+        accel_ms = accel_run();
+      }
+      if (peer) {
+        python_ms[n].push_back(py_ms);
+        ratio[n].push_back(accel_ms / py_ms);
+      }
+    }
+  }
+
+  std::printf(
+      "train_demo (3 epochs) from start to exit, %u cores, %d runs per "
+      "column, min/median/max\n",
+      std::thread::hardware_concurrency(), FLAGS_repetitions);
+  std::printf("%-28s", "");
+  for (int n : counts) std::printf("%22s", (std::to_string(n) + " process(es)").c_str());
+  std::printf("\n");
+  const char* rows[] = {"supervisor start+load, ms", "ranks start+load, ms",
+                        "rendezvous, ms",            "first collective, ms",
+                        "training, ms",              "checkpoints, ms",
+                        "exit, ms",                  "wall, ms",
+                        "rank peak RSS, MiB",        "supervisor RSS, MiB"};
+  for (const char* row : rows) {
+    std::printf("%-28s", row);
+    for (int n : counts) std::printf("%22s", Cell(table[n][row]).c_str());
+    std::printf("\n");
+  }
+  if (peer) {
+    std::printf("%-28s", "Python Accelerate wall, ms");
+    for (int n : counts) std::printf("%22s", Cell(python_ms[n]).c_str());
+    std::printf("\n%-28s", "accel/Python wall");
+    for (int n : counts) std::printf("%22s", Cell(ratio[n]).c_str());
+    std::printf("\n");
+  }
+  std::printf(
+      "\nLibTorch alone (an empty program linking it): %s ms to run, %s MiB "
+      "peak; without it: %s ms\n",
+      Cell(torch_ms).c_str(), Cell(torch_mib).c_str(), Cell(bare_ms).c_str());
+  std::printf("(the 1-process column has no supervisor: it is its own rank)\n");
+  std::filesystem::remove_all(scratch);
+  return 0;
+}
