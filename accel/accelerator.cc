@@ -71,13 +71,14 @@ void ValidateOptions(const AcceleratorOptions& options) {
 
 // Checkpoints are written at the end of an epoch: find out now that they
 // cannot be.
-void CheckWritableFolder(const std::string& dir) {
+// `what`: the option that named it ("project_dir").
+void CheckWritableFolder(const std::string& dir, const char* what) {
   if (dir.empty()) return;
   MakeDirectories(dir);
   if (!IsWritableFolder(dir)) {
-    throw UsageError(
-        "project_dir '" + dir +
-        "' is not a folder this process can write to: " + std::strerror(errno));
+    throw UsageError(std::string(what) + " '" + dir +
+                     "' is not a folder this process can write to: " +
+                     std::strerror(errno));
   }
 }
 
@@ -100,6 +101,7 @@ AcceleratorOptions AcceleratorOptions::FromFlags() {
   for (const auto& [flag, value] :
        {std::pair<const char*, int>{"--timeout_s", FLAGS_timeout_s},
         {"--rendezvous_timeout_s", FLAGS_rendezvous_timeout_s},
+        {"--network_timeout_s", FLAGS_network_timeout_s},
         {"--gradient_accumulation_steps", FLAGS_gradient_accumulation_steps}}) {
     if (value < 1) {
       throw UsageError(std::string(flag) + " must be at least 1, found " +
@@ -147,6 +149,15 @@ Accelerator::Accelerator(AcceleratorOptions options)
                        "logging_dir or project_dir");
     }
   }
+  // Also before joining: every rank finds an unusable folder on its own,
+  // rather than some of them finding only that rank 0 left.
+  CheckWritableFolder(options_.project_dir, "project_dir");
+  for (const std::string& name : tracker_names_) {
+    if (TrackerNeedsLoggingDir(name)) {
+      CheckWritableFolder(logging_dir(), "logging_dir");
+      break;
+    }
+  }
   ProcessGroupOptions group_options;
   backend_ = ResolveBackend(options_.backend);
   group_options.backend = backend_;
@@ -183,7 +194,6 @@ Accelerator::Accelerator(AcceleratorOptions options)
     }
   }
   contents_.run_id = AgreeOnRunId();
-  CheckWritableFolder(options_.project_dir);
   if (options_.seed) set_seed(*options_.seed);
   // Numbering continues after earlier runs' checkpoints. No rank can save
   // before every rank got here (saving follows collectives), so all agree.
@@ -534,6 +544,28 @@ std::string Accelerator::latest_checkpoint() const {
 }
 
 void Accelerator::load_state(const std::string& dir) {
+  const std::string why = CheckpointProblems(dir, CallSite::Here());
+  if (!why.empty()) {
+    throw CheckpointError("cannot load checkpoint '" + dir + "': " + why);
+  }
+  LoadChecked(dir);
+}
+
+std::string Accelerator::CheckpointProblems(const std::string& dir,
+                                            CallSite site) {
+  std::vector<std::string> problems = {
+      CheckCheckpoint(dir, process_index(), num_processes())};
+  if (num_processes() > 1) problems = gather_object(problems, site);
+  std::string why;
+  for (size_t r = 0; r < problems.size(); ++r) {
+    if (problems[r].empty()) continue;
+    why += (why.empty() ? "" : "; ") + std::string("rank ") +
+           std::to_string(r) + ": " + problems[r];
+  }
+  return why;
+}
+
+void Accelerator::LoadChecked(const std::string& dir) {
   for (const StateHook& hook : load_hooks_) hook(contents_.models, dir);
   LoadCheckpoint(dir, process_index(), num_processes(), contents_);
 }
@@ -556,24 +588,17 @@ std::string Accelerator::load_state(CallSite site) {
   std::vector<std::string> skipped;
   bool unshared = false;
   for (const std::string& dir : candidates) {
-    std::vector<std::string> problems = {
-        CheckCheckpoint(dir, process_index(), num_processes())};
-    if (num_processes() > 1) problems = gather_object(problems, site);
-    std::string why;
-    for (size_t r = 0; r < problems.size(); ++r) {
-      if (problems[r].empty()) continue;
-      why += (why.empty() ? "" : "; ") + std::string("rank ") +
-             std::to_string(r) + ": " + problems[r];
-      unshared |= r > 0 && problems[0].empty() &&
-                  problems[r].find("is missing") != std::string::npos;
-    }
+    const std::string why = CheckpointProblems(dir, site);
+    // Rank 0 has its files and another rank lacks one.
+    unshared |= !why.empty() && why.rfind("rank 0:", 0) != 0 &&
+                why.find("is missing") != std::string::npos;
     if (why.empty()) {
       if (is_main_process()) {
         for (const std::string& note : skipped) {
           ACCEL_LOG(INFO) << "skipped checkpoint " << note;
         }
       }
-      load_state(dir);
+      LoadChecked(dir);
       return dir;
     }
     skipped.push_back(dir + " (" + why + ")");

@@ -414,6 +414,9 @@ class Accelerator {
   // With AcceleratorOptions::project_dir: the next automatically named
   // checkpoint (every rank must call it, as many times); returns its folder.
   std::string save_state(CallSite site = CallSite::Here());
+  // Every rank calls it: each checks its files first and all learn every
+  // rank's verdict, so either every rank loads or each throws the same
+  // CheckpointError naming what each rank lacks (none trains on alone).
   void load_state(const std::string& dir);
   // Loads the newest automatically named checkpoint that every rank can
   // load (rank 0 lists them, newest first; each rank checks its files;
@@ -529,6 +532,12 @@ class Accelerator {
   void clear() { free_memory(); }
 
  private:
+  // Every rank's problems with checkpoint `dir` ("rank 1: ..."; "" when each
+  // can load it), agreed through one collective.
+  std::string CheckpointProblems(const std::string& dir, CallSite site);
+  // Loads `dir`, whose files every rank has checked.
+  void LoadChecked(const std::string& dir);
+
   template <typename T>
   static constexpr bool kAlwaysFalse = false;
   template <typename T>

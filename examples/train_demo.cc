@@ -204,8 +204,10 @@ int Main(int argc, char** argv) {
     accelerator.save_state();
   }
   accelerator.wait_for_everyone();
+  // Every rank: each saves its own random state, so that --resume_from can
+  // continue at any number of processes.
+  accelerator.save_state(FLAGS_output_dir);
   if (accelerator.is_main_process()) {
-    accelerator.save_state(FLAGS_output_dir);
     // Lets runs be compared bit for bit, e.g. a resumed run with an
     // uninterrupted one.
     std::printf("Parameter fingerprint: %016llx\n",

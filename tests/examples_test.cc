@@ -6,6 +6,7 @@
 
 #include <fstream>
 #include <regex>
+#include <sstream>
 #include <thread>
 
 #include "accel/safetensors.h"
@@ -164,6 +165,14 @@ TEST(ExamplesTest, TheSupervisorOfASelfLaunchedJobIsSmall) {
   ASSERT_TRUE(std::regex_search(status, rss, std::regex("VmRSS:\\s+(\\d+) kB")))
       << status;
   EXPECT_LT(std::stol(rss[1]), 20 * 1024) << status;
+
+  // It starts the ranks as the program would have: --backend=mpi through
+  // mpirun.
+  const ProcessResult mpi =
+      RunExample("train_demo", {"--num_processes=2", "--backend=mpi",
+                                "--epochs=1", "--output_dir=" + dir + "/mpi"});
+  EXPECT_EQ(mpi.exit_code, 0) << mpi.output;
+  EXPECT_THAT(mpi.output, HasSubstr("on 2 process(es) (mpi)"));
 
   // Asked to, it supervises in the program's own process, as before.
   const ProcessResult in_process = RunProcess(
@@ -338,13 +347,18 @@ TEST(ExamplesTest, BadFlagsAreOneClearErrorOnEveryRankBeforeAnyTraining) {
       {"--timeout_s=-1", "--timeout_s must be at least 1, found -1"},
       {"--rendezvous_timeout_s=-1",
        "--rendezvous_timeout_s must be at least 1, found -1"},
+      {"--network_timeout_s=0", "--network_timeout_s must be at least 1, found 0"},
       {"--gradient_accumulation_steps=0",
        "--gradient_accumulation_steps must be at least 1, found 0"},
       {"--mixed_precision=fp8", "(--mixed_precision) must be"},
+      {"--report_to=jsonl --logging_dir=" + file,
+       "cannot create folder '" + file + "'"},
   };
   for (const auto& [flag, message] : cases) {
-    const ProcessResult r =
-        RunExample("train_demo", {"--num_processes=2", flag});
+    std::vector<std::string> args = {"--num_processes=2"};
+    std::stringstream flags(flag);
+    for (std::string one; flags >> one;) args.push_back(one);
+    const ProcessResult r = RunExample("train_demo", args);
     EXPECT_EQ(r.exit_code, 1) << flag << "\n" << r.output;
     size_t lines = 0;
     for (const std::string& line : Matches(r.output, "error: [^\n]*")) {

@@ -174,7 +174,8 @@ TEST(FaultTest, UnreachableMasterAddrFailsWithinTheRendezvousTimeout) {
   const ProcessResult r = RunOneRank(1, "192.0.2.1", 29500);
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.output, HasSubstr("rank 1/2: rendezvous failed: could not "
-                                  "connect to the rendezvous store at "
+                                  "connect to the rendezvous store (hosted by "
+                                  "rank 0) at "
                                   "192.0.2.1:29500"));
   EXPECT_LT(r.elapsed, seconds(20)) << r.output;
 }

@@ -240,7 +240,8 @@ TEST(LaunchTest, MissingRankTimesOutNamingTheRendezvous) {
                                      kTimeout);
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.output, HasSubstr("rank 1/2: rendezvous failed: could not "
-                                  "connect to the rendezvous store at "
+                                  "connect to the rendezvous store (hosted by "
+                                  "rank 0) at "
                                   "127.0.0.1:1"));
   EXPECT_LT(r.elapsed, seconds(10));
 }
@@ -362,7 +363,9 @@ TEST(LaunchTest, LaunchRejectsFlagsItDoesNotUseAndPassesOnRankFlags) {
       RunProcess({Launcher(), "--num_processes=1", "--seed=3", "--", Worker()},
                  {}, kTimeout);
   EXPECT_NE(rejected.exit_code, 0);
-  EXPECT_THAT(rejected.output, HasSubstr("seed"));
+  EXPECT_THAT(rejected.output,
+              HasSubstr("launch has no flag --seed; a flag of the program "
+                        "goes after `--`"));
   EXPECT_THAT(rejected.output, ::testing::Not(HasSubstr(" ok")));
   const ProcessResult passed =
       RunProcess({Launcher(), "--num_processes=1", "--timeout_s=7",
@@ -372,6 +375,32 @@ TEST(LaunchTest, LaunchRejectsFlagsItDoesNotUseAndPassesOnRankFlags) {
   EXPECT_EQ(passed.exit_code, 0) << passed.output;
   EXPECT_THAT(passed.output, HasSubstr("--timeout_s=7"));
   EXPECT_THAT(passed.output, HasSubstr("--rendezvous_timeout_s=9"));
+}
+
+// The rendezvous timeout counts from the launch: ranks that start later than
+// that (an overloaded machine) fail as they arrive, saying why.
+TEST(LaunchTest, RanksThatStartAfterTheRendezvousTimeoutFailAtOnce) {
+  const ProcessResult r = RunProcess(
+      {Launcher(), "--num_processes=2", "--main_process_port=0", "--",
+       Worker(), "--timeout_ms=1500", "--start_delay_ms=2500"},
+      {}, kTimeout);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, ::testing::ContainsRegex(
+                            "rank [01]/2: started [0-9]+\\.[0-9] s after the "
+                            "launcher started the job, past the rendezvous "
+                            "timeout \\(1\\.5 s\\)"));
+  EXPECT_LT(r.elapsed, seconds(15));
+}
+
+// Under `bazel run`, PROGRAM relative to where the user ran Bazel.
+TEST(LaunchTest, ARelativeProgramIsTheUsersUnderBazelRun) {
+  const std::string user_dir = std::getenv("TEST_SRCDIR");
+  const ProcessResult r = RunProcess(
+      {Launcher(), "--num_processes=2", "--main_process_port=0", "--",
+       "accel/tests/mp_worker"},
+      {{"BUILD_WORKING_DIRECTORY", user_dir}}, kTimeout);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("rank 1/2 ok"));
 }
 
 TEST(LaunchTest, LogDirKeepsEachRanksOutputAndACopyOnTheConsole) {

@@ -227,6 +227,34 @@ TEST_F(MixedPrecisionTest, LoadStateFallsBackPastADamagedCheckpoint) {
   EXPECT_EQ(A().load_state(), good);
 }
 
+// A folder given by name: one rank's damaged file stops every rank before
+// any of them changes its state.
+TEST_F(MixedPrecisionTest, LoadStateOfAFolderFailsOnEveryRankIfOneCannot) {
+  torch::nn::Sequential net = MakeModel();
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  auto [model, optimizer] = A().prepare(net, sgd);
+  const std::string saved = A().save_state();
+  A().backward(Loss(model));
+  optimizer.step();
+  const std::vector<torch::Tensor> trained = Snapshot(*model);
+  A().wait_for_everyone();
+  if (A().is_last_process()) {
+    std::fclose(
+        std::fopen((saved + "/" + RandomStatesFile(R())).c_str(), "w"));
+  }
+  A().wait_for_everyone();
+  std::string message = "no CheckpointError";
+  try {
+    A().load_state(saved);
+  } catch (const CheckpointError& e) {
+    message = e.what();
+  }
+  EXPECT_THAT(message, HasSubstr("cannot load checkpoint '" + saved + "': rank " +
+                                 std::to_string(N() - 1) + ": "));
+  EXPECT_THAT(message, HasSubstr(RandomStatesFile(N() - 1)));
+  EXPECT_TRUE(Unchanged(*model, trained));
+}
+
 TEST_F(MixedPrecisionTest, AutocastRunsMatmulsInTheLowerPrecision) {
   torch::nn::Linear linear(4, 2);
   {

@@ -30,6 +30,8 @@ DEFINE_int32(die_rank, 1, "The rank that kills itself in --scenario=die.");
 DEFINE_string(pid_dir, "", "Folder for <rank>.pid files.");
 DEFINE_int32(timeout_ms, 20000, "Collective timeout.");
 DEFINE_int32(steps, 300, "Steps of --scenario=loop.");
+DEFINE_int32(start_delay_ms, 0,
+             "Sleep before joining, as a rank on a busy machine starts late.");
 
 namespace {
 
@@ -90,6 +92,7 @@ int Main(int argc, char** argv) {
   options.communicator.timeout = std::chrono::milliseconds(FLAGS_timeout_ms);
   options.rendezvous_timeout = std::chrono::milliseconds(FLAGS_timeout_ms);
   options.network_timeout = std::chrono::seconds(FLAGS_network_timeout_s);
+  std::this_thread::sleep_for(std::chrono::milliseconds(FLAGS_start_delay_ms));
   const auto join_start = std::chrono::steady_clock::now();
   auto group = accel::ProcessGroup::Join(
       accel::DistributedEnvironment::FromProcess(), options);

@@ -17,12 +17,14 @@
 #include <cstdlib>
 #include <functional>
 #include <iostream>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "accel/runtime/errors.h"
 #include "accel/runtime/files.h"
+#include "accel/runtime/help.h"
 #include "accel/runtime/launch_config.h"
 #include "accel/runtime/program.h"
 
@@ -185,6 +187,12 @@ int main(int argc, char** argv) {
   gflags::SetUsageMessage(
       "config [--config_file=PATH] [--nointeractive] [--num_processes=N "
       "...] | --show");
+  // Only the flags config uses, not every flag linked into it.
+  std::set<std::string> shown = {"config_file", "interactive", "show"};
+  for (const std::string& flag : accel::ConfigurableFlags()) {
+    shown.insert(flag);
+  }
+  accel::PrintHelpAndExitIfAsked(argc, argv, &shown);
   try {
     // Under `bazel run`, relative paths are the user's.
     if (const char* dir = std::getenv("BUILD_WORKING_DIRECTORY")) {

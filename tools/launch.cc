@@ -10,6 +10,7 @@
 #include <sys/prctl.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <set>
 #include <string>
 #include <vector>
@@ -62,6 +63,23 @@ int main(int argc, char** argv) {
   shown.insert(kForwarded.begin(), kForwarded.end());
   accel::UseLaunchConfig(argc, argv);
   accel::PrintHelpAndExitIfAsked(argc, argv, &shown);
+  // A program's flag before `--` is a usage slip, not a gflags internal.
+  for (int i = 1; i < argc && std::string(argv[i]) != "--"; ++i) {
+    const std::string arg = argv[i];
+    if (arg.size() < 2 || arg[0] != '-') break;  // The program's name.
+    std::string name = arg.substr(arg.find_first_not_of('-'));
+    name = name.substr(0, name.find('='));
+    gflags::CommandLineFlagInfo info;
+    if (!gflags::GetCommandLineFlagInfo(name.c_str(), &info) &&
+        !(name.rfind("no", 0) == 0 &&
+          gflags::GetCommandLineFlagInfo(name.substr(2).c_str(), &info))) {
+      std::fprintf(stderr,
+                   "error: launch has no flag --%s; a flag of the program "
+                   "goes after `--` (launch [FLAGS] -- PROGRAM [ITS FLAGS])\n",
+                   name.c_str());
+      return 2;
+    }
+  }
   gflags::ParseCommandLineFlags(&argc, &argv, /*remove_flags=*/true);
   std::vector<std::string> command(argv + 1, argv + argc);
   std::vector<std::string> passed_on;
@@ -86,6 +104,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   command.insert(command.end(), passed_on.begin(), passed_on.end());
+  // Under `bazel run`, a relative PROGRAM path is the user's, as the
+  // program's own relative paths are.
+  const char* user_dir = std::getenv("BUILD_WORKING_DIRECTORY");
+  if (user_dir != nullptr && command[0].find('/') != std::string::npos &&
+      command[0][0] != '/') {
+    command[0] = std::string(user_dir) + "/" + command[0];
+  }
   try {
     return accel::Launch(accel::LaunchOptionsFromFlags(), command);
   } catch (const accel::Error& e) {

@@ -326,8 +326,10 @@ class RankSet {
     report_((failed.rank == kMpirun ? std::string("mpirun")
                                     : "rank " + std::to_string(failed.rank)) +
             " (pid " + std::to_string(failed.pid) + ") " +
-            DescribeStatus(status) + when + "; stopping the other " +
-            std::to_string(running_) + " rank(s)");
+            DescribeStatus(status) + when +
+            (running_ > 0 ? "; stopping the other " +
+                                std::to_string(running_) + " rank(s)"
+                          : std::string()));
     if (WaitForExit(ranks_, options_.report_grace)) {
       report_("stopping the ranks still running");
     }
@@ -367,6 +369,7 @@ Attempt RunRanks(const LaunchOptions& options,
                  const std::string& secret, const std::string& job_id,
                  int restart_count, Reporter& report) {
   const int local_world_size = options.num_processes / options.num_machines;
+  const auto attempt_started = std::chrono::steady_clock::now();
   std::unique_ptr<RankOutput> output;
   if (!options.log_dir.empty()) {
     output = std::make_unique<RankOutput>(options.log_dir, restart_count);
@@ -416,6 +419,11 @@ Attempt RunRanks(const LaunchOptions& options,
           {"LOCAL_RANK", std::to_string(local)},
           {"LOCAL_WORLD_SIZE", std::to_string(local_world_size)},
           {"GROUP_RANK", std::to_string(options.machine_rank)},
+          // This machine's clock: the rendezvous timeout counts from here.
+          {"ACCEL_LAUNCH_STEADY_NS",
+           std::to_string(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                              attempt_started.time_since_epoch())
+                              .count())},
       });
       if (rank == 0 && held.fd >= 0) {
         setup.env["ACCEL_STORE_LISTEN_FD"] = std::to_string(held.fd);

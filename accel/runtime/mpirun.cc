@@ -37,13 +37,18 @@ std::vector<std::string> MpirunCommand(
     int num_processes, const std::vector<std::string>& program,
     const std::vector<std::string>& exported) {
   const char* mpirun = std::getenv("ACCEL_MPIRUN");
-  std::vector<std::string> command = {
-      mpirun != nullptr ? std::string(mpirun) : FindInPath("mpirun"),
-      "-np",
-      std::to_string(num_processes),
-      "--oversubscribe",
-      "--bind-to",
-      "none"};
+  std::vector<std::string> command;
+  // PMIx's shared-memory data store (gds ds21) fails with "PMIX ERROR ...
+  // dstore_segment.c" when several jobs start at once on a busy machine;
+  // its hash store holds a single machine's job as well. A user's own
+  // choice stays.
+  if (std::getenv("PMIX_MCA_gds") == nullptr) {
+    command = {"/usr/bin/env", "PMIX_MCA_gds=hash"};
+  }
+  command.insert(
+      command.end(),
+      {mpirun != nullptr ? std::string(mpirun) : FindInPath("mpirun"), "-np",
+       std::to_string(num_processes), "--oversubscribe", "--bind-to", "none"});
   if (geteuid() == 0) command.push_back("--allow-run-as-root");
   for (const auto& name : exported) {
     command.push_back("-x");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -34,6 +35,35 @@ AgentStoreConnector& Connector() {
 
 int64_t ElapsedMs(Clock::time_point since) {
   return std::chrono::duration_cast<milliseconds>(Clock::now() - since).count();
+}
+
+// accel's launcher starts the clock of the rendezvous when it starts the
+// ranks: on a machine too busy to start them all in time the job fails
+// within the timeout, rather than each late rank waiting it out anew.
+Clock::time_point DeadlineFromLaunch(const ProcessGroupOptions& options,
+                                     const std::string& where) {
+  const auto now = Clock::now();
+  const char* text = std::getenv("ACCEL_LAUNCH_STEADY_NS");
+  if (text == nullptr) return Clock::time_point::max();
+  const Clock::time_point launched{std::chrono::duration_cast<Clock::duration>(
+      std::chrono::nanoseconds(std::strtoll(text, nullptr, 10)))};
+  // Another machine's clock (a copied environment) means nothing here.
+  if (launched > now || now - launched > std::chrono::hours(1)) {
+    return Clock::time_point::max();
+  }
+  const auto deadline = launched + options.rendezvous_timeout;
+  if (deadline <= now) {
+    char text[256];
+    std::snprintf(text, sizeof(text),
+                  "started %.1f s after the launcher started the job, past "
+                  "the rendezvous timeout (%.1f s): this machine is too busy "
+                  "to start its ranks in time; start fewer processes or "
+                  "raise --rendezvous_timeout_s",
+                  ElapsedMs(launched) / 1000.0,
+                  options.rendezvous_timeout.count() / 1000.0);
+    throw TimeoutError(where + text);
+  }
+  return deadline;
 }
 
 milliseconds Left(Clock::time_point deadline) {
@@ -127,7 +157,7 @@ void SetAgentStoreConnector(AgentStoreConnector connector) {
 std::unique_ptr<ProcessGroup> ProcessGroup::Join(
     const DistributedEnvironment& given_env,
     const ProcessGroupOptions& options) {
-  const auto deadline = Clock::now() + options.rendezvous_timeout;
+  auto deadline = Clock::now() + options.rendezvous_timeout;
   std::unique_ptr<ProcessGroup> group(new ProcessGroup());
   const std::string backend = ResolveBackend(options.backend);
   // An unknown backend, or one that cannot run here (nccl without a GPU),
@@ -153,6 +183,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::Join(
   const std::string where = "rank " + std::to_string(env.rank) + "/" +
                             std::to_string(env.world_size) + ": ";
   SetLogRank(env.rank, env.world_size);
+  deadline = std::min(deadline, DeadlineFromLaunch(options, where));
   const auto started = Clock::now();
   ACCEL_VLOG(1) << "joining a job of " << env.world_size << " ranks"
                 << (env.engine.empty() ? "" : " started by " + env.engine)

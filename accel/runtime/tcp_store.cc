@@ -715,8 +715,9 @@ class TcpStore::Connection {
       ++attempts;
       const auto left =
           std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+      // Connect's message adds the address.
       fd_ = net::Connect(host_, port_, std::max(left, milliseconds(1)),
-                         Describe());
+                         "rendezvous store (hosted by rank 0)");
       net::SetNetworkTimeout(fd_, options.network_timeout);
       char header[4];
       std::string body;
