@@ -26,11 +26,26 @@ using std::chrono::milliseconds;
 constexpr auto kShutdownGrace = std::chrono::seconds(5);
 // Bound on telling the store why this rank leaves.
 constexpr auto kLeavingTimeout = std::chrono::seconds(1);
+// How long rank 0, failing, keeps the store up for the others to diagnose.
+constexpr auto kFatalGrace = std::chrono::seconds(3);
 
 std::mutex g_connector_mutex;
 AgentStoreConnector& Connector() {
   static AgentStoreConnector connector;
   return connector;
+}
+
+// Waits until `others` ranks have left the store, for at most `grace`.
+void AwaitDepartures(Store& store, int others, milliseconds grace) {
+  const auto deadline = Clock::now() + grace;
+  try {
+    while (Clock::now() < deadline) {
+      if (static_cast<int>(store.departures().size()) >= others) return;
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+  } catch (const Error&) {
+    // Shutting down anyway.
+  }
 }
 
 int64_t ElapsedMs(Clock::time_point since) {
@@ -228,10 +243,18 @@ std::unique_ptr<ProcessGroup> ProcessGroup::Join(
     // An error that ends the process through std::terminate tells the
     // others what it was.
     std::weak_ptr<Store> store = group->store_;
-    group->fatal_hook_ = AddFatalErrorHook([store](const std::string& message) {
-      if (auto alive = store.lock()) {
-        alive->WithRequestTimeout(kLeavingTimeout)->leave("failed: " + message);
-      }
+    const bool hosts = group->hosts_store_;
+    const int others = env.world_size - 1;
+    group->fatal_hook_ = AddFatalErrorHook([store, hosts,
+                                            others](const std::string& message) {
+      auto alive = store.lock();
+      if (!alive) return;
+      alive->WithRequestTimeout(kLeavingTimeout)->leave("failed: " + message);
+      // The store dies with this process: let the others read the job's
+      // state first (what each rank called), so that they report the cause
+      // rather than only that rank 0 is gone. Bounded; they leave once they
+      // have failed too.
+      if (hosts) AwaitDepartures(*alive, others, kFatalGrace);
     });
   }
   TraceStartup("rendezvous");
@@ -262,16 +285,7 @@ ProcessGroup::~ProcessGroup() {
   if (!hosts_store_) return;
   // The store lives in rank 0: give the others a moment to say goodbye so
   // that their last request does not meet a closed socket.
-  const auto deadline = Clock::now() + kShutdownGrace;
-  try {
-    while (Clock::now() < deadline) {
-      if (static_cast<int>(store_->departures().size()) >= env_.world_size - 1)
-        break;
-      std::this_thread::sleep_for(milliseconds(20));
-    }
-  } catch (const Error&) {
-    // Shutting down anyway.
-  }
+  AwaitDepartures(*store_, env_.world_size - 1, kShutdownGrace);
 }
 
 }  // namespace accel
