@@ -13,10 +13,10 @@
 #include "accel/runtime/error_report.h"
 #include "accel/runtime/errors.h"
 #include "accel/runtime/logging.h"
-#include "accel/runtime/startup_trace.h"
 #include "accel/runtime/process_group.h"
 #include "accel/runtime/program.h"
 #include "accel/runtime/registry.h"
+#include "accel/runtime/startup_trace.h"
 #include "accel/tensor_ops.h"
 
 namespace accel {
@@ -76,9 +76,9 @@ void CheckWritableFolder(const std::string& dir, const char* what) {
   if (dir.empty()) return;
   MakeDirectories(dir);
   if (!IsWritableFolder(dir)) {
-    throw UsageError(std::string(what) + " '" + dir +
-                     "' is not a folder this process can write to: " +
-                     std::strerror(errno));
+    throw UsageError(
+        std::string(what) + " '" + dir +
+        "' is not a folder this process can write to: " + std::strerror(errno));
   }
 }
 

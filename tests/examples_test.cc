@@ -347,7 +347,8 @@ TEST(ExamplesTest, BadFlagsAreOneClearErrorOnEveryRankBeforeAnyTraining) {
       {"--timeout_s=-1", "--timeout_s must be at least 1, found -1"},
       {"--rendezvous_timeout_s=-1",
        "--rendezvous_timeout_s must be at least 1, found -1"},
-      {"--network_timeout_s=0", "--network_timeout_s must be at least 1, found 0"},
+      {"--network_timeout_s=0",
+       "--network_timeout_s must be at least 1, found 0"},
       {"--gradient_accumulation_steps=0",
        "--gradient_accumulation_steps must be at least 1, found 0"},
       {"--mixed_precision=fp8", "(--mixed_precision) must be"},
@@ -374,11 +375,12 @@ TEST(ExamplesTest, UnknownBackendIsAClearErrorOnEveryRank) {
   const ProcessResult r =
       RunExample("train_demo", {"--num_processes=2", "--backend=nope"});
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_EQ(Matches(r.output,
-                    "error: \\[rank [01]/2\\] unknown backend 'nope'; available "
-                    "backends: gloo, mpi")
-                .size(),
-            2u)
+  EXPECT_EQ(
+      Matches(r.output,
+              "error: \\[rank [01]/2\\] unknown backend 'nope'; available "
+              "backends: gloo, mpi")
+          .size(),
+      2u)
       << r.output;
   EXPECT_LT(r.elapsed, kFailFast);
 }

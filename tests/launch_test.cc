@@ -380,10 +380,10 @@ TEST(LaunchTest, LaunchRejectsFlagsItDoesNotUseAndPassesOnRankFlags) {
 // The rendezvous timeout counts from the launch: ranks that start later than
 // that (an overloaded machine) fail as they arrive, saying why.
 TEST(LaunchTest, RanksThatStartAfterTheRendezvousTimeoutFailAtOnce) {
-  const ProcessResult r = RunProcess(
-      {Launcher(), "--num_processes=2", "--main_process_port=0", "--",
-       Worker(), "--timeout_ms=1500", "--start_delay_ms=2500"},
-      {}, kTimeout);
+  const ProcessResult r =
+      RunProcess({Launcher(), "--num_processes=2", "--main_process_port=0",
+                  "--", Worker(), "--timeout_ms=1500", "--start_delay_ms=2500"},
+                 {}, kTimeout);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, ::testing::ContainsRegex(
                             "rank [01]/2: started [0-9]+\\.[0-9] s after the "
@@ -395,10 +395,10 @@ TEST(LaunchTest, RanksThatStartAfterTheRendezvousTimeoutFailAtOnce) {
 // Under `bazel run`, PROGRAM relative to where the user ran Bazel.
 TEST(LaunchTest, ARelativeProgramIsTheUsersUnderBazelRun) {
   const std::string user_dir = std::getenv("TEST_SRCDIR");
-  const ProcessResult r = RunProcess(
-      {Launcher(), "--num_processes=2", "--main_process_port=0", "--",
-       "accel/tests/mp_worker"},
-      {{"BUILD_WORKING_DIRECTORY", user_dir}}, kTimeout);
+  const ProcessResult r =
+      RunProcess({Launcher(), "--num_processes=2", "--main_process_port=0",
+                  "--", "accel/tests/mp_worker"},
+                 {{"BUILD_WORKING_DIRECTORY", user_dir}}, kTimeout);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("rank 1/2 ok"));
 }

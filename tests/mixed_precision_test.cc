@@ -239,8 +239,7 @@ TEST_F(MixedPrecisionTest, LoadStateOfAFolderFailsOnEveryRankIfOneCannot) {
   const std::vector<torch::Tensor> trained = Snapshot(*model);
   A().wait_for_everyone();
   if (A().is_last_process()) {
-    std::fclose(
-        std::fopen((saved + "/" + RandomStatesFile(R())).c_str(), "w"));
+    std::fclose(std::fopen((saved + "/" + RandomStatesFile(R())).c_str(), "w"));
   }
   A().wait_for_everyone();
   std::string message = "no CheckpointError";
@@ -249,8 +248,8 @@ TEST_F(MixedPrecisionTest, LoadStateOfAFolderFailsOnEveryRankIfOneCannot) {
   } catch (const CheckpointError& e) {
     message = e.what();
   }
-  EXPECT_THAT(message, HasSubstr("cannot load checkpoint '" + saved + "': rank " +
-                                 std::to_string(N() - 1) + ": "));
+  EXPECT_THAT(message, HasSubstr("cannot load checkpoint '" + saved +
+                                 "': rank " + std::to_string(N() - 1) + ": "));
   EXPECT_THAT(message, HasSubstr(RandomStatesFile(N() - 1)));
   EXPECT_TRUE(Unchanged(*model, trained));
 }

@@ -261,8 +261,8 @@ Communicator::Started Communicator::StartBroadcast(
       "broadcast", options,
       Concat({"broadcast ", DTypeName(dtype), " x ", std::to_string(count),
               " from rank ", std::to_string(root)}),
-      [=](const Op& op) { RunBroadcast(op, buffer, count, dtype, root); },
-      mode, count * ElementSize(dtype));
+      [=](const Op& op) { RunBroadcast(op, buffer, count, dtype, root); }, mode,
+      count * ElementSize(dtype));
 }
 
 std::shared_ptr<Work> Communicator::barrier_async(

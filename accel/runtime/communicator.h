@@ -240,8 +240,7 @@ class Communicator {
   // collectives take a microsecond), else queues it like kAsync.
   template <typename Fn>
   Started Start(const char* name, const CollectiveOptions& options,
-                std::string signature, Fn&& task, Mode mode,
-                size_t bytes = 0);
+                std::string signature, Fn&& task, Mode mode, size_t bytes = 0);
   // Each public operation validates its arguments once, then starts.
   Started StartAllgather(const void* input, void* output, size_t count,
                          DType dtype, const CollectiveOptions& options,

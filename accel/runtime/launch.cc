@@ -327,8 +327,8 @@ class RankSet {
                                     : "rank " + std::to_string(failed.rank)) +
             " (pid " + std::to_string(failed.pid) + ") " +
             DescribeStatus(status) + when +
-            (running_ > 0 ? "; stopping the other " +
-                                std::to_string(running_) + " rank(s)"
+            (running_ > 0 ? "; stopping the other " + std::to_string(running_) +
+                                " rank(s)"
                           : std::string()));
     if (WaitForExit(ranks_, options_.report_grace)) {
       report_("stopping the ranks still running");

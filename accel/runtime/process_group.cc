@@ -10,10 +10,10 @@
 #include "accel/runtime/error_report.h"
 #include "accel/runtime/errors.h"
 #include "accel/runtime/logging.h"
-#include "accel/runtime/startup_trace.h"
 #include "accel/runtime/net.h"
 #include "accel/runtime/registry.h"
 #include "accel/runtime/rendezvous.h"
+#include "accel/runtime/startup_trace.h"
 #include "accel/runtime/tcp_store.h"
 
 namespace accel {
@@ -245,8 +245,8 @@ std::unique_ptr<ProcessGroup> ProcessGroup::Join(
     std::weak_ptr<Store> store = group->store_;
     const bool hosts = group->hosts_store_;
     const int others = env.world_size - 1;
-    group->fatal_hook_ = AddFatalErrorHook([store, hosts,
-                                            others](const std::string& message) {
+    group->fatal_hook_ = AddFatalErrorHook([store, hosts, others](
+                                               const std::string& message) {
       auto alive = store.lock();
       if (!alive) return;
       alive->WithRequestTimeout(kLeavingTimeout)->leave("failed: " + message);

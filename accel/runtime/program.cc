@@ -12,8 +12,8 @@
 #include "accel/runtime/errors.h"
 #include "accel/runtime/help.h"
 #include "accel/runtime/launch_config.h"
-#include "accel/runtime/startup_trace.h"
 #include "accel/runtime/self_launch.h"
+#include "accel/runtime/startup_trace.h"
 
 DEFINE_int32(num_processes, 1,
              "Total number of processes (ranks) to run, over all machines.");

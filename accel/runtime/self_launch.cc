@@ -58,8 +58,8 @@ void ExecLauncher(const std::vector<std::string>& command) {
   if (fd < 0) return;
   size_t written = 0;
   while (written < g_launcher_size) {
-    const ssize_t n = write(fd, g_launcher_image + written,
-                            g_launcher_size - written);
+    const ssize_t n =
+        write(fd, g_launcher_image + written, g_launcher_size - written);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       close(fd);

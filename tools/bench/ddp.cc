@@ -91,12 +91,12 @@ Workload Build(const std::string& name) {
             torch::randn({kBatch, 1024}), torch::randint(0, 1024, {kBatch})};
   }
   if (name == "conv") {
-    return {nn::Sequential(
-                nn::Conv2d(nn::Conv2dOptions(3, 32, 3).padding(1)), nn::ReLU(),
-                nn::MaxPool2d(2),
-                nn::Conv2d(nn::Conv2dOptions(32, 64, 3).padding(1)),
-                nn::ReLU(), nn::MaxPool2d(2), nn::Flatten(),
-                nn::Linear(64 * 8 * 8, 256), nn::ReLU(), nn::Linear(256, 10)),
+    return {nn::Sequential(nn::Conv2d(nn::Conv2dOptions(3, 32, 3).padding(1)),
+                           nn::ReLU(), nn::MaxPool2d(2),
+                           nn::Conv2d(nn::Conv2dOptions(32, 64, 3).padding(1)),
+                           nn::ReLU(), nn::MaxPool2d(2), nn::Flatten(),
+                           nn::Linear(64 * 8 * 8, 256), nn::ReLU(),
+                           nn::Linear(256, 10)),
             torch::randn({kBatch, 3, 32, 32}), torch::randint(0, 10, {kBatch})};
   }
   throw accel::UsageError("--model: expected mlp or conv, found " + name);
@@ -298,8 +298,8 @@ Figures Summarize(const std::vector<Results>& runs, const Config& c) {
     f.samples_per_s.values.push_back(kBatch * c.ranks * c.accumulation /
                                      r.at("step_sync"));
     if (c.ranks > 1) {
-      f.hidden.values.push_back(
-          1 - (r.at("step_sync") - r.at("step_nosync")) / r.at("sync_alone"));
+      f.hidden.values.push_back(1 - (r.at("step_sync") - r.at("step_nosync")) /
+                                        r.at("sync_alone"));
     }
     f.buckets = static_cast<int>(r.at("buckets"));
   }
@@ -349,8 +349,7 @@ void PrintConfig(const Config& c, const Figures& ours, const Figures& torch,
     std::printf("%-30s %24s %24s %18s\n", label, a.c_str(), b.c_str(),
                 ratio.c_str());
   };
-  row("step, ms", Ms(ours.step), Ms(torch.step),
-      Ratio(ours.step, torch.step));
+  row("step, ms", Ms(ours.step), Ms(torch.step), Ratio(ours.step, torch.step));
   row("samples/s", Plain(ours.samples_per_s, "%.0f"),
       Plain(torch.samples_per_s, "%.0f"),
       Ratio(ours.samples_per_s, torch.samples_per_s));
@@ -385,8 +384,7 @@ int Drive() {
   std::printf(
       "Data-parallel training step, accel vs torch DDP (python3-torch %s), "
       "%ld cores, %d thread(s) per rank, AdamW, %d runs each\n",
-      "1.13", sysconf(_SC_NPROCESSORS_ONLN), FLAGS_threads,
-      FLAGS_repetitions);
+      "1.13", sysconf(_SC_NPROCESSORS_ONLN), FLAGS_threads, FLAGS_repetitions);
   std::fflush(stdout);
   for (const std::string& model : ParseNames(FLAGS_models)) {
     for (int accumulation : ParseList(FLAGS_accumulation)) {

@@ -210,8 +210,10 @@ std::vector<int> ParseList(const std::string& text) {
   while (std::getline(in, item, ',')) {
     const int value = std::atoi(item.c_str());
     if (value < 1) {
-      std::fprintf(stderr, "error: --processes: expected numbers of at least "
-                   "1, found '%s'\n", item.c_str());
+      std::fprintf(stderr,
+                   "error: --processes: expected numbers of at least "
+                   "1, found '%s'\n",
+                   item.c_str());
       std::exit(2);
     }
     values.push_back(value);
@@ -241,8 +243,8 @@ int main(int argc, char** argv) {
     bare_ms.push_back(RunJob({Runfile("tools/bench/startup_empty")}, {},
                              scratch, scratch + "/empty.log")
                           .wall_ms);
-    torch_ms.push_back(RunJob({Runfile("tools/bench/startup_empty_torch")},
-                              {}, scratch, scratch + "/empty_torch.log")
+    torch_ms.push_back(RunJob({Runfile("tools/bench/startup_empty_torch")}, {},
+                              scratch, scratch + "/empty_torch.log")
                            .wall_ms);
     std::ifstream out(scratch + "/empty_torch.log");
     std::string label;
@@ -299,13 +301,19 @@ int main(int argc, char** argv) {
       "column, min/median/max\n",
       std::thread::hardware_concurrency(), FLAGS_repetitions);
   std::printf("%-28s", "");
-  for (int n : counts) std::printf("%22s", (std::to_string(n) + " process(es)").c_str());
+  for (int n : counts)
+    std::printf("%22s", (std::to_string(n) + " process(es)").c_str());
   std::printf("\n");
-  const char* rows[] = {"supervisor start+load, ms", "ranks start+load, ms",
-                        "rendezvous, ms",            "first collective, ms",
-                        "training, ms",              "checkpoints, ms",
-                        "exit, ms",                  "wall, ms",
-                        "rank peak RSS, MiB",        "supervisor RSS, MiB"};
+  const char* rows[] = {"supervisor start+load, ms",
+                        "ranks start+load, ms",
+                        "rendezvous, ms",
+                        "first collective, ms",
+                        "training, ms",
+                        "checkpoints, ms",
+                        "exit, ms",
+                        "wall, ms",
+                        "rank peak RSS, MiB",
+                        "supervisor RSS, MiB"};
   for (const char* row : rows) {
     std::printf("%-28s", row);
     for (int n : counts) std::printf("%22s", Cell(table[n][row]).c_str());
