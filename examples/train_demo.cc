@@ -13,6 +13,7 @@
 #include <torch/optim/adamw.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <thread>
 
@@ -71,6 +72,15 @@ uint64_t Fingerprint(torch::nn::Module& module) {
     }
   }
   return hash;
+}
+
+double ParameterNorm(torch::nn::Module& module) {
+  double squares = 0;
+  for (const auto& parameter : module.parameters()) {
+    squares +=
+        parameter.detach().to(torch::kFloat64).pow(2).sum().item<double>();
+  }
+  return std::sqrt(squares);
 }
 
 void ShowProgress(int epoch, size_t step, size_t steps, double loss,
@@ -212,6 +222,9 @@ int Main(int argc, char** argv) {
     // uninterrupted one.
     std::printf("Parameter fingerprint: %016llx\n",
                 static_cast<unsigned long long>(Fingerprint(*prepared_model)));
+    // Comparable where bits are not: machines that sum gradients in another
+    // order (tests/cluster).
+    std::printf("Parameter norm: %.6e\n", ParameterNorm(*prepared_model));
     std::printf(
         "Trained in %.2f s on %d process(es) (%s); saved the training state "
         "to %s\n",

@@ -46,7 +46,8 @@ if [ "$(id -u)" = 0 ] && mkdir -p "$FULL" && mount -t tmpfs -o size=200k tmpfs "
   full=(--num_processes=2 --hidden=500 --epochs=6 --noprogress --main_process_port=0 --output_dir="$FULL/out")
   "$BIN" "${full[@]}" > "$WORK/full.log" 2>&1; code=$?
   # Rank 0 names the file and the reason; every rank ends in one error line.
-  no_space=$(grep -c "^error: .*cannot write '$FULL/out/.*': No space left on device" "$WORK/full.log")
+  # "cannot write 'F.partial.P.N' (for 'F'): No space left on device"
+  no_space=$(grep -c "^error: .*cannot write '$FULL/out/[^']*'\( (for '[^']*')\)\?: No space left on device" "$WORK/full.log")
   errors=$(grep -c "^error: " "$WORK/full.log")
   leftovers=$(find "$FULL" -name '*.partial.*' | wc -l)
   newest=$(ls -d "$FULL"/out/checkpoints/checkpoint_*/accelerator_state.pt 2>/dev/null | sort -V | tail -n 1)

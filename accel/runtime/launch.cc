@@ -398,8 +398,12 @@ Attempt RunRanks(const LaunchOptions& options,
       // port cannot travel through mpirun: rank 0 binds it again.
       ChildSetup setup;
       setup.env = job_env;
+      // A port this launcher picked would be free again by the time rank 0
+      // binds it: without one the ranks agree on a port through MPI, rank 0
+      // choosing it as it binds.
+      if (options.main_process_port == 0) setup.env.erase("MASTER_PORT");
       std::vector<std::string> names;
-      for (const auto& entry : job_env) names.push_back(entry.first);
+      for (const auto& entry : setup.env) names.push_back(entry.first);
       if (held.fd >= 0) {
         close(held.fd);
         held.fd = -1;
