@@ -544,7 +544,10 @@ std::string Accelerator::latest_checkpoint() const {
 }
 
 void Accelerator::load_state(const std::string& dir) {
-  const std::string why = CheckpointProblems(dir, CallSite::Here());
+  // Alone, loading checks the same and says more about what it found.
+  const std::string why = num_processes() > 1
+                              ? CheckpointProblems(dir, CallSite::Here())
+                              : std::string();
   if (!why.empty()) {
     throw CheckpointError("cannot load checkpoint '" + dir + "': " + why);
   }
@@ -576,12 +579,21 @@ std::string Accelerator::load_state(CallSite site) {
         "load_state() without a folder needs AcceleratorOptions::project_dir "
         "(automatic checkpoint naming)");
   }
-  // Rank 0's list decides, so that every rank tries the same folders.
+  // Rank 0's list decides, so that every rank tries the same folders. A
+  // save that never finished (killed before its last file) left no
+  // checkpoint: it is passed over, and with nothing else the run starts
+  // afresh.
   std::vector<std::string> candidates;
   if (is_main_process()) {
     const std::vector<int> indices = CheckpointIndices(options_.project_dir);
     for (auto it = indices.rbegin(); it != indices.rend(); ++it) {
-      candidates.push_back(CheckpointFolder(options_.project_dir, *it));
+      const std::string dir = CheckpointFolder(options_.project_dir, *it);
+      if (IsCompleteCheckpoint(dir)) {
+        candidates.push_back(dir);
+      } else {
+        ACCEL_LOG(INFO) << "skipped checkpoint " << dir
+                        << " (incomplete: its save did not finish)";
+      }
     }
   }
   if (num_processes() > 1) broadcast_object_list(candidates, 0, site);

@@ -182,6 +182,24 @@ TEST(ExamplesTest, TheSupervisorOfASelfLaunchedJobIsSmall) {
   EXPECT_EQ(in_process.exit_code, 0) << in_process.output;
 }
 
+// A save killed before its last file (the only one, in the first epoch)
+// left no checkpoint: --resume passes over it and starts afresh.
+TEST(ExamplesTest, ResumeAfterAFirstSaveThatNeverFinishedStartsAfresh) {
+  const std::string out = MakeTempDir("unfinished");
+  const std::string unfinished = out + "/checkpoints/checkpoint_1";
+  ASSERT_EQ(mkdir((out + "/checkpoints").c_str(), 0755), 0);
+  ASSERT_EQ(mkdir(unfinished.c_str(), 0755), 0);
+  std::ofstream(unfinished + "/random_states_1.pt") << "half a save";
+  const ProcessResult r = RunExample(
+      "train_demo",
+      {"--num_processes=2", "--epochs=1", "--resume", "--output_dir=" + out});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("skipped checkpoint " + unfinished +
+                                  " (incomplete: its save did not finish)"));
+  EXPECT_THAT(r.output, ::testing::Not(HasSubstr("Resumed from")));
+  EXPECT_THAT(r.output, HasSubstr("Epoch 1 - Accuracy"));
+}
+
 TEST(ExamplesTest, GatherDemoPrintsTheSeedsLineOnTheMainProcessOnly) {
   for (int n : {1, 2, 3}) {
     const ProcessResult r =

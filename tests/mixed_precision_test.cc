@@ -248,8 +248,11 @@ TEST_F(MixedPrecisionTest, LoadStateOfAFolderFailsOnEveryRankIfOneCannot) {
   } catch (const CheckpointError& e) {
     message = e.what();
   }
-  EXPECT_THAT(message, HasSubstr("cannot load checkpoint '" + saved +
-                                 "': rank " + std::to_string(N() - 1) + ": "));
+  if (N() > 1) {
+    EXPECT_THAT(message,
+                HasSubstr("cannot load checkpoint '" + saved + "': rank " +
+                          std::to_string(N() - 1) + ": "));
+  }
   EXPECT_THAT(message, HasSubstr(RandomStatesFile(N() - 1)));
   EXPECT_TRUE(Unchanged(*model, trained));
 }
