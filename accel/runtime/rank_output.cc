@@ -8,6 +8,8 @@
 
 #include <chrono>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #include "accel/runtime/errors.h"
 
@@ -96,7 +98,27 @@ void RankOutput::StartedRank(int rank) {
   }
 }
 
+bool RankOutput::OutputPending() {
+  std::vector<pollfd> fds;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const Stream& stream : streams_) {
+      if (stream.read_fd >= 0) fds.push_back({stream.read_fd, POLLIN, 0});
+    }
+  }
+  if (fds.empty() || poll(fds.data(), fds.size(), 0) <= 0) return false;
+  for (const pollfd& fd : fds) {
+    if (fd.revents & POLLIN) return true;
+  }
+  return false;
+}
+
 void RankOutput::Message(const std::string& text) {
+  // What a rank wrote before the event this message reports (its last
+  // words before exiting) comes first: let the relay empty the pipes.
+  for (int i = 0; i < 40 && OutputPending(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   const std::string line = (console_at_line_start_ ? "" : "\n") + text + "\n";
   WriteAll(2, line.data(), line.size());

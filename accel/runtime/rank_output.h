@@ -55,6 +55,8 @@ class RankOutput {
     bool at_line_start = true;
   };
   void Relay();
+  // Whether a rank's pipe holds output the relay has not read yet.
+  bool OutputPending();
   void WriteConsole(Stream& stream, const char* data, size_t size);
 
   const std::string dir_;
