@@ -12,6 +12,7 @@
 
 #include "accel/runtime/error_report.h"
 #include "accel/runtime/errors.h"
+#include "accel/runtime/host_memory.h"
 #include "accel/runtime/logging.h"
 #include "accel/runtime/process_group.h"
 #include "accel/runtime/program.h"
@@ -118,6 +119,7 @@ AcceleratorOptions AcceleratorOptions::FromFlags() {
   options.check_collectives = FLAGS_collective_checks;
   options.log_with = ParseTrackerNames(FLAGS_report_to);
   options.logging_dir = FLAGS_logging_dir;
+  options.reuse_host_memory = FLAGS_reuse_host_memory;
   return options;
 }
 
@@ -139,6 +141,10 @@ Accelerator::Accelerator(AcceleratorOptions options)
       state_(std::make_shared<TrainingState>()) {
   InstallTerminateHandler();
   ValidateOptions(options_);
+  if (options_.reuse_host_memory) {
+    const std::string outcome = ReuseFreedHostMemory();
+    ACCEL_VLOG(1) << "host memory: " << outcome;
+  }
   // Before joining: a bad --report_to fails at once, on every rank alike.
   tracker_names_ = ResolveTrackerNames(options_.log_with);
   for (const std::string& name : tracker_names_) {

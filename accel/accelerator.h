@@ -123,10 +123,13 @@ struct AcceleratorOptions {
   // Where the trackers write (<logging_dir>/<project_name>); empty: the
   // project_dir.
   std::string logging_dir;
+  // Keep freed memory in the process for reuse (accel/runtime/host_memory.h):
+  // large CPU tensors then cost no page faults after the first step.
+  bool reuse_host_memory = true;
 
   // --backend, --mixed_precision, --gradient_accumulation_steps,
-  // --timeout_s, --rendezvous_timeout_s, --collective_checks, --report_to
-  // and --logging_dir (see accel/runtime/program.h).
+  // --timeout_s, --rendezvous_timeout_s, --collective_checks, --report_to,
+  // --logging_dir and --reuse_host_memory (see accel/runtime/program.h).
   static AcceleratorOptions FromFlags();
 };
 

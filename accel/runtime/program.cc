@@ -63,6 +63,12 @@ DEFINE_string(config_file, "",
               "~/.config/accel/default_config.flags when it exists. Empty "
               "with =: none.");
 
+DEFINE_bool(reuse_host_memory, true,
+            "Keep memory that tensors free in the process for reuse, rather "
+            "than returning each large block to the system (which costs a "
+            "page fault per 4 KiB page the next time; see "
+            "accel/runtime/host_memory.h).");
+
 DEFINE_int32(network_timeout_s, 20,
              "How long a machine may stop answering on the network before "
              "its ranks are reported unreachable, in seconds.");

@@ -42,6 +42,7 @@ DECLARE_int32(network_timeout_s);
 DECLARE_string(report_to);
 DECLARE_string(config_file);
 DECLARE_string(logging_dir);
+DECLARE_bool(reuse_host_memory);
 
 namespace accel {
 

@@ -1,0 +1,28 @@
+// Keeps memory that the process frees for its own reuse, instead of handing
+// it back to the system after every large tensor.
+//
+//   accel::ReuseFreedHostMemory();  // Once, early; the Accelerator does it
+//                                   // unless --reuse_host_memory=false.
+//
+// Why: glibc serves every allocation above 32 MiB (and, by default, above a
+// few MiB) with its own mmap and unmaps it on free, so each large tensor a
+// training step creates (a 4096 x 4096 weight's gradient, AdamW's
+// temporaries) costs one page fault per 4 KiB page, every step: 207 of the
+// 456 ms step of a 25M-parameter MLP on this project's 2-core machine
+// (tools/bench/ddp). Kept in the heap, the pages are faulted in once. This
+// is what CUDA's caching allocator does for GPU memory, and what tcmalloc or
+// jemalloc would give on the CPU; the price is that the process's resident
+// memory stays at its peak rather than shrinking after it.
+#pragma once
+
+#include <string>
+
+namespace accel {
+
+// Sets glibc's malloc never to map large blocks on their own and never to
+// trim the heap, unless the user tuned malloc through the environment
+// (MALLOC_MMAP_MAX_, MALLOC_TRIM_THRESHOLD_, GLIBC_TUNABLES with
+// glibc.malloc), whose choice wins. Returns what it did, for the logs.
+std::string ReuseFreedHostMemory();
+
+}  // namespace accel
