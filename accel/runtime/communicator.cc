@@ -307,6 +307,7 @@ Communicator::Started Communicator::Start(const char* name,
   op.site = options.site;
   op.signature = std::move(signature);
   op.bytes = bytes;
+  op.overlapped = mode == Mode::kAsync;
   if (mode == Mode::kBlocking) {
     bool inline_run = false;
     {

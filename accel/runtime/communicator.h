@@ -180,6 +180,9 @@ class Communicator {
     CallSite site;          // Where the caller called it.
     std::string signature;  // What must match on every rank.
     size_t bytes = 0;       // This rank's payload (--v=2 logs it).
+    // Started with *_async: the caller computes meanwhile, so a transport
+    // that polls while it waits takes CPU from that computation.
+    bool overlapped = false;
   };
 
   explicit Communicator(const BackendContext& context);

@@ -295,7 +295,8 @@ void GlooCommunicator::Run(const Op& op, Body&& body) {
 SharedMemoryGroup::Call GlooCommunicator::LocalCall(const Op& op,
                                                     int phase) const {
   // Up to two shared memory steps per collective.
-  return {op.sequence * 2 + static_cast<uint64_t>(phase), deadline_};
+  return {op.sequence * 2 + static_cast<uint64_t>(phase), deadline_,
+          op.overlapped};
 }
 
 void GlooCommunicator::RunAllgather(const Op& op, const void* input,

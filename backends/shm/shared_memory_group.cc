@@ -26,6 +26,9 @@ constexpr uint64_t kMagic = 0x6163636c73686d31;  // "acclshm1"
 constexpr size_t kPageBytes = 4096;
 // The longest a sleeping waiter goes without looking at the clock.
 constexpr auto kLongestSleep = std::chrono::milliseconds(100);
+// How long an overlapped call polls (see Call::overlapped): about what a
+// futex wake-up costs.
+constexpr auto kOverlappedSpin = std::chrono::microseconds(20);
 constexpr size_t kReasonBytes = 512;
 
 enum AbortState : uint32_t { kRunning = 0, kWriting = 1, kAborted = 2 };
@@ -284,7 +287,9 @@ void SharedMemoryGroup::WaitUntil(const Call& call, Ready&& ready,
   };
   // Poll: in lockstep, the others arrive within microseconds. A rank that
   // last ran on our CPU may be waiting for it: give it the CPU.
-  const auto spin_until = Clock::now() + spin_;
+  const auto spin_until =
+      Clock::now() +
+      (call.overlapped ? std::min(spin_, kOverlappedSpin) : spin_);
   for (uint32_t i = 1;; ++i) {
     Pause();
     if (ready()) return;

@@ -76,6 +76,10 @@ class SharedMemoryGroup {
   struct Call {
     uint64_t sequence;
     std::chrono::steady_clock::time_point deadline;
+    // The caller computes meanwhile (an async collective during backward):
+    // a waiting rank polls only briefly, since the computation on this
+    // host needs the CPU more than a fast wake-up.
+    bool overlapped = false;
   };
 
   // global_ranks[r] is local rank r's rank in the job, for messages. The
