@@ -114,7 +114,12 @@ def worker(rank, args, port, queue):
         results["optimizer"] = statistics.median(optimizer_seconds)
         results["buckets"] = len(bucket_buffers)
         queue.put(results)
-    dist.destroy_process_group()
+    # Every rank is past the barrier and the results are in the pipe. Leave
+    # without destroy_process_group and interpreter shutdown: in torch 1.13, a
+    # rank whose TCPStore host (rank 0) exited first can spin forever in the
+    # store client's thread (poll and a 0-byte recv on the closed socket,
+    # seen here at 2 ranks with the conv net), and the baseline never ends.
+    os._exit(0)
 
 
 def main():
