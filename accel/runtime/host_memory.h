@@ -4,15 +4,16 @@
 //   accel::ReuseFreedHostMemory();  // Once, early; the Accelerator does it
 //                                   // unless --reuse_host_memory=false.
 //
-// Why: glibc serves every allocation above 32 MiB (and, by default, above a
-// few MiB) with its own mmap and unmaps it on free, so each large tensor a
-// training step creates (a 4096 x 4096 weight's gradient, AdamW's
-// temporaries) costs one page fault per 4 KiB page, every step: 207 of the
-// 456 ms step of a 25M-parameter MLP on this project's 2-core machine
-// (tools/bench/ddp). Kept in the heap, the pages are faulted in once. This
-// is what CUDA's caching allocator does for GPU memory, and what tcmalloc or
-// jemalloc would give on the CPU; the price is that the process's resident
-// memory stays at its peak rather than shrinking after it.
+// Why: glibc serves a large allocation with its own mmap and unmaps it on
+// free (from 128 KiB; the threshold rises as such blocks are freed, but never
+// above 32 MiB), so each large tensor a training step creates (a 4096 x 4096
+// weight's gradient, AdamW's temporaries) costs one page fault per 4 KiB
+// page, every step: about 210 of the 456 ms step of a 25M-parameter MLP on
+// this project's 2-core machine (tools/bench/ddp). Kept in the heap, the pages
+// are faulted in once. This is what CUDA's caching allocator does for GPU
+// memory, and what tcmalloc or jemalloc would give on the CPU; the price is
+// that the process's resident memory stays at its peak rather than shrinking
+// after it.
 #pragma once
 
 #include <string>
