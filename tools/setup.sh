@@ -28,6 +28,12 @@ readonly PACKAGES=(
   protobuf-compiler
   python3-protobuf
   python3-matplotlib
+  # Python Accelerate's own imports, for the baseline of //tools/bench:startup
+  # (../shared/peer): no test needs them.
+  python3-packaging
+  python3-tqdm
+  python3-psutil
+  python3-yaml
 )
 
 missing=()

@@ -67,17 +67,17 @@ fail() {
   fi
 }
 
-# The lines of a train_demo run that must not depend on how it was started.
-results() {
-  sed -E 's/^\[default[0-9]+\]://' "$1" |
-    grep -E '^(Epoch [0-9]+ - Accuracy|Parameter fingerprint|Gathered tensor)' |
-    sort
+# The lines of a run that must not depend on how it was started (those that
+# match the pattern $2), sorted.
+results() {  # output pattern
+  sed -E 's/^\[default[0-9]+\]://' "$1" | grep -E "^($2)" | sort
 }
 
-same_results() {  # name reference output
+# Compares a run's results with a single-host reference's.
+compare_results() {  # name reference output pattern
   local expected actual
-  expected=$(results "$2")
-  actual=$(results "$3")
+  expected=$(results "$2" "$4")
+  actual=$(results "$3" "$4")
   if [ -z "$expected" ]; then
     fail "$1" "the single-host reference printed no results" "$2"
   elif [ "$expected" = "$actual" ]; then
@@ -85,6 +85,11 @@ same_results() {  # name reference output
   else
     fail "$1" "results differ from the single host" "$3"
   fi
+}
+
+same_results() {  # name reference output
+  compare_results "$@" \
+    'Epoch [0-9]+ - Accuracy|Parameter fingerprint|Gathered tensor'
 }
 
 # Machines sum the gradients in another order than one host (each machine's
@@ -92,18 +97,7 @@ same_results() {  # name reference output
 # differ in their last bits: the accuracies and the parameters' norm (7
 # digits) must match instead of the fingerprint.
 same_results_across_machines() {  # name reference output
-  local expected actual
-  expected=$(sed -E 's/^\[default[0-9]+\]://' "$2" |
-    grep -E '^(Epoch [0-9]+ - Accuracy|Parameter norm)' | sort)
-  actual=$(sed -E 's/^\[default[0-9]+\]://' "$3" |
-    grep -E '^(Epoch [0-9]+ - Accuracy|Parameter norm)' | sort)
-  if [ -z "$expected" ]; then
-    fail "$1" "the single-host reference printed no results" "$2"
-  elif [ "$expected" = "$actual" ]; then
-    pass "$1" "($(echo "$expected" | wc -l) result lines match the single host)"
-  else
-    fail "$1" "results differ from the single host" "$3"
-  fi
+  compare_results "$@" 'Epoch [0-9]+ - Accuracy|Parameter norm'
 }
 
 seconds_since() { echo $(($(date +%s) - $1)); }
