@@ -141,10 +141,12 @@ Accelerator::Accelerator(AcceleratorOptions options)
       state_(std::make_shared<TrainingState>()) {
   InstallTerminateHandler();
   ValidateOptions(options_);
-  if (options_.reuse_host_memory) {
-    const std::string outcome = ReuseFreedHostMemory();
-    ACCEL_VLOG(1) << "host memory: " << outcome;
-  }
+  // Outside the log statement, whose stream runs only at --v=1.
+  const std::string host_memory =
+      options_.reuse_host_memory
+          ? ReuseFreedHostMemory()
+          : "malloc left as it is (--reuse_host_memory=false)";
+  ACCEL_VLOG(1) << "host memory: " << host_memory;
   // Before joining: a bad --report_to fails at once, on every rank alike.
   tracker_names_ = ResolveTrackerNames(options_.log_with);
   for (const std::string& name : tracker_names_) {

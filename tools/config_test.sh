@@ -34,9 +34,10 @@ has "$(cat "$dir/err")" "(the input ended)"
 
 # From flags, without questions; other program flags given are kept.
 "$config" --nointeractive --config_file="$dir/flags.flags" --num_processes=3 \
-  --report_to=jsonl >/dev/null
+  --report_to=jsonl --reuse_host_memory=false >/dev/null
 has "$(cat "$dir/flags.flags")" "--num_processes=3"
 has "$(cat "$dir/flags.flags")" "--report_to=jsonl"
+has "$(cat "$dir/flags.flags")" "--reuse_host_memory=false"
 if "$config" --nointeractive --config_file="$dir/bad.flags" \
     --mixed_precision=fp8 2>"$dir/err"; then fail "fp8 was accepted"; fi
 has "$(cat "$dir/err")" "--mixed_precision: expected one of no, bf16, fp16, found \"fp8\""
@@ -62,6 +63,11 @@ out=$("$demo" --config_file="$dir/three.flags" 2>&1)
 has "$out" "tensor([1, 2, 3, 1, 2, 3, 1, 2, 3])"
 out=$("$launch" --config_file="$dir/three.flags" -- "$demo" 2>&1)
 has "$out" "tensor([1, 2, 3, 1, 2, 3, 1, 2, 3])"
+# An accel flag that is not the launcher's reaches the ranks from the file.
+printf -- '--num_processes=2\n--main_process_port=0\n--reuse_host_memory=false\n' \
+  >"$dir/memory.flags"
+out=$("$launch" --config_file="$dir/memory.flags" -- "$demo" --v=1 2>&1)
+has "$out" "[rank 1/2] host memory: malloc left as it is (--reuse_host_memory=false)"
 
 # Bad files are errors naming the file and line.
 printf -- '--num_processes=2\nnum_machines 2\n' >"$dir/broken.flags"

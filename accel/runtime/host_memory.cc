@@ -16,13 +16,22 @@ std::string ReuseFreedHostMemory() {
     }
   }
   const char* tunables = std::getenv("GLIBC_TUNABLES");
-  if (tunables != nullptr && std::strstr(tunables, "glibc.malloc") != nullptr) {
-    return "left malloc as GLIBC_TUNABLES sets it";
+  for (const char* tunable :
+       {"glibc.malloc.mmap_max", "glibc.malloc.mmap_threshold",
+        "glibc.malloc.trim_threshold"}) {
+    if (tunables != nullptr && std::strstr(tunables, tunable) != nullptr) {
+      return std::string("left malloc as GLIBC_TUNABLES sets ") + tunable;
+    }
   }
   // The trim threshold first: with it set, glibc also stops adapting its
   // mmap threshold on its own.
-  if (mallopt(M_TRIM_THRESHOLD, INT_MAX) != 1 || mallopt(M_MMAP_MAX, 0) != 1) {
-    return "malloc refused the settings; freed memory goes back to the system";
+  if (mallopt(M_TRIM_THRESHOLD, INT_MAX) != 1) {
+    return "malloc refused M_TRIM_THRESHOLD; freed memory goes back to the "
+           "system";
+  }
+  if (mallopt(M_MMAP_MAX, 0) != 1) {
+    return "malloc refused M_MMAP_MAX: the heap is no longer trimmed, but "
+           "large blocks are still mapped and unmapped one by one";
   }
   return "freed memory stays in the process for reuse (no mmap per large "
          "block, no heap trimming)";

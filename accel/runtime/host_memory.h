@@ -21,9 +21,10 @@
 namespace accel {
 
 // Sets glibc's malloc never to map large blocks on their own and never to
-// trim the heap, unless the user tuned malloc through the environment
-// (MALLOC_MMAP_MAX_, MALLOC_TRIM_THRESHOLD_, GLIBC_TUNABLES with
-// glibc.malloc), whose choice wins. Returns what it did, for the logs.
+// trim the heap, unless the user set the same through the environment
+// (MALLOC_MMAP_MAX_, MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, or
+// GLIBC_TUNABLES with glibc.malloc.mmap_max, mmap_threshold or
+// trim_threshold), whose choice wins. Returns what it did, for the logs.
 std::string ReuseFreedHostMemory();
 
 }  // namespace accel

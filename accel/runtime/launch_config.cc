@@ -63,6 +63,7 @@ const std::vector<std::string>& ConfigurableFlags() {
       "collective_checks",
       "report_to",
       "logging_dir",
+      "reuse_host_memory",
   };
   return names;
 }
