@@ -21,11 +21,14 @@
 #include "accel/runtime/errors.h"
 #include "accel/runtime/files.h"
 #include "accel/runtime/logging.h"
+#include "accel/safetensors.h"
 #include "accel/state_archive.h"
 #include "accel/tensor_ops.h"
 
 namespace accel {
 namespace {
+
+constexpr const char* kLoaderSamplesKey = "loader_samples";
 
 std::string Join(const std::string& dir, const std::string& file) {
   return dir + "/" + file;
@@ -291,13 +294,15 @@ void SaveCheckpoint(const std::string& dir, int rank, int world_size,
         state.write(kind.singular + "_" + std::to_string(i), archive);
       }
     }
+    // Per loader: the epoch to run next and the samples of it done (over
+    // all ranks, so that any number of processes can resume there).
     c10::List<int64_t> positions;
     for (const auto& loader : contents.loaders) {
       const auto [epoch, done] = loader->Checkpoint();
       positions.push_back(epoch);
       positions.push_back(done);
     }
-    state.write("loader_positions", c10::IValue(positions));
+    state.write(kLoaderSamplesKey, c10::IValue(positions));
     id.role = "accelerator_state";
     written.push_back(Join(dir, kStateFile));
     WriteCheckpointFile(written.back(), id, state);
@@ -369,7 +374,12 @@ void LoadCheckpoint(const std::string& dir, int rank, int world_size,
         parts.back().name = key;
       }
     }
-    c10::IValue positions_value = ReadValue(state, "loader_positions", path);
+    // An older accel recorded batches per rank ("loader_positions").
+    c10::IValue positions_value;
+    const bool in_samples = state.try_read(kLoaderSamplesKey, positions_value);
+    if (!in_samples) {
+      positions_value = ReadValue(state, "loader_positions", path);
+    }
     std::vector<int64_t> positions;
     if (positions_value.isIntList()) positions = positions_value.toIntVector();
     if (positions.size() != 2 * contents.loaders.size()) {
@@ -404,7 +414,12 @@ void LoadCheckpoint(const std::string& dir, int rank, int world_size,
       }
     }
     for (size_t i = 0; i < contents.loaders.size(); ++i) {
-      contents.loaders[i]->Restore(positions[2 * i], positions[2 * i + 1]);
+      if (in_samples) {
+        contents.loaders[i]->Restore(positions[2 * i], positions[2 * i + 1]);
+      } else {
+        contents.loaders[i]->RestoreBatches(positions[2 * i],
+                                            positions[2 * i + 1], saved_world);
+      }
     }
     contents.step = files.state.identity.step;
     if (rng_state.defined()) {

@@ -84,35 +84,89 @@ struct DataLoaderOptions {
 };
 
 // Where a loader stands; shared by all copies of one loader, and recorded by
-// save_state.
+// save_state. A position inside an epoch is counted in samples of the
+// epoch's order that every rank together has taken, which means the same
+// at any number of processes: a checkpoint saved at N processes resumes at
+// another N with no sample of the epoch skipped or repeated.
 struct DataLoaderState {
   int64_t epoch = 0;         // Passes started (the current one included).
   int64_t position = 0;      // Batches handed out in the current pass.
   int64_t pass_batches = 0;  // Batches in the current pass.
   bool in_pass = false;
-  // Batches the next pass skips (a resumed checkpoint's position).
-  int64_t resume_skip = 0;
+  // Samples of the epoch's order that the current pass started after (a
+  // resumed pass), and that all ranks take per batch of the pass.
+  int64_t pass_start = 0;
+  int64_t samples_per_batch = 0;
+  int64_t dataset_size = 0;
+  // Samples of the epoch's order the next pass skips (a checkpoint's).
+  int64_t resume_samples = 0;
+  // This rank's batch size and the loader's sharding (set by Shard()).
+  int64_t rank_batch_size = 1;
+  int64_t num_replicas = 1;
+  bool split_batches = false;
 
-  // The epoch to run next and the batches of it already done: what a
+  // The epoch to run next and the samples of it already done: what a
   // checkpoint records.
   std::pair<int64_t, int64_t> Checkpoint() const {
-    if (in_pass && position < pass_batches) return {epoch - 1, position};
+    if (in_pass && position < pass_batches) {
+      return {epoch - 1, std::min(dataset_size,
+                                  pass_start + position * samples_per_batch)};
+    }
     return {epoch, 0};
   }
-  void Restore(int64_t next_epoch, int64_t batches_done) {
+  void Restore(int64_t next_epoch, int64_t samples_done) {
     epoch = next_epoch;
-    resume_skip = batches_done;
+    resume_samples = std::max<int64_t>(samples_done, 0);
     position = 0;
     in_pass = false;
+  }
+  // A position that an older accel recorded as batches per rank, at
+  // `saved_processes` processes.
+  void RestoreBatches(int64_t next_epoch, int64_t batches_done,
+                      int64_t saved_processes) {
+    const int64_t global_batch = split_batches
+                                     ? rank_batch_size * num_replicas
+                                     : rank_batch_size * saved_processes;
+    Restore(next_epoch, batches_done * global_batch);
   }
 };
 
 namespace data {
 
+// The random generator of the sample being made, on the thread making it:
+// seeded from the loader's seed, the epoch and the sample's index, so that
+// augmentations drawn from it are the same in every run with that seed,
+// whatever num_workers, the number of processes or a resume. Draw from it
+// (torch::rand(sizes, accel::data::SampleGenerator())) rather than from
+// torch's global generator, which worker threads share in whatever order
+// they run. Outside a loader's get() and collate it is seeded 0.
+at::Generator& SampleGenerator();
+
+// The seed of sample `index` of `epoch` for a loader seeded `seed`.
+uint64_t SampleSeed(uint64_t seed, int64_t epoch, int64_t index);
+
+// Whether a dataset takes the generator as get(index, generator).
+template <typename Dataset, typename = void>
+struct TakesGenerator : std::false_type {};
+template <typename Dataset>
+struct TakesGenerator<Dataset,
+                      std::void_t<decltype(std::declval<Dataset&>().get(
+                          size_t{0}, std::declval<at::Generator&>()))>>
+    : std::true_type {};
+
+template <typename Dataset>
+auto GetSample(Dataset& dataset, size_t index, at::Generator& generator) {
+  if constexpr (TakesGenerator<Dataset>::value) {
+    return dataset.get(index, generator);
+  } else {
+    return dataset.get(index);
+  }
+}
+
 // The type that a dataset's get() returns.
 template <typename Dataset>
-using SampleOf =
-    std::decay_t<decltype(std::declval<Dataset&>().get(size_t{0}))>;
+using SampleOf = std::decay_t<decltype(GetSample(
+    std::declval<Dataset&>(), size_t{0}, std::declval<at::Generator&>()))>;
 
 // The default collate function for a sample type; `supported` is false for
 // types it does not know, which then need a collate function of their own.
@@ -363,6 +417,7 @@ class DataLoader {
     if (options_.batch_size == 0) {
       throw UsageError("DataLoader: batch_size must be at least 1, found 0");
     }
+    state_->rank_batch_size = static_cast<int64_t>(options_.batch_size);
     if (!collate_)
       throw UsageError("DataLoader: the collate function is empty");
     dataset_size_ = data::SizeOf(*dataset_);
@@ -386,6 +441,10 @@ class DataLoader {
     copy.num_replicas_ = num_replicas;
     copy.device_ = device;
     copy.state_ = std::make_shared<DataLoaderState>(*state_);
+    copy.state_->rank_batch_size =
+        static_cast<int64_t>(copy.options_.batch_size);
+    copy.state_->num_replicas = num_replicas;
+    copy.state_->split_batches = options_.split_batches;
     copy.gradient_state_ = std::move(gradient_state);
     return copy;
   }
@@ -432,27 +491,47 @@ class DataLoader {
   // Starts the next epoch (or resumes the one a checkpoint stopped in).
   Iterator begin() {
     const int64_t epoch = state_->epoch;
-    int64_t skip = state_->resume_skip;
-    if (skip_next_) skip = *skip_next_;
+    // A checkpoint's position is in samples of the epoch; skip_first_batches
+    // counts this rank's batches of the whole epoch and replaces it.
+    size_t start_sample = static_cast<size_t>(std::min<int64_t>(
+        state_->resume_samples, static_cast<int64_t>(dataset_size_)));
+    size_t skip_batches = 0;
+    if (skip_next_) {
+      start_sample = 0;
+      skip_batches = static_cast<size_t>(*skip_next_);
+    }
     skip_next_.reset();
-    state_->resume_skip = 0;
+    state_->resume_samples = 0;
     ++state_->epoch;
-    auto batches = BatchesOfEpoch(epoch);
-    const size_t first = std::min(
-        batches.size(), static_cast<size_t>(std::max<int64_t>(skip, 0)));
+    auto batches = BatchesOfEpoch(epoch, start_sample);
+    const size_t first = std::min(batches.size(), skip_batches);
+    state_->pass_start = static_cast<int64_t>(start_sample);
+    state_->samples_per_batch = static_cast<int64_t>(total_batch_size());
+    state_->dataset_size = static_cast<int64_t>(dataset_size_);
     auto make = [dataset = dataset_, collate = collate_, device = device_,
-                 pin = options_.pin_memory](const std::vector<int64_t>& ids) {
+                 pin = options_.pin_memory, seed = options_.seed,
+                 epoch](const std::vector<int64_t>& ids) {
+      at::Generator& generator = data::SampleGenerator();
       std::vector<Sample> samples;
       samples.reserve(ids.size());
-      for (int64_t i : ids)
-        samples.push_back(dataset->get(static_cast<size_t>(i)));
+      for (int64_t i : ids) {
+        generator.set_current_seed(data::SampleSeed(seed, epoch, i));
+        samples.push_back(
+            data::GetSample(*dataset, static_cast<size_t>(i), generator));
+      }
+      // Collate's own draws (mixup, ...) follow from the batch's first
+      // sample, under another seed than that sample's.
+      generator.set_current_seed(
+          ~data::SampleSeed(seed, epoch, ids.empty() ? 0 : ids.front()));
       Batch batch = collate(std::move(samples));
+      generator.set_current_seed(0);
       data::MoveBatch(batch, device, pin);
       return batch;
     };
     auto pass = std::make_shared<typename Iterator::PassType>(
         std::move(make), std::move(batches), first, options_.num_workers,
-        options_.prefetch_factor, state_, gradient_state_, Remainder());
+        options_.prefetch_factor, state_, gradient_state_,
+        Remainder(dataset_size_ - start_sample));
     current_pass_ = pass;
     return Iterator(std::move(pass), first);
   }
@@ -462,7 +541,7 @@ class DataLoader {
   }
 
   // Batches this rank gets per epoch.
-  size_t size() const { return Plan().batches_per_rank; }
+  size_t size() const { return Plan(dataset_size_).batches_per_rank; }
   size_t dataset_size() const { return dataset_size_; }
   size_t batch_size() const { return options_.batch_size; }
   // Samples per optimizer step over all ranks.
@@ -477,8 +556,11 @@ class DataLoader {
   std::shared_ptr<DataLoaderState> state() const { return state_; }
   Dataset& dataset() { return *dataset_; }
 
-  // This rank's batches (sample indices) of `epoch`.
-  std::vector<std::vector<int64_t>> BatchesOfEpoch(int64_t epoch) const {
+  // This rank's batches (sample indices) of `epoch`, or of what is left of
+  // it after the first `start_sample` samples of its order (a resumed
+  // epoch, laid out over this loader's processes as a fresh one would be).
+  std::vector<std::vector<int64_t>> BatchesOfEpoch(
+      int64_t epoch, size_t start_sample = 0) const {
     std::vector<int64_t> order(dataset_size_);
     if (options_.shuffle) {
       auto generator = at::make_generator<at::CPUGeneratorImpl>(
@@ -490,11 +572,14 @@ class DataLoader {
     } else {
       for (size_t i = 0; i < dataset_size_; ++i) order[i] = i;
     }
-    const Layout plan = Plan();
-    for (size_t i = order.size(); i < plan.samples; ++i) {
-      order.push_back(order[i % dataset_size_]);
+    start_sample = std::min(start_sample, dataset_size_);
+    const Layout plan = Plan(dataset_size_ - start_sample);
+    // Padding repeats samples from the start of the epoch's order.
+    std::vector<int64_t> pass(order.begin() + start_sample, order.end());
+    for (size_t i = 0; pass.size() < plan.samples; ++i) {
+      pass.push_back(order[i % dataset_size_]);
     }
-    order.resize(plan.samples);
+    pass.resize(plan.samples);
     const size_t b = options_.batch_size;
     const size_t n = static_cast<size_t>(num_replicas_);
     std::vector<std::vector<int64_t>> batches;
@@ -502,7 +587,7 @@ class DataLoader {
     for (size_t start = 0; start < plan.samples; start += b, ++index) {
       if (index % n != static_cast<size_t>(rank_)) continue;
       const size_t stop = std::min(plan.samples, start + b);
-      batches.emplace_back(order.begin() + start, order.begin() + stop);
+      batches.emplace_back(pass.begin() + start, pass.begin() + stop);
     }
     return batches;
   }
@@ -528,13 +613,13 @@ class DataLoader {
     size_t samples;  // After padding or dropping.
     size_t batches_per_rank;
   };
-  // How many samples an epoch uses: padded with the first ones up to full
-  // batches on every rank (even_batches), or cut to full batches
-  // (drop_last). One process is never padded, as in Accelerate.
-  Layout Plan() const {
+  // How a pass over `samples` samples is laid out: padded with the first
+  // ones of the epoch up to full batches on every rank (even_batches), or
+  // cut to full batches (drop_last). One process is never padded, as in
+  // Accelerate.
+  Layout Plan(size_t samples) const {
     const size_t b = options_.batch_size;
     const size_t n = static_cast<size_t>(num_replicas_);
-    size_t samples = dataset_size_;
     if (options_.drop_last) {
       samples =
           options_.even_batches ? samples / (b * n) * (b * n) : samples / b * b;
@@ -546,11 +631,12 @@ class DataLoader {
     return {samples, batches / n + (r < batches % n ? 1 : 0)};
   }
 
-  // Real samples in the last global batch, when even_batches filled it up
-  // with duplicates (what gather_for_metrics keeps); 0 when none were added.
-  int64_t Remainder() const {
+  // Real samples in the last global batch of a pass over `samples`, when
+  // even_batches filled it up with duplicates (what gather_for_metrics
+  // keeps); 0 when none were added.
+  int64_t Remainder(size_t samples) const {
     if (options_.drop_last || !options_.even_batches) return 0;
-    return static_cast<int64_t>(dataset_size_ % total_batch_size());
+    return static_cast<int64_t>(samples % total_batch_size());
   }
 
   std::shared_ptr<Dataset> dataset_;

@@ -207,7 +207,7 @@ TEST(DataLoaderTest, PositionInsideAnEpochIsRecordedAndResumed) {
   }
   const auto [epoch, done] = loader.state()->Checkpoint();
   EXPECT_EQ(epoch, 0);
-  EXPECT_EQ(done, 4);
+  EXPECT_EQ(done, 8);  // Samples: 4 batches of 2.
 
   DataLoader<Numbers> resumed(Numbers(12), options);
   resumed.state()->Restore(epoch, done);
@@ -250,6 +250,173 @@ TEST(DataLoaderTest, TellsTheGradientStateAboutItsLastBatch) {
   }
   EXPECT_THAT(at_end, ElementsAre(false, false, true));
   EXPECT_FALSE(state->in_dataloader());
+}
+
+// Every sample a run of `processes` ranks takes in one epoch, resumed from
+// `done` samples of it: each rank's batches, flattened, in step order.
+std::vector<int64_t> RestOfEpoch(const DataLoaderOptions& options,
+                                 size_t dataset, int processes, int64_t done,
+                                 int64_t* remainder) {
+  std::vector<std::vector<std::vector<int64_t>>> per_rank;
+  auto gradients = std::make_shared<GradientState>();
+  for (int rank = 0; rank < processes; ++rank) {
+    DataLoader<Numbers> data(Numbers(dataset), options);
+    auto loader = data.Shard(rank, processes, torch::kCPU, gradients);
+    loader.state()->Restore(0, done);
+    per_rank.emplace_back();
+    for (auto& batch : loader) {
+      per_rank.back().emplace_back();
+      for (int64_t i = 0; i < batch.size(0); ++i) {
+        per_rank.back().back().push_back(batch[i][0].item<int64_t>());
+      }
+      // What gather_for_metrics keeps of the last batch.
+      if (gradients->end_of_dataloader()) *remainder = gradients->remainder();
+    }
+  }
+  std::vector<int64_t> samples;
+  for (size_t step = 0; step < per_rank[0].size(); ++step) {
+    for (int rank = 0; rank < processes; ++rank) {
+      EXPECT_EQ(per_rank[rank].size(), per_rank[0].size()) << "rank " << rank;
+      if (step < per_rank[rank].size()) {
+        for (int64_t i : per_rank[rank][step]) samples.push_back(i);
+      }
+    }
+  }
+  return samples;
+}
+
+TEST(DataLoaderTest, AnEpochResumesAtAnyNumberOfProcessesSampleForSample) {
+  for (const bool split : {false, true}) {
+    for (const size_t dataset : {64u, 30u}) {
+      for (int saved_at = 1; saved_at <= 3; ++saved_at) {
+        for (int resumed_at = 1; resumed_at <= 4; ++resumed_at) {
+          DataLoaderOptions options = Batch(split ? 12 : 4);
+          options.shuffle = true;
+          options.seed = 3;
+          options.split_batches = split;
+          // One step at `saved_at` processes, then a checkpoint.
+          DataLoader<Numbers> data(Numbers(dataset), options);
+          std::vector<int64_t> before;
+          int64_t done = 0;
+          for (int rank = 0; rank < saved_at; ++rank) {
+            auto loader = data.Shard(rank, saved_at, torch::kCPU);
+            for (auto& batch : loader) {
+              for (int64_t i = 0; i < batch.size(0); ++i) {
+                before.push_back(batch[i][0].item<int64_t>());
+              }
+              break;
+            }
+            if (rank == 0) done = loader.state()->Checkpoint().second;
+          }
+          const std::string where =
+              (split ? "split, " : "") + std::to_string(dataset) +
+              " samples, saved at " + std::to_string(saved_at) +
+              " resumed at " + std::to_string(resumed_at);
+          EXPECT_EQ(done, static_cast<int64_t>(before.size())) << where;
+          int64_t remainder = -1;
+          const std::vector<int64_t> after =
+              RestOfEpoch(options, dataset, resumed_at, done, &remainder);
+          // The uninterrupted epoch's order, at one process.
+          DataLoader<Numbers> whole(Numbers(dataset), options);
+          std::vector<int64_t> order;
+          for (const auto& batch : Drain(whole)) {
+            order.insert(order.end(), batch.begin(), batch.end());
+          }
+          std::vector<int64_t> trained = before;
+          trained.insert(trained.end(), after.begin(), after.end());
+          // Every sample once in the epoch's order, then even_batches'
+          // padding: samples from the start of the order again.
+          ASSERT_GE(trained.size(), dataset) << where;
+          EXPECT_EQ(
+              std::vector<int64_t>(trained.begin(), trained.begin() + dataset),
+              order)
+              << where;
+          const size_t padding = trained.size() - dataset;
+          EXPECT_EQ(
+              std::vector<int64_t>(trained.begin() + dataset, trained.end()),
+              std::vector<int64_t>(order.begin(), order.begin() + padding))
+              << where;
+          // What gather_for_metrics keeps of the last batch drops exactly
+          // the padding.
+          const int64_t last_batch = static_cast<int64_t>(
+              split ? 12 : 4 * static_cast<size_t>(resumed_at));
+          if (padding > 0) {
+            EXPECT_EQ(remainder, last_batch - static_cast<int64_t>(padding))
+                << where;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Sample i is a random number from the generator the loader gives it.
+class Noisy {
+ public:
+  torch::Tensor get(size_t i, at::Generator& generator) {
+    return torch::rand({2}, generator) + static_cast<double>(i);
+  }
+  size_t size() const { return 20; }
+};
+
+// The same, drawing from data::SampleGenerator() itself.
+class NoisyWithoutArgument {
+ public:
+  torch::Tensor get(size_t i) {
+    return torch::rand({2}, data::SampleGenerator()) + static_cast<double>(i);
+  }
+  size_t size() const { return 20; }
+};
+
+template <typename Dataset>
+std::vector<torch::Tensor> TwoEpochs(size_t workers, uint64_t seed) {
+  DataLoaderOptions options = Batch(3);
+  options.shuffle = true;
+  options.seed = seed;
+  options.num_workers = workers;
+  DataLoader<Dataset> loader(Dataset(), options);
+  std::vector<torch::Tensor> batches;
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    for (auto& batch : loader) batches.push_back(batch.clone());
+  }
+  return batches;
+}
+
+bool Equal(const std::vector<torch::Tensor>& a,
+           const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!torch::equal(a[i], b[i])) return false;
+  }
+  return true;
+}
+
+TEST(DataLoaderTest, RandomAugmentationIsTheSameWhateverTheWorkers) {
+  const auto reference = TwoEpochs<Noisy>(0, 11);
+  for (size_t workers : {0u, 1u, 3u}) {
+    for (int run = 0; run < 3; ++run) {
+      EXPECT_TRUE(Equal(TwoEpochs<Noisy>(workers, 11), reference))
+          << workers << " workers, run " << run;
+      EXPECT_TRUE(
+          Equal(TwoEpochs<NoisyWithoutArgument>(workers, 11), reference))
+          << workers << " workers, run " << run;
+    }
+  }
+  // Another seed draws other numbers, and so does the next epoch.
+  EXPECT_FALSE(Equal(TwoEpochs<Noisy>(2, 12), reference));
+  const torch::Tensor first = reference[0].frac();
+  bool differs = false;
+  for (size_t b = 7; b < reference.size(); ++b) {
+    for (int64_t i = 0; i < reference[b].size(0); ++i) {
+      for (int64_t j = 0; j < first.size(0); ++j) {
+        if (std::floor(reference[b][i][0].item<double>()) ==
+            std::floor(reference[0][j][0].item<double>())) {
+          differs |= !torch::equal(reference[b][i].frac(), first[j]);
+        }
+      }
+    }
+  }
+  EXPECT_TRUE(differs) << "a sample drew the same numbers in both epochs";
 }
 
 TEST(DataLoaderTest, RejectsBadOptions) {

@@ -175,8 +175,8 @@ int Main(int argc, char** argv) {
     if (const std::string resumed = accelerator.load_state();
         !resumed.empty()) {
       accelerator.print("Resumed from", resumed, "at epoch",
-                        train_loader.epoch() + 1, "after batch",
-                        train_loader.state()->resume_skip);
+                        train_loader.epoch() + 1, "after",
+                        train_loader.state()->resume_samples, "samples");
     }
   }
 

@@ -305,7 +305,7 @@ TEST(ExamplesTest, CompleteExampleResumesInTheMiddleOfAnEpochBitForBit) {
   EXPECT_THAT(
       resumed.output,
       HasSubstr("Resumed from " + dir +
-                "/b/checkpoints/checkpoint_1 at epoch 1 after batch 6"));
+                "/b/checkpoints/checkpoint_1 at epoch 1 after 72 samples"));
   const auto a = Weights(dir + "/a");
   const auto b = Weights(dir + "/b");
   ASSERT_EQ(a.size(), b.size());
