@@ -5,7 +5,9 @@
 //     overflow);
 //   - once per process otherwise, because a schedule written for one process
 //     counts batches, and N processes take N batches per step; with
-//     split_batches (one batch split across processes) once.
+//     split_batches (one batch split across processes) once;
+//   - never past the end of a schedule that has one (OneCycleLR's
+//     total_steps), as Accelerate guards torch's OneCycleLR.
 //
 //   auto scheduler = accelerator.prepare(
 //       accel::get_linear_schedule_with_warmup(optimizer, 100, 1000));
@@ -15,6 +17,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "accel/scheduler.h"
@@ -37,7 +40,13 @@ class AcceleratedScheduler {
       }
     }
     const int steps = state_->split_batches ? 1 : state_->num_processes;
-    for (int i = 0; i < steps; ++i) scheduler_->step();
+    const std::optional<int64_t> total = scheduler_->total_steps();
+    for (int i = 0; i < steps; ++i) {
+      // N steps at once can overshoot a schedule that has an end (the
+      // program counted steps at another N): stop at its end.
+      if (total && scheduler_->last_epoch() >= *total) break;
+      scheduler_->step();
+    }
   }
   std::vector<double> get_last_lr() const { return scheduler_->get_last_lr(); }
   LRScheduler& scheduler() const { return *scheduler_; }

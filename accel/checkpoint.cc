@@ -153,6 +153,32 @@ std::vector<torch::Tensor> ReadModel(torch::serialize::InputArchive& state,
 
 void Note(const std::string& message) { ACCEL_LOG(INFO) << message; }
 
+// LibTorch's Optimizer::load restores each parameter's state (moments,
+// step counts) but leaves every param group's options as the optimizer was
+// built, though save() wrote them: betas, momentum, weight decay, eps and
+// whatever a schedule or the program changed would come back wrong. Read
+// each group's options into a copy of its own (so any optimizer's options
+// type reads its own fields) and put them in place.
+void LoadOptimizer(torch::optim::Optimizer& optimizer,
+                   torch::serialize::InputArchive& archive) {
+  optimizer.load(archive);
+  torch::serialize::InputArchive groups;
+  if (!archive.try_read("param_groups", groups)) return;
+  auto& param_groups = optimizer.param_groups();
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> restored;
+  for (size_t i = 0; i < param_groups.size(); ++i) {
+    torch::serialize::InputArchive group;
+    torch::serialize::InputArchive options;
+    groups.read("param_groups/" + std::to_string(i), group);
+    group.read("options", options);
+    restored.push_back(param_groups[i].options().clone());
+    restored.back()->serialize(options);
+  }
+  for (size_t i = 0; i < param_groups.size(); ++i) {
+    param_groups[i].set_options(std::move(restored[i]));
+  }
+}
+
 // A part of the training state with a save/load pair.
 struct Stateful {
   std::string name;
@@ -173,7 +199,7 @@ std::vector<StatefulKind> StatefulKinds(const CheckpointContents& contents) {
                                      {"object", "objects", {}}};
   for (torch::optim::Optimizer* optimizer : contents.optimizers) {
     kinds[0].parts.push_back({"", [=](auto& a) { optimizer->save(a); },
-                              [=](auto& a) { optimizer->load(a); }});
+                              [=](auto& a) { LoadOptimizer(*optimizer, a); }});
   }
   for (const auto& scheduler : contents.schedulers) {
     LRScheduler* s = scheduler.get();

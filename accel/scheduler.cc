@@ -1,6 +1,10 @@
 #include "accel/scheduler.h"
 
 #include <c10/util/Exception.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
 
 #include <cmath>
 #include <string>
@@ -103,6 +107,7 @@ void LRScheduler::ApplyLearningRates(int64_t step) {
   }
   last_lrs_ = std::move(lrs);
   last_epoch_ = step;
+  ApplyOtherOptions(step);
 }
 
 void LRScheduler::RequireInitialStep(const char* operation) const {
@@ -166,6 +171,7 @@ void LRScheduler::load(torch::serialize::InputArchive& archive) {
   last_epoch_ = last_epoch;
   base_lrs_ = base_lrs;
   last_lrs_ = last_lrs;
+  ApplyOtherOptions(last_epoch_);
 }
 
 LambdaLR::LambdaLR(torch::optim::Optimizer& optimizer, Factor factor)
@@ -239,6 +245,214 @@ void StepLR::load(torch::serialize::InputArchive& archive) {
   LRScheduler::load(archive);
   step_size_ = step_size;
   gamma_ = gamma;
+}
+
+namespace {
+
+// Which momentum option a param group's optimizer has: beta1 (Adam,
+// AdamW), momentum (SGD, RMSprop), or none.
+enum class Momentum { kNone, kBeta1, kMomentum };
+
+Momentum MomentumOf(torch::optim::OptimizerOptions& options) {
+  if (dynamic_cast<torch::optim::AdamOptions*>(&options) ||
+      dynamic_cast<torch::optim::AdamWOptions*>(&options)) {
+    return Momentum::kBeta1;
+  }
+  if (dynamic_cast<torch::optim::SGDOptions*>(&options) ||
+      dynamic_cast<torch::optim::RMSpropOptions*>(&options)) {
+    return Momentum::kMomentum;
+  }
+  return Momentum::kNone;
+}
+
+void SetMomentum(torch::optim::OptimizerOptions& options, double value) {
+  if (auto* adam = dynamic_cast<torch::optim::AdamOptions*>(&options)) {
+    adam->betas(std::make_tuple(value, std::get<1>(adam->betas())));
+  } else if (auto* adamw =
+                 dynamic_cast<torch::optim::AdamWOptions*>(&options)) {
+    adamw->betas(std::make_tuple(value, std::get<1>(adamw->betas())));
+  } else if (auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&options)) {
+    sgd->momentum(value);
+  } else if (auto* rms =
+                 dynamic_cast<torch::optim::RMSpropOptions*>(&options)) {
+    rms->momentum(value);
+  }
+}
+
+std::vector<double> LearningRatesOf(torch::optim::Optimizer& optimizer,
+                                    double max_lr) {
+  return std::vector<double>(optimizer.param_groups().size(), max_lr);
+}
+
+}  // namespace
+
+OneCycleLR::OneCycleLR(torch::optim::Optimizer& optimizer, double max_lr,
+                       int64_t total_steps, OneCycleLROptions options)
+    : OneCycleLR(optimizer, LearningRatesOf(optimizer, max_lr), total_steps,
+                 std::move(options)) {}
+
+OneCycleLR::OneCycleLR(torch::optim::Optimizer& optimizer,
+                       std::vector<double> max_lrs, int64_t total_steps,
+                       OneCycleLROptions options)
+    : LRScheduler(optimizer),
+      total_steps_(total_steps),
+      options_(std::move(options)) {
+  auto& groups = optimizer.param_groups();
+  if (total_steps <= 0) {
+    throw UsageError("OneCycleLR: total_steps must be > 0, found " +
+                     std::to_string(total_steps));
+  }
+  if (max_lrs.size() != groups.size()) {
+    throw UsageError("OneCycleLR: expected " + std::to_string(groups.size()) +
+                     " max_lr values (one per param group), found " +
+                     std::to_string(max_lrs.size()));
+  }
+  if (!(options_.pct_start >= 0 && options_.pct_start <= 1)) {
+    throw UsageError("OneCycleLR: pct_start must be in [0, 1], found " +
+                     std::to_string(options_.pct_start));
+  }
+  if (options_.anneal_strategy != "cos" &&
+      options_.anneal_strategy != "linear") {
+    throw UsageError(
+        "OneCycleLR: anneal_strategy must be \"cos\" or \"linear\", found "
+        "\"" +
+        options_.anneal_strategy + "\"");
+  }
+  for (const auto& [argument, value] :
+       {std::pair<const char*, double>{"div_factor", options_.div_factor},
+        {"final_div_factor", options_.final_div_factor}}) {
+    if (!(value > 0) || !std::isfinite(value)) {
+      throw UsageError(std::string("OneCycleLR: ") + argument +
+                       " must be finite and > 0, found " +
+                       std::to_string(value));
+    }
+  }
+  for (double max_lr : max_lrs)
+    RequireNonNegative("OneCycleLR", "max_lr", max_lr);
+  if (options_.cycle_momentum) {
+    const Momentum kind = MomentumOf(groups[0].options());
+    if (kind == Momentum::kNone) {
+      throw UsageError(
+          "OneCycleLR: optimizer must support momentum or beta1 with "
+          "`cycle_momentum` option enabled (SGD, RMSprop, Adam, AdamW); pass "
+          "cycle_momentum = false for others");
+    }
+    use_beta1_ = kind == Momentum::kBeta1;
+  }
+  for (size_t group = 0; group < groups.size(); ++group) {
+    const double initial = max_lrs[group] / options_.div_factor;
+    bounds_.push_back(
+        {{initial, max_lrs[group], initial / options_.final_div_factor},
+         {options_.max_momentum, options_.base_momentum}});
+    groups[group].options().set_lr(initial);
+  }
+  BuildPhases();
+  InitialStep();
+}
+
+void OneCycleLR::BuildPhases() {
+  constexpr int kInitial = 0, kMax = 1, kMin = 2;
+  constexpr int kMaxMomentum = 0, kBaseMomentum = 1;
+  const double total = static_cast<double>(total_steps_);
+  const double pct = options_.pct_start;
+  if (options_.three_phase) {
+    phases_ = {
+        {pct * total - 1, kInitial, kMax, kMaxMomentum, kBaseMomentum},
+        {2 * pct * total - 2, kMax, kInitial, kBaseMomentum, kMaxMomentum},
+        {total - 1, kInitial, kMin, kMaxMomentum, kMaxMomentum}};
+  } else {
+    phases_ = {{pct * total - 1, kInitial, kMax, kMaxMomentum, kBaseMomentum},
+               {total - 1, kMax, kMin, kBaseMomentum, kMaxMomentum}};
+  }
+}
+
+double OneCycleLR::Anneal(double start, double end, double pct) const {
+  if (options_.anneal_strategy == "linear") return (end - start) * pct + start;
+  const double cos_out = std::cos(kPi * pct) + 1;
+  return end + (start - end) / 2.0 * cos_out;
+}
+
+std::pair<const OneCycleLR::Phase*, double> OneCycleLR::Locate(
+    int64_t step) const {
+  if (step > total_steps_) {
+    throw UsageError("OneCycleLR: Tried to step " + std::to_string(step) +
+                     " times. The specified number of total steps is " +
+                     std::to_string(total_steps_));
+  }
+  const double at = static_cast<double>(step);
+  double start_step = 0;
+  for (size_t i = 0; i < phases_.size(); ++i) {
+    const Phase& phase = phases_[i];
+    if (at <= phase.end_step || i + 1 == phases_.size()) {
+      return {&phase, (at - start_step) / (phase.end_step - start_step)};
+    }
+    start_step = phase.end_step;
+  }
+  return {&phases_.back(), 1.0};
+}
+
+std::vector<double> OneCycleLR::ComputeLearningRates(int64_t step) const {
+  const auto [phase, pct] = Locate(step);
+  std::vector<double> lrs;
+  for (const Bounds& bounds : bounds_) {
+    lrs.push_back(
+        Anneal(bounds.lr[phase->start_lr], bounds.lr[phase->end_lr], pct));
+  }
+  return lrs;
+}
+
+void OneCycleLR::ApplyOtherOptions(int64_t step) {
+  if (!options_.cycle_momentum) return;
+  const auto [phase, pct] = Locate(step);
+  auto& groups = optimizer().param_groups();
+  for (size_t group = 0; group < groups.size() && group < bounds_.size();
+       ++group) {
+    const Bounds& bounds = bounds_[group];
+    SetMomentum(groups[group].options(),
+                Anneal(bounds.momentum[phase->start_momentum],
+                       bounds.momentum[phase->end_momentum], pct));
+  }
+}
+
+void OneCycleLR::save(torch::serialize::OutputArchive& archive) const {
+  LRScheduler::save(archive);
+  archive.write("total_steps", c10::IValue(total_steps_));
+  std::vector<double> bounds;
+  for (const Bounds& b : bounds_) {
+    bounds.insert(bounds.end(),
+                  {b.lr[0], b.lr[1], b.lr[2], b.momentum[0], b.momentum[1]});
+  }
+  archive.write("bounds", c10::IValue(bounds));
+}
+
+void OneCycleLR::load(torch::serialize::InputArchive& archive) {
+  const auto total = ReadArchiveValue<int64_t>(archive, name(), "total_steps");
+  const auto saved =
+      ReadArchiveValue<std::vector<double>>(archive, name(), "bounds");
+  if (total <= 0 || saved.size() != 5 * bounds_.size()) {
+    throw CheckpointError("OneCycleLR state has total_steps " +
+                          std::to_string(total) + " and " +
+                          std::to_string(saved.size() / 5) +
+                          " param groups' bounds, expected total_steps > 0 "
+                          "and " +
+                          std::to_string(bounds_.size()));
+  }
+  const int64_t old_total = total_steps_;
+  const std::vector<Bounds> old_bounds = bounds_;
+  total_steps_ = total;
+  for (size_t group = 0; group < bounds_.size(); ++group) {
+    const double* b = &saved[5 * group];
+    bounds_[group] = {{b[0], b[1], b[2]}, {b[3], b[4]}};
+  }
+  BuildPhases();
+  try {
+    LRScheduler::load(archive);
+  } catch (...) {
+    total_steps_ = old_total;
+    bounds_ = old_bounds;
+    BuildPhases();
+    throw;
+  }
 }
 
 namespace {

@@ -53,6 +53,15 @@
 //   accel::StepLR step_lr(optimizer, /*step_size=*/2, /*gamma=*/0.1);
 //   // 1, 1, .1, .1, .01
 //
+//   // Super-convergence's one cycle (torch's OneCycleLR): up from
+//   // max_lr / div_factor to max_lr over pct_start of total_steps, then down
+//   // to a tiny one; momentum (SGD, RMSprop) or beta1 (Adam, AdamW) cycles
+//   // the other way. It has an end: total_steps() == 10, and a prepared
+//   // scheduler never steps past it.
+//   accel::OneCycleLR one_cycle(optimizer, /*max_lr=*/1.0,
+//                               /*total_steps=*/10);
+//   // .04, .52, 1, .95, .81, .61, .39, .19, .05, 4e-6
+//
 // Writing your own: most schedules are a LambdaLR with your factor. For
 // anything else, derive from LRScheduler, compute each group's lr from the
 // step and base_lrs(), and call InitialStep() at the end of your
@@ -97,6 +106,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 namespace accel {
@@ -120,6 +131,10 @@ class LRScheduler {
   const torch::optim::Optimizer& optimizer() const;
   // The lr each group had when the scheduler was built (or loaded).
   const std::vector<double>& base_lrs() const { return base_lrs_; }
+  // The steps the schedule is defined for, when it has an end (OneCycleLR:
+  // stepping beyond it is an error). A prepared scheduler stops there, as
+  // Accelerate's AcceleratedScheduler does.
+  virtual std::optional<int64_t> total_steps() const { return std::nullopt; }
 
   // Keys "last_epoch", "base_lrs", "last_lrs" in `archive` (pass a nested
   // archive to keep several schedulers apart).
@@ -135,6 +150,10 @@ class LRScheduler {
 
   // Torch's initial step: last_epoch becomes 0 and every lr is set.
   void InitialStep();
+
+  // Called once the lrs of `step` are set, and after load(): a schedule
+  // that sets other options too (OneCycleLR's momentum) sets them here.
+  virtual void ApplyOtherOptions(int64_t step) {}
 
   // The name used in messages ("LambdaLR"); override it in your own.
   virtual const char* name() const { return "LRScheduler"; }
@@ -190,6 +209,69 @@ class StepLR : public LRScheduler {
  private:
   int64_t step_size_;
   double gamma_;
+};
+
+// torch.optim.lr_scheduler.OneCycleLR's options beyond max_lr and
+// total_steps, with torch's defaults.
+struct OneCycleLROptions {
+  double pct_start = 0.3;  // Share of the steps spent raising the lr.
+  std::string anneal_strategy = "cos";  // "cos" or "linear".
+  // Cycles momentum (SGD, RMSprop) or beta1 (Adam, AdamW) inversely to the
+  // lr, between base_momentum and max_momentum.
+  bool cycle_momentum = true;
+  double base_momentum = 0.85;
+  double max_momentum = 0.95;
+  double div_factor = 25;         // initial lr = max_lr / div_factor.
+  double final_div_factor = 1e4;  // final lr = initial lr / final_div_factor.
+  // Three phases (up, back down to the initial lr, then to the final one)
+  // instead of two (up, then down to the final one).
+  bool three_phase = false;
+};
+
+// torch.optim.lr_scheduler.OneCycleLR, to the last bit of torch's values.
+// UsageError for a bad option, for an optimizer without momentum or betas
+// under cycle_momentum, and for a step beyond total_steps ("Tried to step
+// 11 times. The specified number of total steps is 10", as torch). save()
+// also stores total_steps and each group's lr and momentum bounds, which
+// load() restores (as torch's load_state_dict does).
+class OneCycleLR : public LRScheduler {
+ public:
+  OneCycleLR(torch::optim::Optimizer& optimizer, double max_lr,
+             int64_t total_steps, OneCycleLROptions options = {});
+  // One max_lr per param group.
+  OneCycleLR(torch::optim::Optimizer& optimizer, std::vector<double> max_lrs,
+             int64_t total_steps, OneCycleLROptions options = {});
+
+  std::optional<int64_t> total_steps() const override { return total_steps_; }
+
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+
+ protected:
+  std::vector<double> ComputeLearningRates(int64_t step) const override;
+  void ApplyOtherOptions(int64_t step) override;
+  const char* name() const override { return "OneCycleLR"; }
+
+ private:
+  struct Phase {
+    double end_step;
+    // Where the lr and the momentum go, as indices into a group's bounds.
+    int start_lr, end_lr, start_momentum, end_momentum;
+  };
+  struct Bounds {
+    double lr[3];        // initial, max, min
+    double momentum[2];  // max_momentum, base_momentum
+  };
+  // The phase `step` is in, and how far into it (0..1).
+  std::pair<const Phase*, double> Locate(int64_t step) const;
+  double Anneal(double start, double end, double pct) const;
+  void BuildPhases();
+
+  int64_t total_steps_;
+  OneCycleLROptions options_;
+  std::vector<Phase> phases_;
+  std::vector<Bounds> bounds_;  // Per param group.
+  bool use_beta1_ = false;
 };
 
 // transformers.optimization's schedules, as LambdaLRs. Step counts must not

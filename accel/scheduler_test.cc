@@ -5,6 +5,8 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
 #include <cmath>
@@ -187,6 +189,150 @@ TEST(SchedulerTest, MatchesTorchAndTransformersStepByStep) {
   }
 }
 
+// torch's OneCycleLR on SGD (momentum cycles) and on AdamW (beta1 cycles):
+// each step's lr of both groups and momentum of group 0.
+constexpr char kPythonOneCycle[] = R"PY(
+import json, torch
+from torch.optim.lr_scheduler import OneCycleLR
+
+def groups():
+    return [{"params": [torch.ones(2)]}, {"params": [torch.ones(3)], "lr": 0.02}]
+
+cases = {
+    "sgd_cos": (lambda: torch.optim.SGD(groups(), lr=0.1, momentum=0.9),
+                dict(max_lr=[1.0, 0.5], total_steps=10)),
+    "adamw_linear_three_phase": (
+        lambda: torch.optim.AdamW(groups(), lr=0.1),
+        dict(max_lr=[0.3, 0.2], total_steps=13, pct_start=0.25,
+             anneal_strategy="linear", three_phase=True, div_factor=10.0,
+             final_div_factor=100.0, base_momentum=0.8, max_momentum=0.9)),
+}
+out = {}
+for name, (make, kwargs) in cases.items():
+    opt = make()
+    sched = OneCycleLR(opt, **kwargs)
+    def momentum():
+        g = opt.param_groups[0]
+        return g["betas"][0] if "betas" in g else g["momentum"]
+    rows = [sched.get_last_lr() + [momentum()]]
+    for _ in range(kwargs["total_steps"]):
+        opt.step()
+        sched.step()
+        rows.append(sched.get_last_lr() + [momentum()])
+    out[name] = rows
+print(json.dumps(out))
+)PY";
+
+double Momentum(torch::optim::Optimizer& optimizer) {
+  auto& options = optimizer.param_groups()[0].options();
+  if (auto* adamw = dynamic_cast<torch::optim::AdamWOptions*>(&options)) {
+    return std::get<0>(adamw->betas());
+  }
+  return static_cast<torch::optim::SGDOptions&>(options).momentum();
+}
+
+TEST(SchedulerTest, OneCycleMatchesTorchStepByStepAndStopsAtItsEnd) {
+  const testing::ProcessResult python =
+      testing::RunProcess({"/usr/bin/python3", "-c", kPythonOneCycle}, {},
+                          std::chrono::seconds(120));
+  ASSERT_EQ(python.exit_code, 0) << python.output;
+  const nlohmann::json expected =
+      nlohmann::json::parse(python.output.substr(python.output.find('{')));
+  auto param_groups = [] {
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(std::vector<torch::Tensor>{torch::ones({2})});
+    groups.emplace_back(std::vector<torch::Tensor>{torch::ones({3})});
+    return groups;
+  };
+  torch::optim::SGD sgd(param_groups(),
+                        torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::AdamW adamw(param_groups(), torch::optim::AdamWOptions(0.1));
+  OneCycleLROptions three_phase;
+  three_phase.pct_start = 0.25;
+  three_phase.anneal_strategy = "linear";
+  three_phase.three_phase = true;
+  three_phase.div_factor = 10;
+  three_phase.final_div_factor = 100;
+  three_phase.base_momentum = 0.8;
+  three_phase.max_momentum = 0.9;
+  struct Case {
+    std::string name;
+    torch::optim::Optimizer* optimizer;
+    std::unique_ptr<OneCycleLR> scheduler;
+  };
+  std::vector<Case> cases;
+  cases.push_back(
+      {"sgd_cos", &sgd,
+       std::make_unique<OneCycleLR>(sgd, std::vector<double>{1.0, 0.5}, 10)});
+  cases.push_back({"adamw_linear_three_phase", &adamw,
+                   std::make_unique<OneCycleLR>(
+                       adamw, std::vector<double>{0.3, 0.2}, 13, three_phase)});
+  for (auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    const auto& rows = expected[c.name];
+    EXPECT_EQ(c.scheduler->total_steps(),
+              std::optional<int64_t>(rows.size() - 1));
+    for (size_t step = 0; step < rows.size(); ++step) {
+      if (step > 0) c.scheduler->step();
+      const std::vector<double> lrs = c.scheduler->get_last_lr();
+      EXPECT_EQ(lrs[0], rows[step][0].get<double>()) << "step " << step;
+      EXPECT_EQ(lrs[1], rows[step][1].get<double>()) << "step " << step;
+      EXPECT_EQ(Momentum(*c.optimizer), rows[step][2].get<double>())
+          << "step " << step;
+    }
+    // torch raises past the end, and so does accel.
+    EXPECT_THAT([&] { c.scheduler->step(); },
+                ::testing::ThrowsMessage<UsageError>(
+                    HasSubstr("Tried to step " + std::to_string(rows.size()) +
+                              " times. The specified number of total steps "
+                              "is " +
+                              std::to_string(rows.size() - 1))));
+  }
+}
+
+TEST(SchedulerTest, OneCycleSaveLoadRestoresItsPositionAndMomentum) {
+  torch::optim::AdamW adamw({torch::ones({1})}, torch::optim::AdamWOptions(1));
+  OneCycleLR scheduler(adamw, 1.0, 20);
+  for (int i = 0; i < 7; ++i) scheduler.step();
+  const std::string bytes = SaveStateToBytes(scheduler);
+  const double lr = scheduler.get_last_lr()[0];
+  const double beta1 = std::get<0>(static_cast<torch::optim::AdamWOptions&>(
+                                       adamw.param_groups()[0].options())
+                                       .betas());
+  torch::optim::AdamW other({torch::ones({1})}, torch::optim::AdamWOptions(1));
+  OneCycleLR resumed(other, 0.5, 40);  // Built otherwise: the state decides.
+  LoadStateFromBytes(resumed, bytes);
+  EXPECT_EQ(resumed.total_steps(), std::optional<int64_t>(20));
+  EXPECT_EQ(resumed.get_last_lr()[0], lr);
+  EXPECT_EQ(std::get<0>(static_cast<torch::optim::AdamWOptions&>(
+                            other.param_groups()[0].options())
+                            .betas()),
+            beta1);
+  scheduler.step();
+  resumed.step();
+  EXPECT_EQ(resumed.get_last_lr(), scheduler.get_last_lr());
+}
+
+TEST(SchedulerTest, OneCycleRejectsBadArguments) {
+  torch::optim::SGD sgd({torch::ones({1})}, torch::optim::SGDOptions(1));
+  EXPECT_THROW(OneCycleLR(sgd, 1.0, 0), UsageError);
+  EXPECT_THROW(OneCycleLR(sgd, {1.0, 2.0}, 10), UsageError);
+  OneCycleLROptions bad;
+  bad.anneal_strategy = "exp";
+  EXPECT_THROW(OneCycleLR(sgd, 1.0, 10, bad), UsageError);
+  bad = {};
+  bad.pct_start = 1.5;
+  EXPECT_THROW(OneCycleLR(sgd, 1.0, 10, bad), UsageError);
+  torch::optim::Adagrad adagrad({torch::ones({1})},
+                                torch::optim::AdagradOptions(1));
+  EXPECT_THAT([&] { OneCycleLR(adagrad, 1.0, 10); },
+              ::testing::ThrowsMessage<UsageError>(
+                  HasSubstr("must support momentum or beta1")));
+  OneCycleLROptions no_momentum;
+  no_momentum.cycle_momentum = false;
+  EXPECT_NO_THROW(OneCycleLR(adagrad, 1.0, 10, no_momentum));
+}
+
 // The lrs of group 0 (base lr 1.0) for steps 0..n-1.
 std::vector<double> Trace(
     const std::function<std::unique_ptr<LRScheduler>(torch::optim::Optimizer&)>&
@@ -248,6 +394,11 @@ TEST(SchedulerTest, HeaderExamplesHold) {
       Trace([](Optimizer& o) { return std::make_unique<StepLR>(o, 2, 0.1); },
             5),
       ElementsAre(1, 1, .1, .1, .01));
+  EXPECT_THAT(
+      Trace(
+          [](Optimizer& o) { return std::make_unique<OneCycleLR>(o, 1.0, 10); },
+          10),
+      ElementsAre(.04, .52, 1, .95, .812, .611, .389, .188, .05, 0));
 }
 
 TEST(SchedulerTest, ConstructionPerformsTheInitialStep) {

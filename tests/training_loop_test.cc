@@ -321,6 +321,29 @@ struct Net : torch::nn::Module {
   torch::nn::Linear fc;
 };
 
+TEST_F(TrainingLoopTest, APreparedScheduleWithAnEndNeverStepsPastIt) {
+  torch::nn::Sequential net = MakeModel();
+  torch::optim::SGD sgd(net->parameters(),
+                        torch::optim::SGDOptions(0.1).momentum(0.9));
+  DataLoader<Blobs> data(Blobs(20), Loader(4));
+  // Counted before prepare, at one process: 5 steps of 4 samples. At N > 1
+  // the prepared scheduler steps N times per step over 20 padded to 4 N
+  // per step: more than 5 in all.
+  const int64_t total = static_cast<int64_t>(data.size());
+  auto [model, optimizer, loader, scheduler] = A().prepare(
+      net, sgd, data, std::make_unique<OneCycleLR>(sgd, 1.0, total));
+  int64_t asked = 0;
+  for (auto& batch : loader) {
+    A().backward(Loss(model, batch));
+    optimizer.step();
+    EXPECT_NO_THROW(scheduler.step());
+    asked += N();
+    optimizer.zero_grad();
+  }
+  if (N() > 1) EXPECT_GT(asked, total);  // What torch would refuse.
+  EXPECT_EQ(scheduler->last_epoch(), total);
+}
+
 TEST_F(TrainingLoopTest, PrepareKeepsTheTypesItIsGiven) {
   auto net = A().prepare(std::make_shared<Net>());
   static_assert(std::is_same_v<decltype(net), std::shared_ptr<Net>>);
