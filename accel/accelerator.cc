@@ -206,7 +206,8 @@ Accelerator::Accelerator(AcceleratorOptions options)
   // Numbering continues after earlier runs' checkpoints. No rank can save
   // before every rank got here (saving follows collectives), so all agree.
   if (!options_.project_dir.empty()) {
-    const std::vector<int> indices = CheckpointIndices(options_.project_dir);
+    const std::vector<int64_t> indices =
+        CheckpointIndices(options_.project_dir);
     if (!indices.empty()) next_checkpoint_ = indices.back() + 1;
   }
 }
@@ -593,7 +594,8 @@ std::string Accelerator::load_state(CallSite site) {
   // afresh.
   std::vector<std::string> candidates;
   if (is_main_process()) {
-    const std::vector<int> indices = CheckpointIndices(options_.project_dir);
+    const std::vector<int64_t> indices =
+        CheckpointIndices(options_.project_dir);
     for (auto it = indices.rbegin(); it != indices.rend(); ++it) {
       const std::string dir = CheckpointFolder(options_.project_dir, *it);
       if (IsCompleteCheckpoint(dir)) {

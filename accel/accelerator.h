@@ -467,7 +467,7 @@ class Accelerator {
     load_hooks_.push_back(std::move(hook));
   }
   // Number of the next automatically named checkpoint.
-  int save_iteration() const { return next_checkpoint_; }
+  int64_t save_iteration() const { return next_checkpoint_; }
 
   // --- Weights ------------------------------------------------------------
   // The model's parameters and buffers by name, on the CPU.
@@ -670,7 +670,7 @@ class Accelerator {
       synchronizers_;
   std::shared_ptr<TrainingState> state_;
   CheckpointContents contents_;
-  int next_checkpoint_ = 1;
+  int64_t next_checkpoint_ = 1;
   bool checked_shared_folder_ = false;
   bool trigger_ = false;
   std::vector<StateHook> save_hooks_;

@@ -284,6 +284,31 @@ std::string RandomStatesFile(int rank) {
   return "random_states_" + std::to_string(rank) + ".pt";
 }
 
+bool IsRandomStatesFile(const std::string& name) {
+  const std::string prefix = "random_states_";
+  const std::string suffix = ".pt";
+  if (name.size() <= prefix.size() + suffix.size() ||
+      name.compare(0, prefix.size(), prefix) != 0 ||
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+    return false;
+  }
+  const std::string digits =
+      name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  return digits.find_first_not_of("0123456789") == std::string::npos;
+}
+
+namespace {
+
+// The number r of random_states_<r>.pt (IsRandomStatesFile), or -1 when it
+// does not fit an int.
+int RandomStatesRank(const std::string& name) {
+  const std::string digits = name.substr(14, name.size() - 14 - 3);
+  if (digits.size() > 9) return -1;
+  return std::stoi(digits);
+}
+
+}  // namespace
+
 void SaveCheckpoint(const std::string& dir, int rank, int world_size,
                     bool write_shared, const CheckpointContents& contents) {
   const bool existed = Exists(dir);
@@ -304,6 +329,17 @@ void SaveCheckpoint(const std::string& dir, int rank, int world_size,
     written.push_back(Join(dir, RandomStatesFile(rank)));
     WriteCheckpointFile(written.back(), id, random);
     if (!write_shared) return;
+    // A save at fewer processes than an earlier one into the same folder:
+    // the extra ranks' files are of that save, and a later load at the
+    // larger count would refuse them. Gone before the shared file makes the
+    // checkpoint complete.
+    for (const std::string& name : ListFolder(dir)) {
+      if (!IsRandomStatesFile(name)) continue;
+      const int other = RandomStatesRank(name);
+      if (other < 0 || other >= world_size) {
+        std::remove(Join(dir, name).c_str());
+      }
+    }
     torch::serialize::OutputArchive state;
     state.write("num_processes", c10::IValue(int64_t{world_size}));
     state.write("num_models", c10::IValue(int64_t(contents.models.size())));
@@ -463,27 +499,43 @@ void LoadCheckpoint(const std::string& dir, int rank, int world_size,
   }
 }
 
-std::string CheckpointFolder(const std::string& project_dir, int index) {
+std::string CheckpointFolder(const std::string& project_dir, int64_t index) {
   return project_dir + "/checkpoints/checkpoint_" + std::to_string(index);
 }
 
-std::vector<int> CheckpointIndices(const std::string& project_dir) {
-  std::vector<int> indices;
-  DIR* dir = opendir((project_dir + "/checkpoints").c_str());
+std::vector<int64_t> CheckpointIndices(const std::string& project_dir) {
+  std::vector<int64_t> indices;
+  const std::string folder = project_dir + "/checkpoints";
+  DIR* dir = opendir(folder.c_str());
   if (dir == nullptr) return indices;
   const std::string prefix = "checkpoint_";
+  std::string too_large;
   while (dirent* entry = readdir(dir)) {
     const std::string name = entry->d_name;
     if (name.compare(0, prefix.size(), prefix) != 0) continue;
     const std::string digits = name.substr(prefix.size());
+    // Only the names accel writes: decimal, without leading zeros.
     if (digits.empty() ||
         digits.find_first_not_of("0123456789") != std::string::npos ||
-        digits.size() > 9) {
+        (digits.size() > 1 && digits[0] == '0')) {
       continue;
     }
-    indices.push_back(std::stoi(digits));
+    if (digits.size() > kMaxCheckpointDigits) {
+      too_large = name;
+      continue;
+    }
+    indices.push_back(std::stoll(digits));
   }
   closedir(dir);
+  if (!too_large.empty()) {
+    // Skipping it would resume from an older checkpoint and number new
+    // ones below it, as if it were not there.
+    throw CheckpointError("'" + folder + "/" + too_large +
+                          "' has a number of more than " +
+                          std::to_string(kMaxCheckpointDigits) +
+                          " digits, beyond accel's checkpoint numbering; "
+                          "rename or remove it");
+  }
   std::sort(indices.begin(), indices.end());
   return indices;
 }
@@ -493,7 +545,7 @@ bool IsCompleteCheckpoint(const std::string& dir) {
 }
 
 std::string LatestCheckpoint(const std::string& project_dir) {
-  const std::vector<int> indices = CheckpointIndices(project_dir);
+  const std::vector<int64_t> indices = CheckpointIndices(project_dir);
   for (auto it = indices.rbegin(); it != indices.rend(); ++it) {
     const std::string dir = CheckpointFolder(project_dir, *it);
     if (IsCompleteCheckpoint(dir)) return dir;
@@ -501,31 +553,41 @@ std::string LatestCheckpoint(const std::string& project_dir) {
   return "";
 }
 
+bool IsCheckpointFileName(const std::string& name) {
+  // A temporary of AtomicFile: "<final name>.partial.<pid>.<n>".
+  const size_t partial = name.find(".partial.");
+  const std::string base =
+      partial == std::string::npos ? name : name.substr(0, partial);
+  if (base == kStateFile || IsRandomStatesFile(base)) return true;
+  return IsModelWeightsFileName(base);
+}
+
 namespace {
 
-void RemoveTree(const std::string& path) {
-  DIR* dir = opendir(path.c_str());
-  if (dir != nullptr) {
-    while (dirent* entry = readdir(dir)) {
-      const std::string name = entry->d_name;
-      if (name == "." || name == "..") continue;
-      RemoveTree(Join(path, name));
-    }
-    closedir(dir);
-    rmdir(path.c_str());
-  } else {
-    std::remove(path.c_str());
+// Removes a checkpoint folder, as far as it holds only what accel writes.
+void RemoveCheckpoint(const std::string& dir) {
+  const std::vector<std::string> kept =
+      RemoveOwnedTree(dir, IsCheckpointFileName);
+  if (kept.empty()) return;
+  std::string listed;
+  for (size_t i = 0; i < kept.size() && i < 5; ++i) {
+    listed += (i ? ", " : "") + kept[i];
   }
+  if (kept.size() > 5) listed += ", ...";
+  ACCEL_LOG(WARNING) << "pruning checkpoint " << dir
+                     << " removed accel's files but left the folder, which "
+                        "holds what accel did not write: "
+                     << listed;
 }
 
 }  // namespace
 
 void PruneCheckpoints(const std::string& project_dir, int keep) {
   if (keep <= 0) return;
-  const std::vector<int> indices = CheckpointIndices(project_dir);
+  const std::vector<int64_t> indices = CheckpointIndices(project_dir);
   int complete = 0;
-  int oldest_kept = -1;
-  int newest_complete = -1;
+  int64_t oldest_kept = -1;
+  int64_t newest_complete = -1;
   for (auto it = indices.rbegin(); it != indices.rend() && complete < keep;
        ++it) {
     if (IsCompleteCheckpoint(CheckpointFolder(project_dir, *it))) {
@@ -534,13 +596,13 @@ void PruneCheckpoints(const std::string& project_dir, int keep) {
       oldest_kept = *it;
     }
   }
-  for (int index : indices) {
+  for (int64_t index : indices) {
     const std::string dir = CheckpointFolder(project_dir, index);
     // Older than what we keep, or a save that never completed and has been
     // overtaken by a complete one.
     if ((complete == keep && index < oldest_kept) ||
         (index < newest_complete && !IsCompleteCheckpoint(dir))) {
-      RemoveTree(dir);
+      RemoveCheckpoint(dir);
     }
   }
 }

@@ -12,8 +12,9 @@
 //                           optimizer's state (optimizer_0, ...), every
 //                           scheduler's (scheduler_0, ...), the fp16 loss
 //                           scaler's, every prepared data loader's epoch and
-//                           position in it, and every object registered for
-//                           checkpointing (object_0, ...).
+//                           the samples of it done (by all ranks, so any
+//                           process count resumes there), and every object
+//                           registered for checkpointing (object_0, ...).
 //   random_states_<r>.pt    written by rank r when it calls save_state: the
 //                           step and that rank's RNG state (CPU generator).
 // Each file is written beside its final name, flushed to disk, then renamed
@@ -30,6 +31,8 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -81,14 +84,29 @@ void LoadCheckpoint(const std::string& dir, int rank, int world_size,
 // once its accelerator_state.pt exists: the main process writes that file
 // last, so a save interrupted at any moment leaves an incomplete folder that
 // is never taken for the latest one.
-std::string CheckpointFolder(const std::string& project_dir, int index);
+// Numbers go up to 18 digits (int64); only names accel writes count (no
+// leading zeros). A folder with a longer number is a CheckpointError rather
+// than skipped: resuming would go back past it, and numbering would reuse
+// numbers below it.
+inline constexpr size_t kMaxCheckpointDigits = 18;
+std::string CheckpointFolder(const std::string& project_dir, int64_t index);
 // Indices of the checkpoint folders there (complete or not), ascending.
-std::vector<int> CheckpointIndices(const std::string& project_dir);
+std::vector<int64_t> CheckpointIndices(const std::string& project_dir);
 bool IsCompleteCheckpoint(const std::string& dir);
 // The newest complete checkpoint folder, or "" when there is none.
 std::string LatestCheckpoint(const std::string& project_dir);
 // Keeps the newest `keep` complete checkpoints, removing every folder older
 // than the oldest of those and every incomplete one older than the newest.
+// Removing never follows a symbolic link (a link is removed as a link) and
+// deletes only files accel writes (IsCheckpointFileName); a folder that
+// holds anything else keeps it, and a warning names it.
 void PruneCheckpoints(const std::string& project_dir, int keep);
+
+// Whether accel writes files of this name into a checkpoint folder:
+// accelerator_state.pt, random_states_<r>.pt, the safetensors files of
+// save_model, and the temporaries of each ("<name>.partial.<pid>.<n>").
+bool IsCheckpointFileName(const std::string& name);
+// random_states_<r>.pt, for a rank r.
+bool IsRandomStatesFile(const std::string& name);
 
 }  // namespace accel

@@ -469,13 +469,20 @@ std::vector<NamedTensors> SplitIntoShards(const NamedTensors& entries,
   return shards;
 }
 
+}  // namespace
+
+bool IsModelWeightsFileName(const std::string& name) {
+  return IsShardName(name) || name == kSingleFile || name == kIndexFile;
+}
+
+namespace {
+
 // Removes what an earlier save left in `dir` that this one did not write.
 void RemoveStaleFiles(const std::string& dir,
                       const std::set<std::string>& written) {
   for (const std::string& name : ListFolder(dir)) {
-    const bool ours =
-        IsShardName(name) || name == kSingleFile || name == kIndexFile;
-    if (ours && written.count(name) == 0) std::remove(Join(dir, name).c_str());
+    if (IsModelWeightsFileName(name) && written.count(name) == 0)
+      std::remove(Join(dir, name).c_str());
   }
 }
 

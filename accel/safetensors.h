@@ -79,6 +79,10 @@ std::vector<std::string> SaveModelWeights(
     const torch::nn::Module& module, const std::string& dir,
     const std::string& max_shard_size = "10GB");
 
+// Whether `name` is one SaveModelWeights writes: model.safetensors,
+// model.safetensors.index.json or model-00001-of-00003.safetensors.
+bool IsModelWeightsFileName(const std::string& name);
+
 // Reads either layout back: model.safetensors if present (as transformers
 // prefers it), else the index and its shards, checking that every shard
 // holds exactly the names the index maps to it.

@@ -10,7 +10,12 @@
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
+#include <torch/optim/lbfgs.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -33,7 +38,7 @@ class Numbers : public torch::data::datasets::Dataset<Numbers> {
   torch::optional<size_t> size() const override { return 16; }
 };
 
-AcceleratorOptions Options(const std::string& project_dir = "") {
+AcceleratorOptions TestOptions(const std::string& project_dir = "") {
   AcceleratorOptions options;
   options.backend = "gloo";
   options.seed = 5;
@@ -45,7 +50,7 @@ AcceleratorOptions Options(const std::string& project_dir = "") {
 // A model, optimizer and loader prepared on an Accelerator.
 struct TrainingRun {
   explicit TrainingRun(int64_t hidden = 8, const std::string& project_dir = "")
-      : accelerator(Options(project_dir)),
+      : accelerator(TestOptions(project_dir)),
         model(torch::nn::Linear(3, hidden), torch::nn::ReLU(),
               torch::nn::Linear(hidden, 2)),
         optimizer(model->parameters(), torch::optim::AdamWOptions(1e-2)),
@@ -203,7 +208,247 @@ TEST(CheckpointTest, AutomaticNamingKeepsTheNewestCompleteCheckpoints) {
   TrainingRun next(8, project);
   next.accelerator.load_state(next.accelerator.latest_checkpoint());
   EXPECT_EQ(next.accelerator.save_state(), folder + "5");
-  EXPECT_EQ(CheckpointIndices(project), (std::vector<int>{3, 5}));
+  EXPECT_EQ(CheckpointIndices(project), (std::vector<int64_t>{3, 5}));
+}
+
+// Saves an optimizer whose param groups' options `change` altered after
+// construction (as a schedule or the program does), loads the checkpoint
+// into one built as the first was, and returns both options of group 0.
+template <typename Optimizer, typename Options, typename Change>
+std::pair<Options, Options> OptionsAfterResume(const Options& built,
+                                               Change change) {
+  const std::string dir = MakeTempDir("options") + "/state";
+  torch::nn::Linear net(3, 2);
+  Optimizer optimizer(net->parameters(), built);
+  {
+    Accelerator accelerator(TestOptions());
+    auto [model, prepared] = accelerator.prepare(net, optimizer);
+    auto& options =
+        static_cast<Options&>(optimizer.param_groups()[0].options());
+    change(options);
+    accelerator.save_state(dir);
+  }
+  torch::nn::Linear other(3, 2);
+  Optimizer resumed(other->parameters(), built);
+  Accelerator accelerator(TestOptions());
+  auto [model, prepared] = accelerator.prepare(other, resumed);
+  accelerator.load_state(dir);
+  return {static_cast<Options&>(optimizer.param_groups()[0].options()),
+          static_cast<Options&>(resumed.param_groups()[0].options())};
+}
+
+TEST(CheckpointTest, LoadStateRestoresEveryOptionOfEveryParamGroup) {
+  namespace optim = torch::optim;
+  {
+    auto [saved, loaded] = OptionsAfterResume<
+        optim::AdamW>(optim::AdamWOptions(1e-3), [](optim::AdamWOptions& o) {
+      o.lr(0.5).betas({0.85, 0.9}).eps(1e-6).weight_decay(0.3).amsgrad(true);
+    });
+    EXPECT_TRUE(saved == loaded) << "AdamW";
+    EXPECT_EQ(std::get<0>(loaded.betas()), 0.85);
+  }
+  {
+    auto [saved, loaded] = OptionsAfterResume<optim::Adam>(
+        optim::AdamOptions(1e-3), [](optim::AdamOptions& o) {
+          o.betas({0.7, 0.8}).eps(1e-4).weight_decay(0.1);
+        });
+    EXPECT_TRUE(saved == loaded) << "Adam";
+  }
+  {
+    auto [saved, loaded] = OptionsAfterResume<optim::SGD>(
+        optim::SGDOptions(0.1), [](optim::SGDOptions& o) {
+          o.momentum(0.9).dampening(0).nesterov(true).weight_decay(0.01);
+        });
+    EXPECT_TRUE(saved == loaded) << "SGD";
+    EXPECT_TRUE(loaded.nesterov());
+  }
+  {
+    auto [saved, loaded] = OptionsAfterResume<optim::RMSprop>(
+        optim::RMSpropOptions(0.01), [](optim::RMSpropOptions& o) {
+          o.alpha(0.9).eps(1e-5).weight_decay(0.2).momentum(0.5).centered(true);
+        });
+    EXPECT_TRUE(saved == loaded) << "RMSprop";
+  }
+  {
+    auto [saved, loaded] = OptionsAfterResume<optim::Adagrad>(
+        optim::AdagradOptions(0.01), [](optim::AdagradOptions& o) {
+          o.lr_decay(0.1).weight_decay(0.2).eps(1e-8);
+        });
+    EXPECT_TRUE(saved == loaded) << "Adagrad";
+  }
+  {
+    auto [saved, loaded] = OptionsAfterResume<optim::LBFGS>(
+        optim::LBFGSOptions(1), [](optim::LBFGSOptions& o) {
+          o.max_iter(7).history_size(5).tolerance_grad(1e-3);
+        });
+    EXPECT_TRUE(saved == loaded) << "LBFGS";
+  }
+}
+
+TEST(CheckpointTest, ResumeUnderOneCycleIsBitExact) {
+  const std::string dir = MakeTempDir("one_cycle") + "/state";
+  struct Run {
+    explicit Run(uint64_t seed)
+        : accelerator(TestOptions()),
+          model(torch::nn::Linear(3, 8), torch::nn::ReLU(),
+                torch::nn::Linear(8, 2)),
+          optimizer(model->parameters(), torch::optim::AdamWOptions(1e-2)),
+          data(Numbers(), TrainingRun::LoaderOptions()) {
+      accelerator.set_seed(seed);
+      for (auto& p : model->parameters()) {
+        torch::NoGradGuard no_grad;
+        p.copy_(torch::randn(p.sizes()));
+      }
+      auto prepared = accelerator.prepare(
+          model, optimizer, data,
+          std::make_unique<OneCycleLR>(optimizer, 0.05, 12));
+      loader = std::make_unique<DataLoader<Numbers>>(std::get<2>(prepared));
+      scheduler = std::make_unique<AcceleratedScheduler>(std::get<3>(prepared));
+    }
+    void Epoch() {
+      for (auto& batch : *loader) {
+        accelerator.backward(torch::nn::functional::cross_entropy(
+            model->forward(batch.data), batch.target));
+        optimizer.step();
+        scheduler->step();
+        optimizer.zero_grad();
+      }
+    }
+    Accelerator accelerator;
+    torch::nn::Sequential model;
+    torch::optim::AdamW optimizer;
+    DataLoader<Numbers> data;
+    std::unique_ptr<DataLoader<Numbers>> loader;
+    std::unique_ptr<AcceleratedScheduler> scheduler;
+  };
+  std::vector<torch::Tensor> straight;
+  {
+    Run run(1);
+    run.Epoch();
+    run.accelerator.save_state(dir);
+    run.Epoch();
+    run.Epoch();
+    for (auto& p : run.model->parameters()) straight.push_back(p.clone());
+  }
+  Run resumed(2);
+  resumed.accelerator.load_state(dir);
+  resumed.Epoch();
+  resumed.Epoch();
+  std::vector<torch::Tensor> after;
+  for (auto& p : resumed.model->parameters()) after.push_back(p.clone());
+  EXPECT_TRUE(SameValues(after, straight));
+}
+
+bool Exists(const std::string& path) {
+  struct stat info;
+  return lstat(path.c_str(), &info) == 0;
+}
+
+TEST(CheckpointTest, PruningNeverDeletesThroughLinksNorWhatAccelDidNotWrite) {
+  const std::string root = MakeTempDir("links");
+  const std::string project = root + "/project";
+  const std::string folder = project + "/checkpoints/checkpoint_";
+  // What the links point to, outside the project.
+  ASSERT_EQ(mkdir((root + "/data").c_str(), 0755), 0);
+  std::ofstream(root + "/data/train.csv") << "precious";
+  std::ofstream(root + "/data/accelerator_state.pt") << "not a checkpoint";
+  ASSERT_EQ(mkdir((root + "/elsewhere").c_str(), 0755), 0);
+  std::ofstream(root + "/elsewhere/accelerator_state.pt") << "looks complete";
+  std::ofstream(root + "/elsewhere/notes.txt") << "precious";
+  {
+    TrainingRun first(8, project);
+    ASSERT_EQ(first.accelerator.save_state(), folder + "1");
+  }
+  ASSERT_EQ(symlink((root + "/data").c_str(), (folder + "1/data").c_str()), 0);
+  // A link with the name of a file accel writes goes as a link too.
+  ASSERT_EQ(symlink((root + "/data/train.csv").c_str(),
+                    (folder + "1/random_states_5.pt").c_str()),
+            0);
+  // A checkpoint folder that is itself a link, complete through it.
+  ASSERT_EQ(symlink((root + "/elsewhere").c_str(), (folder + "2").c_str()), 0);
+  TrainingRun run(8, project);
+  EXPECT_EQ(run.accelerator.save_state(), folder + "3");
+  EXPECT_EQ(run.accelerator.save_state(), folder + "4");  // Prunes 1 and 2.
+  EXPECT_TRUE(IsCompleteCheckpoint(folder + "3"));
+  EXPECT_TRUE(IsCompleteCheckpoint(folder + "4"));
+  // The links went as links; nothing they point to was touched.
+  EXPECT_FALSE(Exists(folder + "1"));
+  EXPECT_FALSE(Exists(folder + "2"));
+  EXPECT_EQ(ReadFile(root + "/data/train.csv"), "precious");
+  EXPECT_EQ(ReadFile(root + "/data/accelerator_state.pt"), "not a checkpoint");
+  EXPECT_EQ(ReadFile(root + "/elsewhere/notes.txt"), "precious");
+  EXPECT_EQ(ReadFile(root + "/elsewhere/accelerator_state.pt"),
+            "looks complete");
+}
+
+TEST(CheckpointTest, PruningKeepsFilesAccelDidNotWriteAndTheirFolder) {
+  const std::string project = MakeTempDir("foreign");
+  const std::string folder = project + "/checkpoints/checkpoint_";
+  TrainingRun run(8, project);
+  ASSERT_EQ(run.accelerator.save_state(), folder + "1");
+  ASSERT_EQ(mkdir((folder + "1/eval").c_str(), 0755), 0);
+  std::ofstream(folder + "1/eval/predictions.txt") << "mine";
+  std::ofstream(folder + "1/README") << "mine too";
+  run.accelerator.save_state();
+  run.accelerator.save_state();
+  // Accel's files are gone (no longer a checkpoint), the user's stay.
+  EXPECT_FALSE(IsCompleteCheckpoint(folder + "1"));
+  EXPECT_FALSE(Exists(folder + "1/random_states_0.pt"));
+  EXPECT_EQ(ReadFile(folder + "1/eval/predictions.txt"), "mine");
+  EXPECT_EQ(ReadFile(folder + "1/README"), "mine too");
+  EXPECT_EQ(run.accelerator.latest_checkpoint(), folder + "3");
+}
+
+TEST(CheckpointTest, NumbersOfTenDigitsAndMoreCountForResumeAndPruning) {
+  const std::string project = MakeTempDir("digits");
+  const std::string folder = project + "/checkpoints/checkpoint_";
+  {
+    TrainingRun run(8, project);
+    ASSERT_EQ(run.accelerator.save_state(), folder + "1");
+    run.TrainEpoch();
+    ASSERT_EQ(run.accelerator.save_state(), folder + "2");
+  }
+  ASSERT_EQ(rename((folder + "2").c_str(), (folder + "99999999999").c_str()),
+            0);
+  TrainingRun next(8, project);
+  EXPECT_EQ(next.accelerator.load_state(), folder + "99999999999");
+  EXPECT_EQ(next.accelerator.save_state(), folder + "100000000000");
+  EXPECT_EQ(CheckpointIndices(project),
+            (std::vector<int64_t>{99999999999, 100000000000}));
+  // Folders accel does not name (leading zeros) are not checkpoints.
+  ASSERT_EQ(mkdir((folder + "0100000000001").c_str(), 0755), 0);
+  EXPECT_EQ(next.accelerator.latest_checkpoint(), folder + "100000000000");
+  // Beyond int64: refused at once, naming the folder.
+  ASSERT_EQ(mkdir((folder + "1234567890123456789").c_str(), 0755), 0);
+  try {
+    TrainingRun too_far(8, project);
+    ADD_FAILURE() << "a 19-digit checkpoint number was accepted";
+  } catch (const CheckpointError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("checkpoint_1234567890123456789' has a "
+                                    "number of more than 18 digits"));
+  }
+}
+
+TEST(CheckpointTest, ASaveAtFewerProcessesRemovesTheExtraRanksFiles) {
+  const std::string dir = MakeTempDir("fewer") + "/state";
+  TrainingRun run;
+  CheckpointContents contents;
+  contents.models.push_back(run.model.ptr());
+  contents.run_id = "three";
+  for (int rank = 2; rank >= 0; --rank) {
+    SaveCheckpoint(dir, rank, 3, rank == 0, contents);
+  }
+  contents.run_id = "two";
+  contents.step = 7;
+  for (int rank = 1; rank >= 0; --rank) {
+    SaveCheckpoint(dir, rank, 2, rank == 0, contents);
+  }
+  EXPECT_FALSE(Exists(dir + "/random_states_2.pt"));
+  // A resume at three processes takes the folder (rank 2 starts without a
+  // random state of its own, as after any change of the process count).
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_EQ(CheckCheckpoint(dir, rank, 3), "") << "rank " << rank;
+  }
 }
 
 TEST(CheckpointTest, AFullDiskFailsTheSaveNamingTheFileAndLeavesNothing) {
@@ -229,7 +474,7 @@ TEST(CheckpointTest, AFullDiskFailsTheSaveNamingTheFileAndLeavesNothing) {
   EXPECT_THAT(message, HasSubstr("File too large"));
   EXPECT_THAT(message, HasSubstr(project + "/checkpoints/checkpoint_2/"));
   // Nothing of the failed save is left, and the earlier one still loads.
-  EXPECT_EQ(CheckpointIndices(project), (std::vector<int>{1}));
+  EXPECT_EQ(CheckpointIndices(project), (std::vector<int64_t>{1}));
   TrainingRun next(64, project);
   EXPECT_EQ(next.accelerator.load_state(), good);
 }

@@ -23,6 +23,52 @@ std::string TemporaryName(const std::string& path) {
          std::to_string(counter++);
 }
 
+// Empties the folder `name` (opened without following a link) under
+// `parent` as RemoveOwnedTree describes, then removes it if nothing stayed.
+void RemoveOwnedIn(int parent, const std::string& name,
+                   const std::string& relative,
+                   const std::function<bool(const std::string&)>& owned,
+                   std::vector<std::string>* kept) {
+  const size_t kept_before = kept->size();
+  const int fd = openat(parent, name.c_str(),
+                        O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  const std::string shown = relative.empty() ? "." : relative;
+  if (fd < 0) {
+    kept->push_back(shown + " (" + std::strerror(errno) + ")");
+    return;
+  }
+  DIR* folder = fdopendir(fd);
+  if (folder == nullptr) {
+    close(fd);
+    kept->push_back(shown + " (" + std::strerror(errno) + ")");
+    return;
+  }
+  std::vector<std::string> entries;
+  while (const dirent* entry = readdir(folder)) {
+    const std::string entry_name = entry->d_name;
+    if (entry_name != "." && entry_name != "..") entries.push_back(entry_name);
+  }
+  for (const std::string& entry : entries) {
+    const std::string path = relative.empty() ? entry : relative + "/" + entry;
+    struct stat info;
+    if (fstatat(fd, entry.c_str(), &info, AT_SYMLINK_NOFOLLOW) != 0) {
+      kept->push_back(path);
+    } else if (S_ISLNK(info.st_mode)) {
+      if (unlinkat(fd, entry.c_str(), 0) != 0) kept->push_back(path);
+    } else if (S_ISDIR(info.st_mode)) {
+      RemoveOwnedIn(fd, entry, path, owned, kept);
+    } else if (!S_ISREG(info.st_mode) || !owned(entry) ||
+               unlinkat(fd, entry.c_str(), 0) != 0) {
+      kept->push_back(path);
+    }
+  }
+  closedir(folder);  // Closes fd.
+  if (kept->size() == kept_before &&
+      unlinkat(parent, name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
+    kept->push_back(shown + " (" + std::strerror(errno) + ")");
+  }
+}
+
 }  // namespace
 
 AtomicFile::AtomicFile(std::string path)
@@ -153,6 +199,24 @@ std::vector<std::string> ListFolder(const std::string& dir) {
   closedir(folder);
   std::sort(names.begin(), names.end());
   return names;
+}
+
+std::vector<std::string> RemoveOwnedTree(
+    const std::string& dir,
+    const std::function<bool(const std::string& name)>& owned) {
+  std::vector<std::string> kept;
+  struct stat info;
+  if (lstat(dir.c_str(), &info) != 0) return kept;
+  if (S_ISLNK(info.st_mode)) {
+    if (unlink(dir.c_str()) != 0) kept.push_back(".");
+    return kept;
+  }
+  if (!S_ISDIR(info.st_mode)) {
+    kept.push_back(".");
+    return kept;
+  }
+  RemoveOwnedIn(AT_FDCWD, dir, "", owned, &kept);
+  return kept;
 }
 
 }  // namespace accel

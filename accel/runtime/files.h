@@ -13,6 +13,7 @@
 //   accel::WriteFileAtomically(dir + "/index.json", text);  // All in one go.
 //   accel::MakeDirectories("checkpoints/checkpoint_3");     // mkdir -p
 //   for (const std::string& name : accel::ListFolder(dir)) ...  // Sorted.
+//   accel::RemoveOwnedTree(old_checkpoint, IsMine);  // Never through links.
 //
 // The bytes go to a temporary file beside the final one (same file system,
 // so the rename is atomic), which is flushed to disk, renamed over the final
@@ -21,6 +22,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -70,5 +72,17 @@ bool IsWritableFolder(const std::string& dir);
 // The names in folder `dir` (without "." and ".."), sorted; CheckpointError
 // when it cannot be read.
 std::vector<std::string> ListFolder(const std::string& dir);
+
+// Removes what the program wrote in folder `dir`, and the folder once that
+// leaves it empty. Unlike `rm -r`, it never follows a symbolic link: a link
+// (named `dir` itself, or found inside) is removed as a link and what it
+// points to is left alone. Inside `dir` and its real subfolders it removes
+// the regular files whose names `owned` accepts; anything else (another
+// kind of file, a file `owned` rejects, one that cannot be removed) stays,
+// and so do the folders that hold it. Returns what stayed, as paths under
+// `dir` ("notes.txt", "data/x"); empty when `dir` is gone or never existed.
+std::vector<std::string> RemoveOwnedTree(
+    const std::string& dir,
+    const std::function<bool(const std::string& name)>& owned);
 
 }  // namespace accel

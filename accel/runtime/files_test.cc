@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -98,6 +99,36 @@ TEST(FilesTest, ListFolderIsSortedAndNamesFailures) {
               ::testing::ThrowsMessage<CheckpointError>(
                   HasSubstr("cannot list folder '" + dir +
                             "/missing': No such file or directory")));
+}
+
+TEST(FilesTest, RemoveOwnedTreeNeverFollowsALink) {
+  const std::string dir = FreshDir("owned");
+  const std::string outside = FreshDir("outside");
+  WriteFileAtomically(outside + "/mine.pt", "keep");
+  MakeDirectories(dir + "/tree/sub");
+  WriteFileAtomically(dir + "/tree/a.pt", "");
+  WriteFileAtomically(dir + "/tree/sub/b.pt", "");
+  symlink(outside.c_str(), (dir + "/tree/sub/folder_link").c_str());
+  symlink((outside + "/mine.pt").c_str(), (dir + "/tree/file_link.pt").c_str());
+  const auto owned = [](const std::string& name) {
+    return name.size() > 3 && name.compare(name.size() - 3, 3, ".pt") == 0;
+  };
+  EXPECT_TRUE(RemoveOwnedTree(dir + "/tree", owned).empty());
+  EXPECT_THAT(ListFolder(dir), ::testing::IsEmpty());
+  EXPECT_EQ(Read(outside + "/mine.pt"), "keep");
+  // A link as the folder itself goes as a link.
+  symlink(outside.c_str(), (dir + "/linked").c_str());
+  EXPECT_TRUE(RemoveOwnedTree(dir + "/linked", owned).empty());
+  EXPECT_THAT(ListFolder(dir), ::testing::IsEmpty());
+  EXPECT_THAT(ListFolder(outside), ElementsAre("mine.pt"));
+  // What `owned` rejects stays, with the folders that hold it.
+  MakeDirectories(dir + "/mixed/notes");
+  WriteFileAtomically(dir + "/mixed/x.pt", "");
+  WriteFileAtomically(dir + "/mixed/notes/todo.txt", "");
+  EXPECT_THAT(RemoveOwnedTree(dir + "/mixed", owned),
+              ElementsAre("notes/todo.txt"));
+  EXPECT_THAT(ListFolder(dir + "/mixed"), ElementsAre("notes"));
+  EXPECT_TRUE(RemoveOwnedTree(dir + "/missing", owned).empty());
 }
 
 }  // namespace
