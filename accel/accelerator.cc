@@ -275,10 +275,10 @@ void Accelerator::PrepareModule(
   for (auto& tensor : module->buffers()) {
     tensor.copy_(BroadcastTensor(communicator(), tensor, 0, options));
   }
-  synchronizers_.emplace_back(
-      module.get(),
-      std::make_unique<GradientSynchronizer>(
-          communicator(), module->parameters(), options_.gradient_sync));
+  synchronizers_.emplace_back(module.get(),
+                              std::make_unique<GradientSynchronizer>(
+                                  communicator(), module->parameters(),
+                                  options_.gradient_sync, module->buffers()));
 }
 
 std::shared_ptr<PreparedOptimizer> Accelerator::PrepareOptimizer(
@@ -314,7 +314,10 @@ void Accelerator::backward(const torch::Tensor& loss, CallSite site) {
   const int steps = gradient_accumulation_steps();
   if (steps > 1) scaled = scaled / steps;
   if (state_->scaler != nullptr) scaled = state_->scaler->scale(scaled);
-  for (auto& entry : synchronizers_) entry.second->set_call_site(site);
+  for (auto& entry : synchronizers_) {
+    entry.second->set_call_site(site);
+    entry.second->begin_backward();
+  }
   scaled.backward();
   for (auto& entry : synchronizers_) entry.second->finish();
   ++contents_.step;

@@ -4,6 +4,8 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
+#include <iterator>
 #include <mutex>
 
 #include "accel/runtime/errors.h"
@@ -24,8 +26,16 @@ struct GradientSynchronizer::State {
     bool arrived = false;
   };
 
+  // Buffers of one dtype and device, packed for one broadcast.
+  struct BufferGroup {
+    std::vector<torch::Tensor> members;
+    torch::Tensor flat;
+    std::shared_ptr<Work> work;
+  };
+
   Communicator& comm;
   std::vector<torch::Tensor> parameters;  // Those that require a gradient.
+  std::vector<BufferGroup> buffer_groups;
   std::vector<Slot> slots;
   std::vector<Bucket> buckets;
   std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>>
@@ -147,9 +157,31 @@ std::vector<std::vector<size_t>> AssignBuckets(
 
 GradientSynchronizer::GradientSynchronizer(
     Communicator& comm, const std::vector<torch::Tensor>& parameters,
-    const GradientSyncOptions& options)
+    const GradientSyncOptions& options,
+    const std::vector<torch::Tensor>& buffers)
     : state_(std::make_shared<State>(comm)) {
   State& s = *state_;
+  if (options.broadcast_buffers) {
+    for (const torch::Tensor& buffer : buffers) {
+      if (!buffer.defined() || buffer.numel() == 0) continue;
+      ToDType(buffer.scalar_type());  // Rejects unsupported dtypes early.
+      auto group = std::find_if(
+          s.buffer_groups.begin(), s.buffer_groups.end(), [&](const auto& g) {
+            return g.members.front().scalar_type() == buffer.scalar_type() &&
+                   g.members.front().device() == buffer.device();
+          });
+      if (group == s.buffer_groups.end()) {
+        s.buffer_groups.emplace_back();
+        group = std::prev(s.buffer_groups.end());
+      }
+      group->members.push_back(buffer);
+    }
+    for (auto& group : s.buffer_groups) {
+      int64_t numel = 0;
+      for (const auto& b : group.members) numel += b.numel();
+      group.flat = torch::empty({numel}, group.members.front().options());
+    }
+  }
   const std::vector<std::vector<size_t>> groups =
       AssignBuckets(parameters, options);
   for (const auto& members : groups) {
@@ -212,17 +244,61 @@ size_t GradientSynchronizer::buckets_launched() const {
   return state_->next_to_launch;
 }
 
+void GradientSynchronizer::begin_backward() {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (!s.enabled) return;
+  torch::NoGradGuard no_grad;
+  for (auto& group : s.buffer_groups) {
+    if (s.comm.rank() == 0) {
+      int64_t offset = 0;
+      for (const auto& buffer : group.members) {
+        group.flat.narrow(0, offset, buffer.numel())
+            .copy_(buffer.reshape({-1}));
+        offset += buffer.numel();
+      }
+    }
+    CollectiveOptions options;
+    options.api = "backward (broadcast_buffers)";
+    options.site = s.site;
+    group.work = s.comm.broadcast_async(
+        group.flat.data_ptr(), static_cast<size_t>(group.flat.numel()),
+        ToDType(group.flat.scalar_type()), /*root=*/0, options);
+  }
+}
+
 void GradientSynchronizer::finish() {
   State& s = *state_;
+  std::exception_ptr buffer_failure;
+  for (auto& group : s.buffer_groups) {
+    if (!group.work) continue;
+    try {
+      group.work->wait();
+    } catch (...) {
+      if (!buffer_failure) buffer_failure = std::current_exception();
+    }
+    group.work.reset();
+    if (buffer_failure || s.comm.rank() == 0) continue;
+    torch::NoGradGuard no_grad;
+    int64_t offset = 0;
+    for (auto& buffer : group.members) {
+      buffer.copy_(
+          group.flat.narrow(0, offset, buffer.numel()).view(buffer.sizes()));
+      offset += buffer.numel();
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(s.mutex);
-    if (!s.enabled) return;
+    if (!s.enabled) {
+      if (buffer_failure) std::rethrow_exception(buffer_failure);
+      return;
+    }
     // Parameters without a gradient this step contribute what they hold.
     for (size_t index = 0; index < s.parameters.size(); ++index) {
       if (!s.slots[index].arrived) s.MarkArrived(index);
     }
   }
-  std::exception_ptr failure;
+  std::exception_ptr failure = buffer_failure;
   for (auto& bucket : s.buckets) {
     try {
       if (bucket.work) bucket.work->wait();

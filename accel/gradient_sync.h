@@ -13,6 +13,14 @@
 // zeroes in place keeps the view; one that sets gradients to none costs one
 // copy into the bucket at the next sync).
 //
+// As torch DDP's broadcast_buffers (on by default), the model's buffers
+// (BatchNorm's running statistics, ...) become rank 0's on every step that
+// syncs: DDP copies them before each forward; LibTorch's modules have no
+// forward hook, so the copy starts as backward begins (forward has updated
+// them, backward does not) and lands in finish(), overlapping backward. The
+// next forward sees rank 0's buffers, as under DDP, and after training every
+// rank holds the same ones (under DDP each keeps its last forward's update).
+//
 // A parameter that got no gradient in a step (unused in the forward pass)
 // contributes the gradient it holds (zeros if none); its bucket is launched
 // when finish() runs, so a step never hangs on it. A parameter that none of
@@ -34,6 +42,9 @@ struct GradientSyncOptions {
   // then buckets of up to bucket_cap_bytes.
   size_t first_bucket_bytes = 1 << 20;
   size_t bucket_cap_bytes = 25 << 20;
+  // torch DDP's broadcast_buffers: every syncing step gives each rank rank
+  // 0's buffers (see above).
+  bool broadcast_buffers = true;
 };
 
 // Which parameters share a bucket: indices into `parameters` (those that
@@ -47,10 +58,16 @@ std::vector<std::vector<size_t>> AssignBuckets(
 
 class GradientSynchronizer {
  public:
+  // `buffers`: the model's buffers, for broadcast_buffers.
   GradientSynchronizer(Communicator& comm,
                        const std::vector<torch::Tensor>& parameters,
-                       const GradientSyncOptions& options);
+                       const GradientSyncOptions& options,
+                       const std::vector<torch::Tensor>& buffers = {});
   ~GradientSynchronizer();
+
+  // Called just before backward: starts copying rank 0's buffers when this
+  // step syncs (broadcast_buffers).
+  void begin_backward();
 
   // Completes the step's reduction: launches buckets whose gradients never
   // all arrived, waits for every bucket, and writes the averages to .grad.

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
@@ -202,6 +203,71 @@ TEST(DdpTest, ParametersWithoutGradientsDoNotHangTheStep) {
   torch::Tensor all = accelerator.gather(trunk->weight.grad().reshape({1, -1}));
   for (int r = 1; r < accelerator.num_processes(); ++r) {
     EXPECT_TRUE(torch::equal(all[r], all[0]));
+  }
+}
+
+// A model with BatchNorm (running mean and variance, a step count) trained
+// on different data on every rank; each rank's buffers as rows of a gather.
+torch::Tensor BufferRowsAfterSteps(bool broadcast_buffers, int steps) {
+  Accelerator& accelerator = SharedAccelerator();
+  torch::manual_seed(5);
+  torch::nn::Linear linear(6, 4);
+  torch::nn::BatchNorm1d norm(4);
+  std::vector<torch::Tensor> parameters = linear->parameters();
+  for (auto& p : norm->parameters()) parameters.push_back(p);
+  GradientSyncOptions options;
+  options.broadcast_buffers = broadcast_buffers;
+  GradientSynchronizer sync(accelerator.communicator(), parameters, options,
+                            norm->buffers());
+  torch::manual_seed(100 + accelerator.process_index());  // Data differ.
+  for (int step = 0; step < steps; ++step) {
+    torch::Tensor loss =
+        norm->forward(linear->forward(torch::randn({8, 6}))).pow(2).sum();
+    sync.begin_backward();
+    loss.backward();
+    sync.finish();
+  }
+  torch::Tensor mine =
+      torch::cat({norm->running_mean, norm->running_var,
+                  norm->num_batches_tracked.to(torch::kFloat32).reshape({1})});
+  return accelerator.gather(mine.reshape({1, -1}));
+}
+
+TEST(DdpTest, BuffersAreRankZerosAfterEverySyncedStep) {
+  const torch::Tensor rows = BufferRowsAfterSteps(true, 3);
+  for (int r = 1; r < rows.size(0); ++r) {
+    EXPECT_TRUE(torch::equal(rows[r], rows[0])) << "rank " << r;
+  }
+  EXPECT_EQ(rows[0][-1].item<float>(), 3);  // Counted, not reset.
+  const torch::Tensor apart = BufferRowsAfterSteps(false, 3);
+  for (int r = 1; r < apart.size(0); ++r) {
+    EXPECT_FALSE(torch::equal(apart[r], apart[0])) << "rank " << r;
+  }
+}
+
+TEST(DdpTest, PreparedModelsBroadcastTheirBuffers) {
+  Accelerator& accelerator = SharedAccelerator();
+  torch::manual_seed(7);
+  torch::nn::Sequential model(torch::nn::Linear(10, 8),
+                              torch::nn::BatchNorm1d(8), torch::nn::ReLU(),
+                              torch::nn::Linear(8, 2));
+  torch::optim::SGD optimizer(model->parameters(),
+                              torch::optim::SGDOptions(0.1));
+  DataLoader<Blobs> data = MakeLoader(kPerRankBatch);
+  auto [ddp_model, ddp_optimizer, loader] =
+      accelerator.prepare(model, optimizer, data);
+  for (auto& batch : loader) {
+    accelerator.backward(Loss(ddp_model, batch));
+    ddp_optimizer.step();
+    ddp_optimizer.zero_grad();
+  }
+  for (const auto& buffer : ddp_model->named_buffers()) {
+    torch::Tensor all =
+        accelerator.gather(buffer.value().to(torch::kFloat64).reshape({1, -1}));
+    for (int r = 1; r < all.size(0); ++r) {
+      EXPECT_TRUE(torch::equal(all[r], all[0]))
+          << buffer.key() << " rank " << r;
+    }
   }
 }
 
