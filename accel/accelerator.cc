@@ -12,6 +12,7 @@
 
 #include "accel/runtime/error_report.h"
 #include "accel/runtime/errors.h"
+#include "accel/runtime/folder_lock.h"
 #include "accel/runtime/host_memory.h"
 #include "accel/runtime/logging.h"
 #include "accel/runtime/process_group.h"
@@ -201,6 +202,7 @@ Accelerator::Accelerator(AcceleratorOptions options)
                          "autocasts on the CPU)";
     }
   }
+  ClaimProjectDir();
   contents_.run_id = AgreeOnRunId();
   if (options_.seed) set_seed(*options_.seed);
   // Numbering continues after earlier runs' checkpoints. No rank can save
@@ -212,19 +214,53 @@ Accelerator::Accelerator(AcceleratorOptions options)
   }
 }
 
-std::string Accelerator::AgreeOnRunId() {
-  // Rank 0's random id, through the store (not a collective: collective
-  // numbers stay those of the program's own calls).
+std::string Accelerator::FromMainProcess(const std::string& name,
+                                         const std::string& value) {
+  // Through the store, not a collective: collective numbers stay those of
+  // the program's own calls.
+  if (num_processes() == 1) return value;
   const std::string key =
-      "accelerator/run_id/" + std::to_string(env_.restart_count);
+      "accelerator/" + name + "/" + std::to_string(env_.restart_count);
   if (is_main_process()) {
-    std::random_device random;
-    char id[17];
-    std::snprintf(id, sizeof(id), "%08x%08x", random(), random());
-    if (num_processes() > 1) group_->store().set(key, id);
-    return id;
+    group_->store().set(key, value);
+    return value;
   }
   return group_->store().get(key, options_.rendezvous_timeout);
+}
+
+std::string Accelerator::AgreeOnRunId() {
+  std::string id;
+  if (is_main_process()) {
+    std::random_device random;
+    char text[17];
+    std::snprintf(text, sizeof(text), "%08x%08x", random(), random());
+    id = text;
+  }
+  return FromMainProcess("run_id", id);
+}
+
+void Accelerator::ClaimProjectDir() {
+  if (options_.project_dir.empty()) return;
+  // Rank 0 claims it for the job (the folder is shared by the job's
+  // machines); every rank gets the verdict, so none trains on alone.
+  std::string refusal;
+  if (is_main_process()) {
+    std::string holder;
+    project_lock_ = FolderLock::TryAcquire(options_.project_dir, &holder);
+    if (project_lock_ == nullptr) {
+      refusal = "project_dir '" + options_.project_dir +
+                "' is in use by another job (" + holder +
+                "): two jobs in one folder would interleave their "
+                "checkpoints. Let it finish or stop it, or give this job "
+                "another folder";
+    } else if (!project_lock_->unlocked_reason().empty()) {
+      ACCEL_LOG(WARNING) << project_lock_->unlocked_reason()
+                         << ": nothing keeps another job from writing "
+                            "checkpoints into the same project_dir";
+    }
+  }
+  refusal = FromMainProcess("project_dir_refusal", refusal);
+  if (!refusal.empty()) throw UsageError(refusal);
 }
 
 Accelerator::~Accelerator() {

@@ -74,6 +74,7 @@
 
 namespace accel {
 
+class FolderLock;
 class ProcessGroup;
 
 // Accelerate's DistributedType, for the backends accel has.
@@ -650,7 +651,13 @@ class Accelerator {
   GradientSynchronizer* SynchronizerOf(const torch::nn::Module* model,
                                        const char* operation);
 
+  // Rank 0's `value` on every rank (set once per name and restart).
+  std::string FromMainProcess(const std::string& name,
+                              const std::string& value);
   std::string AgreeOnRunId();
+  // Refuses, on every rank, a project_dir that another job (or Accelerator)
+  // is using: their checkpoint numbers would interleave.
+  void ClaimProjectDir();
   void PrepareModule(const std::shared_ptr<torch::nn::Module>& module);
   std::shared_ptr<PreparedOptimizer> PrepareOptimizer(
       torch::optim::Optimizer& optimizer);
@@ -665,6 +672,7 @@ class Accelerator {
   std::string backend_;
   torch::Device device_ = torch::kCPU;
   std::unique_ptr<ProcessGroup> group_;
+  std::unique_ptr<FolderLock> project_lock_;  // Main process, project_dir.
   std::vector<std::pair<const torch::nn::Module*,
                         std::unique_ptr<GradientSynchronizer>>>
       synchronizers_;

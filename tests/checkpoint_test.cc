@@ -410,14 +410,16 @@ TEST(CheckpointTest, NumbersOfTenDigitsAndMoreCountForResumeAndPruning) {
   }
   ASSERT_EQ(rename((folder + "2").c_str(), (folder + "99999999999").c_str()),
             0);
-  TrainingRun next(8, project);
-  EXPECT_EQ(next.accelerator.load_state(), folder + "99999999999");
-  EXPECT_EQ(next.accelerator.save_state(), folder + "100000000000");
-  EXPECT_EQ(CheckpointIndices(project),
-            (std::vector<int64_t>{99999999999, 100000000000}));
-  // Folders accel does not name (leading zeros) are not checkpoints.
-  ASSERT_EQ(mkdir((folder + "0100000000001").c_str(), 0755), 0);
-  EXPECT_EQ(next.accelerator.latest_checkpoint(), folder + "100000000000");
+  {
+    TrainingRun next(8, project);
+    EXPECT_EQ(next.accelerator.load_state(), folder + "99999999999");
+    EXPECT_EQ(next.accelerator.save_state(), folder + "100000000000");
+    EXPECT_EQ(CheckpointIndices(project),
+              (std::vector<int64_t>{99999999999, 100000000000}));
+    // Folders accel does not name (leading zeros) are not checkpoints.
+    ASSERT_EQ(mkdir((folder + "0100000000001").c_str(), 0755), 0);
+    EXPECT_EQ(next.accelerator.latest_checkpoint(), folder + "100000000000");
+  }
   // Beyond int64: refused at once, naming the folder.
   ASSERT_EQ(mkdir((folder + "1234567890123456789").c_str(), 0755), 0);
   try {
@@ -453,9 +455,9 @@ TEST(CheckpointTest, ASaveAtFewerProcessesRemovesTheExtraRanksFiles) {
 
 TEST(CheckpointTest, AFullDiskFailsTheSaveNamingTheFileAndLeavesNothing) {
   const std::string project = MakeTempDir("full");
-  TrainingRun run(64, project);
-  const std::string good = run.accelerator.save_state();
-  run.TrainEpoch();
+  auto run = std::make_unique<TrainingRun>(64, project);
+  const std::string good = run->accelerator.save_state();
+  run->TrainEpoch();
   // A file-size limit stands in for a full disk: writes past it fail with
   // EFBIG (SIGXFSZ ignored), as they would with ENOSPC.
   signal(SIGXFSZ, SIG_IGN);
@@ -466,11 +468,12 @@ TEST(CheckpointTest, AFullDiskFailsTheSaveNamingTheFileAndLeavesNothing) {
   setrlimit(RLIMIT_FSIZE, &tiny);
   std::string message;
   try {
-    run.accelerator.save_state();
+    run->accelerator.save_state();
   } catch (const CheckpointError& e) {
     message = e.what();
   }
   setrlimit(RLIMIT_FSIZE, &original);
+  run.reset();
   EXPECT_THAT(message, HasSubstr("File too large"));
   EXPECT_THAT(message, HasSubstr(project + "/checkpoints/checkpoint_2/"));
   // Nothing of the failed save is left, and the earlier one still loads.
@@ -498,6 +501,24 @@ TEST(CheckpointTest, FilesFromAnotherSaveOrSwappedFilesAreRefused) {
   EXPECT_THAT(CheckpointErrorOf(second, root + "/b"),
               HasSubstr("holds accelerator_state, expected random_states_0"));
   EXPECT_TRUE(SameValues(second.Snapshot(), before));
+}
+
+TEST(CheckpointTest, ASecondJobInTheSameProjectDirIsRefusedNamingTheFirst) {
+  const std::string project = MakeTempDir("shared");
+  auto first = std::make_unique<TrainingRun>(8, project);
+  try {
+    TrainingRun second(8, project);
+    ADD_FAILURE() << "two Accelerators share " << project;
+  } catch (const UsageError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("project_dir '" + project +
+                                    "' is in use by another job (pid " +
+                                    std::to_string(getpid()) + " on "));
+    EXPECT_THAT(e.what(), HasSubstr("checkpoint_test"));
+  }
+  first.reset();  // Released with its Accelerator.
+  TrainingRun third(8, project);
+  EXPECT_EQ(third.accelerator.save_state(),
+            project + "/checkpoints/checkpoint_1");
 }
 
 TEST(CheckpointTest, SaveStateWithoutProjectDirIsAUsageError) {

@@ -138,6 +138,47 @@ TEST(ExamplesTest, KilledRankIsRestartedAndResumesToTheSameResult) {
   EXPECT_FALSE(Exists(out + "/checkpoints/checkpoint_6"));
 }
 
+// A second job writing into the same folder is refused on every rank,
+// naming the first; once the first is gone (even by SIGKILL), the folder is
+// free again.
+TEST(ExamplesTest, ASecondJobInTheSameOutputFolderIsRefused) {
+  const std::string out = MakeTempDir("two_jobs") + "/out";
+  ProcessResult second;
+  const ProcessResult first = RunProcess(
+      {Runfile("examples/train_demo"), "--num_processes=2", "--epochs=50",
+       "--sleep_per_step_ms=50", "--output_dir=" + out,
+       "--main_process_port=0"},
+      {}, kTimeout, [&](pid_t supervisor) {
+        for (int i = 0; i < 3000 && ReadFile(out + "/accel.lock").empty();
+             ++i) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        second = RunExample("train_demo", {"--num_processes=2", "--epochs=1",
+                                           "--output_dir=" + out});
+        kill(-supervisor, SIGKILL);  // Its ranks die with it.
+      });
+  EXPECT_EQ(first.exit_code, 128 + SIGKILL) << first.output;
+  EXPECT_EQ(second.exit_code, 1) << second.output;
+  const std::string refusal = "project_dir '" + out +
+                              "' is in use by another job (pid ";
+  EXPECT_THAT(second.output, HasSubstr("[rank 0/2] " + refusal))
+      << second.output;
+  EXPECT_THAT(second.output, HasSubstr("[rank 1/2] " + refusal));
+  EXPECT_THAT(second.output, HasSubstr(": train_demo --num_processes=2"));
+  // Nothing of the second job landed in the first job's checkpoints.
+  EXPECT_THAT(second.output, ::testing::Not(HasSubstr("Epoch 1 - Accuracy")));
+  for (int i = 0; i < 500 && !ChildrenOf(getpid()).empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const ProcessResult third = RunExample(
+      "train_demo",
+      {"--num_processes=2", "--epochs=1", "--output_dir=" + out + "_third"});
+  EXPECT_EQ(third.exit_code, 0) << third.output;
+  const ProcessResult after = RunExample(
+      "train_demo", {"--num_processes=2", "--epochs=1", "--output_dir=" + out});
+  EXPECT_EQ(after.exit_code, 0) << after.output;
+}
+
 // The process the user started supervises its ranks as accel-launch, a
 // small program run in its place: it does not keep LibTorch resident.
 TEST(ExamplesTest, TheSupervisorOfASelfLaunchedJobIsSmall) {
