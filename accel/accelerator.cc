@@ -16,6 +16,7 @@
 #include "accel/runtime/host_memory.h"
 #include "accel/runtime/logging.h"
 #include "accel/runtime/process_group.h"
+#include "accel/runtime/process_setup.h"
 #include "accel/runtime/program.h"
 #include "accel/runtime/registry.h"
 #include "accel/runtime/startup_trace.h"
@@ -137,10 +138,11 @@ void NoSyncScope::Add(GradientSynchronizer* synchronizer, bool enabled) {
 }
 
 Accelerator::Accelerator(AcceleratorOptions options)
-    : env_(DistributedEnvironment::FromProcess()),
+    : env_((PrepareProcess(), DistributedEnvironment::FromProcess())),
       options_(std::move(options)),
       state_(std::make_shared<TrainingState>()) {
   InstallTerminateHandler();
+  InstallPreemptionHandlers();
   ValidateOptions(options_);
   // Outside the log statement, whose stream runs only at --v=1.
   const std::string host_memory =
@@ -515,6 +517,24 @@ torch::Tensor Accelerator::pad_across_processes(const torch::Tensor& tensor,
 
 void Accelerator::wait_for_everyone(CallSite site) {
   communicator().barrier(At(site, "wait_for_everyone"));
+}
+
+bool Accelerator::check_preemption(CallSite site) {
+  StartHandlingPreemption();
+  if (preemption_signal_ != 0) return true;
+  int32_t signal_number = PendingPreemptionSignal();
+  if (num_processes() > 1) {
+    communicator().allreduce(&signal_number, 1, DType::kInt32, ReduceOp::kMax,
+                             At(site, "check_preemption"));
+  }
+  if (signal_number == 0) return false;
+  preemption_signal_ = signal_number;
+  if (is_main_process()) {
+    ACCEL_LOG(WARNING) << "got " << SignalName(signal_number)
+                       << ": every rank stops at this step (" << site.ToString()
+                       << ")";
+  }
+  return true;
 }
 
 bool Accelerator::check_trigger(CallSite site) {

@@ -65,6 +65,7 @@
 #include "accel/runtime/environment.h"
 #include "accel/runtime/files.h"
 #include "accel/runtime/object_collectives.h"
+#include "accel/runtime/preemption.h"
 #include "accel/runtime/program.h"
 #include "accel/safetensors.h"
 #include "accel/scheduler.h"
@@ -364,6 +365,21 @@ class Accelerator {
   // when one did since the last check (a collective), and lowers it.
   void set_trigger() { trigger_ = true; }
   bool check_trigger(CallSite site = CallSite::Here());
+  // Preemption: true on every rank, at the same call, once any rank got a
+  // stop signal (SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2: a cluster's
+  // warning before it kills the job, or the launcher passing one on). Call
+  // it once per step; when it says so, save and leave within the grace
+  // period:
+  //   if (accelerator.check_preemption()) {
+  //     accelerator.save_state();
+  //     return accel::kPreemptedExitCode;  // 75; --resume continues
+  //   }
+  // Until a program's first call, a stop signal ends it at once, as before
+  // (see accel/runtime/preemption.h). It stays true once raised.
+  bool check_preemption(CallSite site = CallSite::Here());
+  // The stop signal that check_preemption reported (the highest number
+  // when ranks got different ones), or 0.
+  int preemption_signal() const { return preemption_signal_; }
 
   // --- Doing things on some processes ------------------------------------
   // Prints its arguments, separated by spaces, on the local main process.
@@ -681,6 +697,7 @@ class Accelerator {
   int64_t next_checkpoint_ = 1;
   bool checked_shared_folder_ = false;
   bool trigger_ = false;
+  int preemption_signal_ = 0;
   std::vector<StateHook> save_hooks_;
   std::vector<StateHook> load_hooks_;
   std::vector<std::string> tracker_names_;  // log_with, "all" resolved.

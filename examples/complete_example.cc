@@ -232,6 +232,18 @@ int Main(int argc, char** argv) {
       if (checkpoint_every > 0 && steps_this_run % checkpoint_every == 0) {
         accelerator.save_state();
       }
+      // A cluster's warning before it kills the job (SIGTERM, SLURM's
+      // --signal=USR1@60): save between optimizer steps, leave, and let
+      // --resume continue from there.
+      if (accelerator.check_preemption()) {
+        const std::string saved = accelerator.save_state();
+        accelerator.print("Preempted by",
+                          accel::SignalName(accelerator.preemption_signal()),
+                          "at epoch", epoch + 1, "- saved", saved,
+                          "(continue with --resume)");
+        accelerator.end_training();
+        return accel::kPreemptedExitCode;
+      }
       if (FLAGS_stop_after_steps > 0 &&
           steps_this_run >= FLAGS_stop_after_steps) {
         accelerator.print("Stopped after", steps_this_run, "steps");

@@ -83,6 +83,24 @@ double ParameterNorm(torch::nn::Module& module) {
   return std::sqrt(squares);
 }
 
+// The epoch's accuracy so far, saved with the checkpoints: a run resumed in
+// the middle of an epoch (after preemption) reports the whole epoch's.
+struct EpochTotals {
+  int64_t correct = 0;
+  int64_t total = 0;
+  void save(torch::serialize::OutputArchive& archive) const {
+    archive.write("correct", c10::IValue(correct));
+    archive.write("total", c10::IValue(total));
+  }
+  void load(torch::serialize::InputArchive& archive) {
+    c10::IValue value;
+    archive.read("correct", value);
+    correct = value.toInt();
+    archive.read("total", value);
+    total = value.toInt();
+  }
+};
+
 void ShowProgress(int epoch, size_t step, size_t steps, double loss,
                   double rate) {
   std::fprintf(stderr, "\rEpoch %d/%d [%zu/%zu] loss %.4f %.1f it/s", epoch,
@@ -135,6 +153,8 @@ int Main(int argc, char** argv) {
 
   auto [prepared_model, prepared_optimizer, loader] =
       accelerator.prepare(model, optimizer, data);
+  EpochTotals totals;
+  accelerator.register_for_checkpointing(totals);
   std::string resumed = FLAGS_resume_from;
   if (!resumed.empty()) {
     accelerator.load_state(resumed);
@@ -154,8 +174,8 @@ int Main(int argc, char** argv) {
       FLAGS_progress && accelerator.is_local_main_process();
   for (int epoch = static_cast<int>(loader.epoch()); epoch < FLAGS_epochs;
        ++epoch) {
-    int64_t correct = 0;
-    int64_t total = 0;
+    int64_t& correct = totals.correct;
+    int64_t& total = totals.total;
     size_t step = 0;
     const auto epoch_start = std::chrono::steady_clock::now();
     auto step_start = epoch_start;
@@ -200,6 +220,19 @@ int Main(int argc, char** argv) {
         ShowProgress(epoch + 1, step, loader.size(), loss.item<double>(),
                      step / std::max(seconds, 1e-9));
       }
+      // A cluster's warning before it kills the job (SIGTERM, SLURM's
+      // --signal=USR1@60): every rank saves at this step and leaves, and
+      // --resume continues bit for bit.
+      if (accelerator.check_preemption()) {
+        const std::string saved = accelerator.save_state();
+        if (show_progress) std::fprintf(stderr, "\n");
+        accelerator.print("Preempted by",
+                          accel::SignalName(accelerator.preemption_signal()),
+                          "in epoch", epoch + 1, "- saved", saved,
+                          "(continue with --resume)");
+        accelerator.end_training();
+        return accel::kPreemptedExitCode;
+      }
     }
     accelerator.wait_for_everyone();
     accelerator.log({{"epoch_accuracy", static_cast<double>(correct) /
@@ -210,6 +243,8 @@ int Main(int argc, char** argv) {
                   static_cast<double>(correct) / static_cast<double>(total));
       std::fflush(stdout);
     }
+    correct = 0;
+    total = 0;
     // Every rank saves (its own RNG file); the newest --total_limit stay.
     accelerator.save_state();
   }

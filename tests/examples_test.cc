@@ -45,6 +45,13 @@ std::string Fingerprint(const ProcessResult& r) {
   return found.size() == 1 ? found[0] : "missing in:\n" + r.output;
 }
 
+// `first`, then `then`.
+std::vector<std::string> Concat(std::vector<std::string> first,
+                                const std::vector<std::string>& then) {
+  first.insert(first.end(), then.begin(), then.end());
+  return first;
+}
+
 bool Exists(const std::string& path) {
   struct stat info;
   return stat(path.c_str(), &info) == 0;
@@ -98,8 +105,7 @@ TEST(ExamplesTest, KilledRankIsRestartedAndResumesToTheSameResult) {
   const std::vector<std::string> common = {"--num_processes=2", "--epochs=8",
                                            "--sleep_per_step_ms=25"};
   auto with = [&](std::vector<std::string> extra) {
-    extra.insert(extra.begin(), common.begin(), common.end());
-    return extra;
+    return Concat(common, std::move(extra));
   };
   const ProcessResult straight =
       RunExample("train_demo", with({"--output_dir=" + dir + "/straight"}));
@@ -138,6 +144,176 @@ TEST(ExamplesTest, KilledRankIsRestartedAndResumesToTheSameResult) {
   EXPECT_FALSE(Exists(out + "/checkpoints/checkpoint_6"));
 }
 
+// A saved model's weights by name (defined below).
+std::map<std::string, torch::Tensor> Weights(const std::string& dir);
+
+// Waits until `path` exists (at most 30 s).
+void AwaitFile(const std::string& path) {
+  for (int i = 0; i < 3000 && !Exists(path); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+// A cluster's warning before it kills the job, to the supervisor (SLURM's
+// --signal=USR1@60 on the batch step, Kubernetes' SIGTERM) or to the ranks
+// themselves (srun --signal, torchrun's agent): every rank saves at the
+// same step and leaves with 75, and --resume continues bit for bit.
+TEST(ExamplesTest, PreemptedTrainDemoSavesLeavesAndResumesBitForBit) {
+  const std::string dir = MakeTempDir("preempt");
+  const std::vector<std::string> common = {"--num_processes=2", "--epochs=4",
+                                           "--sleep_per_step_ms=40"};
+  auto with = [&](std::vector<std::string> extra) {
+    return Concat(common, std::move(extra));
+  };
+  const ProcessResult straight =
+      RunExample("train_demo", with({"--output_dir=" + dir + "/straight"}));
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  for (const bool to_ranks : {false, true}) {
+    for (int signal_number : {SIGUSR1, SIGTERM}) {
+      const std::string out = dir + "/" + std::to_string(signal_number) +
+                              (to_ranks ? "_ranks" : "_supervisor");
+      std::vector<std::string> args =
+          with({"--output_dir=" + out, "--resume", "--main_process_port=0"});
+      args.insert(args.begin(), Runfile("examples/train_demo"));
+      const ProcessResult preempted =
+          RunProcess(args, {}, kTimeout, [&](pid_t supervisor) {
+            // In the middle of epoch 2.
+            AwaitFile(out + "/checkpoints/checkpoint_1/accelerator_state.pt");
+            std::this_thread::sleep_for(std::chrono::milliseconds(120));
+            if (!to_ranks) {
+              kill(supervisor, signal_number);
+              return;
+            }
+            for (pid_t rank : ChildrenOf(supervisor)) kill(rank, signal_number);
+          });
+      SCOPED_TRACE(std::string(to_ranks ? "ranks" : "supervisor") + " got " +
+                   strsignal(signal_number));
+      EXPECT_EQ(preempted.exit_code, 75) << preempted.output;
+      EXPECT_THAT(preempted.output,
+                  HasSubstr("Preempted by " +
+                            std::string(signal_number == SIGUSR1 ? "SIGUSR1"
+                                                                 : "SIGTERM") +
+                            " in epoch 2 - saved " + out +
+                            "/checkpoints/checkpoint_2 (continue with "
+                            "--resume)"))
+          << preempted.output;
+      EXPECT_THAT(preempted.output,
+                  HasSubstr("all 2 rank(s) saved and left (exit code 75)"));
+      EXPECT_EQ(Matches(preempted.output, "Epoch [0-9] - Accuracy").size(), 1u);
+      const ProcessResult resumed = RunProcess(args, {}, kTimeout);
+      ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+      EXPECT_THAT(resumed.output, HasSubstr("Resumed from " + out +
+                                            "/checkpoints/checkpoint_2"));
+      EXPECT_EQ(Fingerprint(resumed), Fingerprint(straight));
+      // The epoch cut in two reports the same accuracy as uninterrupted.
+      EXPECT_EQ(Matches(preempted.output + resumed.output,
+                        "Epoch [0-9] - Accuracy: [0-9.]+"),
+                Matches(straight.output, "Epoch [0-9] - Accuracy: [0-9.]+"));
+    }
+  }
+}
+
+TEST(ExamplesTest, PreemptedCompleteExampleResumesBitForBit) {
+  const std::string dir = MakeTempDir("preempt_complete");
+  const std::vector<std::string> common = {
+      "--num_processes=2", "--gradient_accumulation_steps=2", "--epochs=6",
+      "--checkpointing_steps=epoch", "--main_process_port=0"};
+  std::vector<std::string> straight_args = common;
+  straight_args.insert(straight_args.begin(),
+                       Runfile("examples/complete_example"));
+  straight_args.push_back("--output_dir=" + dir + "/a");
+  const ProcessResult straight = RunProcess(straight_args, {}, kTimeout);
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  std::vector<std::string> args = common;
+  args.insert(args.begin(), Runfile("examples/complete_example"));
+  args.push_back("--output_dir=" + dir + "/b");
+  args.push_back("--resume");
+  const ProcessResult preempted =
+      RunProcess(args, {}, kTimeout, [&](pid_t supervisor) {
+        AwaitFile(dir + "/b/checkpoints/checkpoint_1/accelerator_state.pt");
+        kill(supervisor, SIGTERM);
+      });
+  EXPECT_EQ(preempted.exit_code, 75) << preempted.output;
+  EXPECT_EQ(
+      Matches(preempted.output, "Preempted by SIGTERM at epoch [2-6] - saved")
+          .size(),
+      1u)
+      << preempted.output;
+  const ProcessResult resumed = RunProcess(args, {}, kTimeout);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const auto a = Weights(dir + "/a");
+  const auto b = Weights(dir + "/b");
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, tensor] : a) {
+    EXPECT_TRUE(torch::equal(tensor, b.at(name))) << name;
+  }
+}
+
+// A console that goes away (`| head`, a closed ssh session) must not stop
+// training: the job finishes and saves, only its output is lost.
+TEST(ExamplesTest, AClosedConsoleDoesNotStopTraining) {
+  const std::string out = MakeTempDir("console") + "/out";
+  const ProcessResult r =
+      RunProcess({"/bin/bash", "-c",
+                  "\"$0\" --num_processes=2 --epochs=6 --sleep_per_step_ms=10 "
+                  "--main_process_port=0 --output_dir=\"$1\" 2>&1 | head -c 20 "
+                  ">/dev/null; echo \"job exit ${PIPESTATUS[0]}\"",
+                  Runfile("examples/train_demo"), out},
+                 {}, kTimeout);
+  EXPECT_THAT(r.output, HasSubstr("job exit 0")) << r.output;
+  EXPECT_TRUE(Exists(out + "/accelerator_state.pt")) << r.output;
+  EXPECT_TRUE(Exists(out + "/checkpoints/checkpoint_6/accelerator_state.pt"));
+}
+
+// Started with closed standard streams (a daemon, `>&- 2>&-`), the job
+// runs as usual; before, rank 0's store socket became its stdout.
+TEST(ExamplesTest, ClosedStandardStreamsAtLaunchChangeNothing) {
+  const std::string out = MakeTempDir("closed") + "/out";
+  const ProcessResult r =
+      RunProcess({"/bin/bash", "-c",
+                  "\"$0\" --num_processes=2 --epochs=2 --main_process_port=0 "
+                  "--output_dir=\"$1\" <&- >&- 2>&- ; echo \"job exit $?\"",
+                  Runfile("examples/train_demo"), out},
+                 {}, kTimeout);
+  EXPECT_THAT(r.output, HasSubstr("job exit 0")) << r.output;
+  EXPECT_TRUE(Exists(out + "/accelerator_state.pt"));
+  EXPECT_TRUE(Exists(out + "/random_states_1.pt"));
+  EXPECT_LT(r.elapsed, std::chrono::seconds(20));
+}
+
+// A file-size limit (ulimit -f) ends a save with the I/O error, named, and
+// nothing half-written stays; before, SIGXFSZ killed the rank, leaving a
+// .partial file. At start-up it is as clear (shared memory counts too).
+TEST(ExamplesTest, AFileSizeLimitIsAnIoErrorNotASignal) {
+  const std::string out = MakeTempDir("fsize") + "/out";
+  const ProcessResult r =
+      RunProcess({"/bin/bash", "-c",
+                  "ulimit -f 200; exec \"$0\" --num_processes=2 --epochs=2 "
+                  "--hidden=2000 --main_process_port=0 --output_dir=\"$1\"",
+                  Runfile("examples/train_demo"), out},
+                 {{"ACCEL_SHARED_MEMORY", "0"}}, kTimeout);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("accelerator_state.pt'): File too large (the "
+                                  "file-size limit, ulimit -f, is 204800 "
+                                  "bytes)"))
+      << r.output;
+  EXPECT_THAT(r.output, ::testing::Not(HasSubstr("signal 25")));
+  const ProcessResult find =
+      RunProcess({"/usr/bin/find", out, "-name", "*.partial*"}, {}, kTimeout);
+  EXPECT_EQ(find.output, "");
+  const ProcessResult start =
+      RunProcess({"/bin/bash", "-c",
+                  "ulimit -f 8; exec \"$0\" --num_processes=2 --epochs=1 "
+                  "--main_process_port=0 --output_dir=\"$1\"",
+                  Runfile("examples/train_demo"), out + "2"},
+                 {}, kTimeout);
+  EXPECT_EQ(start.exit_code, 1) << start.output;
+  EXPECT_THAT(start.output,
+              HasSubstr("sizing shared memory (counted against the file-size "
+                        "limit): File too large (the file-size limit, ulimit "
+                        "-f, is 8192 bytes)"));
+}
+
 // A second job writing into the same folder is refused on every rank,
 // naming the first; once the first is gone (even by SIGKILL), the folder is
 // free again.
@@ -159,8 +335,8 @@ TEST(ExamplesTest, ASecondJobInTheSameOutputFolderIsRefused) {
       });
   EXPECT_EQ(first.exit_code, 128 + SIGKILL) << first.output;
   EXPECT_EQ(second.exit_code, 1) << second.output;
-  const std::string refusal = "project_dir '" + out +
-                              "' is in use by another job (pid ";
+  const std::string refusal =
+      "project_dir '" + out + "' is in use by another job (pid ";
   EXPECT_THAT(second.output, HasSubstr("[rank 0/2] " + refusal))
       << second.output;
   EXPECT_THAT(second.output, HasSubstr("[rank 1/2] " + refusal));
@@ -328,8 +504,7 @@ TEST(ExamplesTest, CompleteExampleResumesInTheMiddleOfAnEpochBitForBit) {
       "--num_processes=2", "--checkpointing_steps=3",
       "--gradient_accumulation_steps=2", "--mixed_precision=bf16"};
   auto with = [&](std::vector<std::string> extra) {
-    extra.insert(extra.begin(), common.begin(), common.end());
-    return extra;
+    return Concat(common, std::move(extra));
   };
   const ProcessResult straight =
       RunExample("complete_example", with({"--output_dir=" + dir + "/a"}));

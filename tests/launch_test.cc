@@ -101,9 +101,37 @@ TEST(LaunchTest, SigtermToTheLauncherReachesEveryRankAndGrandchild) {
         kill(launcher, SIGTERM);
       });
   EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.output;
-  EXPECT_THAT(r.output, HasSubstr("got signal 15"));
+  EXPECT_THAT(r.output, HasSubstr("got SIGTERM (Terminated); passing SIGTERM "
+                                  "to the 2 running rank(s)"));
   EXPECT_LT(r.elapsed, seconds(30)) << r.output;
   ExpectNoneAlive(pid_dir, 4);
+}
+
+// An ssh hangup, SLURM's --signal and Ctrl-\\ reach the ranks as SIGTERM
+// does, and the launcher says what happened, rather than dying silently and
+// taking the ranks with it.
+TEST(LaunchTest, HangupUser1AndQuitArePassedOnAndSaid) {
+  for (const auto& [signal_number, said] :
+       std::vector<std::pair<int, std::string>>{
+           {SIGHUP, "got SIGHUP (Hangup); passing SIGTERM"},
+           {SIGUSR1, "got SIGUSR1 (User defined signal 1); passing SIGUSR1"},
+           {SIGQUIT, "got SIGQUIT (Quit); passing SIGTERM"}}) {
+    const std::string pid_dir = MakeTempDir("signal");
+    const ProcessResult r = RunProcess(
+        {Launcher(), "--num_processes=2", "--main_process_port=0", "--",
+         Worker(), "--scenario=sleep", "--pid_dir=" + pid_dir},
+        {}, kTimeout, [&](pid_t launcher) {
+          for (int i = 0; i < 1000 && ReadPidFiles(pid_dir).size() < 4; ++i) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          }
+          kill(launcher, signal_number);
+        });
+    EXPECT_EQ(r.exit_code, 128 + signal_number) << r.output;
+    EXPECT_THAT(r.output, HasSubstr(said + " to the 2 running rank(s)"))
+        << r.output;
+    EXPECT_LT(r.elapsed, seconds(30)) << r.output;
+    ExpectNoneAlive(pid_dir, 4);
+  }
 }
 
 // Listening TCP sockets ("ip:port", ip as in /proc/net/tcp) of processes.

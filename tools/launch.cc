@@ -34,6 +34,7 @@ const std::set<std::string> kUsed = {"num_processes",
                                      "num_threads",
                                      "num_cpu_threads_per_process",
                                      "max_restarts",
+                                     "signal_grace_s",
                                      "log_dir",
                                      "config_file"};
 

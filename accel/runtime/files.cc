@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -86,8 +87,19 @@ void AtomicFile::Discard() {
   std::remove(temporary_.c_str());
 }
 
+std::string ErrnoText(int error) {
+  std::string text = std::strerror(error);
+  rlimit limit{};
+  if (error == EFBIG && getrlimit(RLIMIT_FSIZE, &limit) == 0 &&
+      limit.rlim_cur != RLIM_INFINITY) {
+    text += " (the file-size limit, ulimit -f, is " +
+            std::to_string(limit.rlim_cur) + " bytes)";
+  }
+  return text;
+}
+
 void AtomicFile::Fail(const std::string& action) {
-  const std::string reason = std::strerror(errno);
+  const std::string reason = ErrnoText(errno);
   Discard();
   throw CheckpointError("cannot " + action + " '" + temporary_ + "' (for '" +
                         path_ + "'): " + reason);

@@ -55,6 +55,10 @@ class AtomicFile {
 
 void WriteFileAtomically(const std::string& path, std::string_view contents);
 
+// strerror(error), with what the system's limit is when one was hit: "File
+// too large (the file-size limit, ulimit -f, is 8192 bytes)".
+std::string ErrnoText(int error);
+
 // Creates `dir` and its missing parents (mkdir -p); CheckpointError names the
 // folder that could not be created and why.
 void MakeDirectories(const std::string& dir);

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -22,6 +23,8 @@
 #include "accel/runtime/logging.h"
 #include "accel/runtime/mpirun.h"
 #include "accel/runtime/net.h"
+#include "accel/runtime/preemption.h"
+#include "accel/runtime/process_setup.h"
 #include "accel/runtime/random_hex.h"
 #include "accel/runtime/rank_output.h"
 
@@ -39,7 +42,20 @@ struct Rank {
   int rank;
   pid_t pid;
   bool running = true;
+  int status = 0;  // waitpid's, once it has exited.
 };
+
+// The signals the launcher passes on to the ranks, and as what: SIGTERM for
+// those whose sender means "stop" (SIGHUP: the console went away; SIGQUIT),
+// SIGINT as it is (Ctrl-C), SIGUSR1/2 as they are (SLURM's --signal warns
+// with them; programs may give them a meaning of their own).
+constexpr int kStopSignals[] = {SIGINT,  SIGTERM, SIGHUP,
+                                SIGQUIT, SIGUSR1, SIGUSR2};
+
+int ForwardedAs(int signal_number) {
+  return signal_number == SIGHUP || signal_number == SIGQUIT ? SIGTERM
+                                                             : signal_number;
+}
 
 // FNV-1a: the same on every machine, unlike std::hash.
 std::string StableHash(const std::string& text) {
@@ -123,6 +139,10 @@ void Validate(const LaunchOptions& o) {
   if (o.max_restarts < 0) {
     throw UsageError("--max_restarts must not be negative, found " +
                      std::to_string(o.max_restarts));
+  }
+  if (o.signal_grace.count() < 0) {
+    throw UsageError("--signal_grace_s must not be negative, found " +
+                     std::to_string(o.signal_grace.count() / 1000));
   }
   if (o.threads_per_process < 1) {
     throw UsageError("threads per process must be at least 1, found " +
@@ -242,25 +262,31 @@ pid_t StartRank(const std::vector<std::string>& command,
 }
 
 void SignalAll(const std::vector<Rank>& ranks, int signal) {
-  // The whole process group: a rank's own children must not outlive it.
+  // The whole process group: a rank's own children must not outlive it
+  // (also those of a rank that has exited).
   for (const auto& r : ranks) kill(-r.pid, signal);
 }
 
-// Reaps ranks that exit within `timeout`; true if some are still running.
-bool WaitForExit(std::vector<Rank>& ranks, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  auto any_running = [&] {
-    bool running = false;
-    for (auto& r : ranks) {
-      if (r.running && waitpid(r.pid, nullptr, WNOHANG) == r.pid) {
-        r.running = false;
-      }
-      running |= r.running;
+// Reaps the ranks that have exited; true if some are still running.
+bool ReapAndCheckRunning(std::vector<Rank>& ranks) {
+  bool running = false;
+  for (auto& r : ranks) {
+    if (r.running && waitpid(r.pid, &r.status, WNOHANG) == r.pid) {
+      r.running = false;
     }
-    return running;
-  };
-  while (any_running()) {
+    running |= r.running;
+  }
+  return running;
+}
+
+// Reaps ranks that exit within `timeout`; true if some are still running.
+// `interrupt` (optional) ends the wait early when it returns true.
+bool WaitForExit(std::vector<Rank>& ranks, std::chrono::milliseconds timeout,
+                 const std::function<bool()>& interrupt = {}) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (ReapAndCheckRunning(ranks)) {
     if (std::chrono::steady_clock::now() >= deadline) return true;
+    if (interrupt && interrupt()) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return false;
@@ -274,7 +300,7 @@ void StopAll(std::vector<Rank>& ranks, std::chrono::milliseconds grace,
   WaitForExit(ranks, grace);
   SignalAll(ranks, SIGKILL);
   for (auto& r : ranks) {
-    if (r.running) waitpid(r.pid, nullptr, 0);
+    if (r.running) waitpid(r.pid, &r.status, 0);
     r.running = false;
   }
 }
@@ -307,6 +333,7 @@ class RankSet {
       for (auto& r : ranks_) {
         if (r.pid != pid || !r.running) continue;
         r.running = false;
+        r.status = s;
         --running_;
         ACCEL_VLOG(1) << "launch: rank " << r.rank << " (pid " << r.pid << ") "
                       << DescribeStatus(s);
@@ -323,6 +350,9 @@ class RankSet {
 
   // After a failure: lets the others report it, then stops them.
   Attempt FailWith(const Rank& failed, int status, const char* when) {
+    if (WIFEXITED(status) && WEXITSTATUS(status) == kPreemptedExitCode) {
+      return Preempted(failed);
+    }
     report_((failed.rank == kMpirun ? std::string("mpirun")
                                     : "rank " + std::to_string(failed.rank)) +
             " (pid " + std::to_string(failed.pid) + ") " +
@@ -338,13 +368,73 @@ class RankSet {
     return {ExitCodeOf(status), false};
   }
 
+  // After a stop signal: passes it on and gives the ranks the grace period
+  // to save and leave (a second signal ends it), then stops what is left.
   std::optional<Attempt> CheckSignal() {
     const int sig = g_forwarded_signal.exchange(0);
     if (sig == 0) return std::nullopt;
-    report_("got signal " + std::to_string(sig) + " (" + strsignal(sig) +
-            "); stopping all " + std::to_string(ranks_.size()) + " ranks");
-    StopAll(ranks_, options_.grace, sig);
-    return Attempt{128 + sig, true};
+    const int forwarded = ForwardedAs(sig);
+    const auto grace =
+        std::chrono::duration_cast<std::chrono::seconds>(options_.signal_grace);
+    report_("got " + std::string(SignalName(sig)) + " (" + strsignal(sig) +
+            "); passing " + SignalName(forwarded) + " to the " +
+            std::to_string(running_) + " running rank(s), which get " +
+            std::to_string(grace.count()) +
+            " s to save and leave (--signal_grace_s; another signal stops "
+            "them at once)");
+    SignalAll(ranks_, forwarded);
+    int second = 0;
+    if (WaitForExit(ranks_, options_.signal_grace, [&] {
+          second = g_forwarded_signal.exchange(0);
+          return second != 0;
+        })) {
+      report_(second != 0
+                  ? "got " + std::string(SignalName(second)) +
+                        " again: stopping the ranks now"
+                  : "ranks still running after " +
+                        std::to_string(grace.count()) + " s: stopping them");
+      StopAll(ranks_, std::chrono::milliseconds(0), SIGKILL);
+    }
+    return Stopped(128 + sig);
+  }
+
+  // A rank saved and left after a stop signal that reached the ranks
+  // directly (srun --signal, torchrun's agent, kill): the others are doing
+  // the same, so they get the grace period rather than SIGTERM.
+  Attempt Preempted(const Rank& first) {
+    report_("rank " + std::to_string(first.rank) +
+            " saved and left after a stop signal (exit code " +
+            std::to_string(kPreemptedExitCode) + ")" +
+            (running_ > 0
+                 ? "; the other " + std::to_string(running_) + " rank(s) get " +
+                       std::to_string(options_.signal_grace.count() / 1000) +
+                       " s to do the same"
+                 : std::string()));
+    if (WaitForExit(ranks_, options_.signal_grace,
+                    [] { return g_forwarded_signal.load() != 0; })) {
+      report_("stopping the ranks still running");
+      StopAll(ranks_, std::chrono::milliseconds(0), SIGKILL);
+    }
+    return Stopped(kPreemptedExitCode);
+  }
+
+  // Once every rank has exited after a stop: kPreemptedExitCode when each
+  // saved and left, else `otherwise`. Never restarted.
+  Attempt Stopped(int otherwise) {
+    running_ = 0;
+    size_t saved = 0;
+    for (const Rank& r : ranks_) {
+      saved +=
+          WIFEXITED(r.status) && WEXITSTATUS(r.status) == kPreemptedExitCode;
+    }
+    if (!ranks_.empty() && saved == ranks_.size()) {
+      report_("all " + std::to_string(saved) +
+              " rank(s) saved and left (exit code " +
+              std::to_string(kPreemptedExitCode) +
+              "); a run with --resume continues from their checkpoint");
+      return Attempt{kPreemptedExitCode, true};
+    }
+    return Attempt{otherwise == kPreemptedExitCode ? 1 : otherwise, true};
   }
 
   void Add(int rank, pid_t pid) {
@@ -494,6 +584,7 @@ void HoldPort(const LaunchOptions& options, HeldPort* held) {
 
 int Launch(const LaunchOptions& options,
            const std::vector<std::string>& command) {
+  PrepareProcess();
   Validate(options);
   if (command.empty()) throw UsageError("launch: no program to run");
   Reporter report;
@@ -524,22 +615,28 @@ int Launch(const LaunchOptions& options,
   std::vector<std::string> argv = command;
   if (!options.backend.empty()) argv.push_back("--backend=" + options.backend);
 
-  // Ranks must see our signals only through us.
+  // Ranks must see our signals only through us. A signal that is ignored
+  // when we start (nohup's SIGHUP) stays ignored.
   g_forwarded_signal = 0;
   struct sigaction action {};
   action.sa_handler = RecordSignal;
   sigemptyset(&action.sa_mask);
-  struct sigaction old_int {
-  }, old_term{};
-  sigaction(SIGINT, &action, &old_int);
-  sigaction(SIGTERM, &action, &old_term);
+  std::vector<std::pair<int, struct sigaction>> previous;
+  for (int signal_number : kStopSignals) {
+    struct sigaction old {};
+    sigaction(signal_number, nullptr, &old);
+    if (signal_number == SIGHUP && old.sa_handler == SIG_IGN) continue;
+    sigaction(signal_number, &action, &old);
+    previous.emplace_back(signal_number, old);
+  }
   struct RestoreSignals {
-    struct sigaction *old_int, *old_term;
+    std::vector<std::pair<int, struct sigaction>>& previous;
     ~RestoreSignals() {
-      sigaction(SIGINT, old_int, nullptr);
-      sigaction(SIGTERM, old_term, nullptr);
+      for (auto& [signal_number, old] : previous) {
+        sigaction(signal_number, &old, nullptr);
+      }
     }
-  } restore{&old_int, &old_term};
+  } restore{previous};
 
   for (int restart = 0;; ++restart) {
     // A fresh socket for each try (and a fresh port when we pick it): the

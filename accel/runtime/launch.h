@@ -10,9 +10,18 @@
 // TORCHELASTIC_RESTART_COUNT), a per-run ACCEL_RUN_SECRET, a per-launch
 // ACCEL_JOB_ID (so that jobs sharing an exported secret are told apart),
 // and OMP_NUM_THREADS. Each rank runs in its own process group: when a rank
-// fails (even while others are still starting), or the launcher gets
-// SIGINT/SIGTERM, every rank's whole group gets SIGTERM and, after a grace
-// period, SIGKILL, so that nothing is left behind.
+// fails (even while others are still starting), every rank's whole group
+// gets SIGTERM and, after a grace period, SIGKILL, so that nothing is left
+// behind.
+//
+// Stop signals to the launcher (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1,
+// SIGUSR2: Ctrl-C, Kubernetes, an ssh hangup, SLURM's --signal) are passed
+// on to the ranks (SIGHUP and SIGQUIT as SIGTERM) and said on stderr; the
+// ranks get signal_grace to save and leave (see preemption.h) before
+// SIGKILL, and a second signal cuts it short. When every rank exits with
+// kPreemptedExitCode the launcher does too, so a requeue script can tell a
+// preempted job from a failed one. The launcher survives a console that goes
+// away (SIGPIPE ignored) and closed standard streams (process_setup.h).
 //
 // On the machine of rank 0 the launcher listens on MASTER_PORT itself from
 // the moment it chooses it (--main_process_port=0 picks a free one) and
@@ -46,6 +55,9 @@ struct LaunchOptions {
   std::chrono::milliseconds report_grace = std::chrono::seconds(4);
   // How long a rank may take to exit after SIGTERM before SIGKILL.
   std::chrono::milliseconds grace = std::chrono::seconds(5);
+  // After a stop signal to the launcher, how long the ranks get to save and
+  // leave before SIGKILL.
+  std::chrono::milliseconds signal_grace = std::chrono::seconds(30);
   // When set, each rank's stdout and stderr also go to
   // <log_dir>/attempt_<n>/rank_<r>/{stdout,stderr}.log (see rank_output.h).
   std::string log_dir;

@@ -55,6 +55,7 @@ const std::vector<std::string>& ConfigurableFlags() {
       "backend",
       "num_cpu_threads_per_process",
       "max_restarts",
+      "signal_grace_s",
       "mixed_precision",
       "gradient_accumulation_steps",
       "timeout_s",

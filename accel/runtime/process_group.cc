@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -35,12 +36,16 @@ AgentStoreConnector& Connector() {
   return connector;
 }
 
-// Waits until `others` ranks have left the store, for at most `grace`.
+// Waits until the ranks other than rank 0 (this one, which hosts the store
+// and may have recorded its own departure) have left the store, for at most
+// `grace`.
 void AwaitDepartures(Store& store, int others, milliseconds grace) {
   const auto deadline = Clock::now() + grace;
   try {
     while (Clock::now() < deadline) {
-      if (static_cast<int>(store.departures().size()) >= others) return;
+      std::map<int, std::string> departed = store.departures();
+      departed.erase(0);
+      if (static_cast<int>(departed.size()) >= others) return;
       std::this_thread::sleep_for(milliseconds(20));
     }
   } catch (const Error&) {

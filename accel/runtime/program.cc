@@ -12,6 +12,7 @@
 #include "accel/runtime/errors.h"
 #include "accel/runtime/help.h"
 #include "accel/runtime/launch_config.h"
+#include "accel/runtime/process_setup.h"
 #include "accel/runtime/self_launch.h"
 #include "accel/runtime/startup_trace.h"
 
@@ -41,6 +42,11 @@ DEFINE_int32(max_restarts, 0,
              "Restart the whole job up to this many times after a rank "
              "fails (TORCHELASTIC_RESTART_COUNT tells the ranks which try "
              "they are).");
+DEFINE_int32(signal_grace_s, 30,
+             "After a stop signal to the launcher (SIGTERM, SIGINT, SIGHUP, "
+             "SIGQUIT, SIGUSR1, SIGUSR2), how long the ranks get to save and "
+             "leave before they are killed, in seconds (see "
+             "Accelerator::check_preemption).");
 DEFINE_int32(num_cpu_threads_per_process, 1,
              "Intra-op threads per rank (OMP_NUM_THREADS, unless set).");
 DEFINE_string(mixed_precision, "no",
@@ -96,6 +102,7 @@ LaunchOptions LaunchOptionsFromFlags() {
   options.main_process_port = FLAGS_main_process_port;
   options.threads_per_process = FLAGS_num_cpu_threads_per_process;
   options.max_restarts = FLAGS_max_restarts;
+  options.signal_grace = std::chrono::seconds(FLAGS_signal_grace_s);
   // MPI's ranks must be started by mpirun (the ranks get --backend from
   // their command line either way).
   if (FLAGS_backend == "mpi") options.backend = FLAGS_backend;
@@ -111,6 +118,7 @@ LaunchOptions LaunchOptionsFromFlags() {
 }
 
 void InitProgram(int* argc, char*** argv) {
+  PrepareProcess();
   TraceStartup("main");
   std::atexit([] { TraceStartup("exit"); });
   InstallTerminateHandler();

@@ -38,6 +38,7 @@ DECLARE_string(mixed_precision);
 DECLARE_int32(gradient_accumulation_steps);
 DECLARE_bool(collective_checks);
 DECLARE_int32(max_restarts);
+DECLARE_int32(signal_grace_s);
 DECLARE_int32(network_timeout_s);
 DECLARE_string(report_to);
 DECLARE_string(config_file);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "accel/runtime/errors.h"
+#include "accel/runtime/files.h"
 #include "accel/runtime/random_hex.h"
 
 namespace accel {
@@ -26,7 +27,7 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kRequestTimeout = std::chrono::seconds(2);
 
 std::string SystemError(const char* what) {
-  return std::string(what) + ": " + std::strerror(errno);
+  return std::string(what) + ": " + ErrnoText(errno);
 }
 
 int RemainingMs(Clock::time_point deadline) {
@@ -172,7 +173,10 @@ int SharedSegment::CreateAndServe(int local_size, Store& store,
   FileDescriptor file(memfd_create("accel-shm", MFD_CLOEXEC));
   if (file.get() < 0) throw Error(SystemError("memfd_create"));
   if (ftruncate(file.get(), static_cast<off_t>(size_)) != 0) {
-    throw Error(SystemError("sizing shared memory (is /dev/shm full?)"));
+    throw Error(SystemError(
+        errno == EFBIG ? "sizing shared memory (counted against the file-size "
+                         "limit)"
+                       : "sizing shared memory (is /dev/shm full?)"));
   }
   if (local_size == 1) return file.release();
 
