@@ -1,9 +1,12 @@
 #include "accel/accelerator.h"
 
+#include <limits.h>
 #include <torch/cuda.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/utils.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -77,12 +80,42 @@ void ValidateOptions(const AcceleratorOptions& options) {
 // `what`: the option that named it ("project_dir").
 void CheckWritableFolder(const std::string& dir, const char* what) {
   if (dir.empty()) return;
-  MakeDirectories(dir);
+  try {
+    MakeDirectories(dir);
+  } catch (const CheckpointError& e) {
+    throw UsageError(std::string(what) + ": " + e.what());
+  }
   if (!IsWritableFolder(dir)) {
     throw UsageError(
         std::string(what) + " '" + dir +
         "' is not a folder this process can write to: " + std::strerror(errno));
   }
+}
+
+// The longest path save_state writes under a project_dir must fit the
+// system's limit; found at once rather than at the first save.
+void CheckCheckpointPathLength(const std::string& project_dir, int world_size) {
+  if (project_dir.empty()) return;
+  long limit = pathconf(project_dir.c_str(), _PC_PATH_MAX);
+  if (limit <= 0) limit = PATH_MAX;
+  const std::string longest =
+      CheckpointFolder(project_dir, 999999999999999999) + "/" +
+      std::max<std::string>(RandomStatesFile(world_size - 1),
+                            std::string("model.safetensors.index.json"),
+                            [](const std::string& a, const std::string& b) {
+                              return a.size() < b.size();
+                            }) +
+      ".partial.4194304.18446744073709551615";
+  if (static_cast<long>(longest.size()) < limit) return;
+  throw UsageError(
+      "project_dir '" + project_dir.substr(0, 80) + "...' (" +
+      std::to_string(project_dir.size()) +
+      " characters) is too long for the checkpoint files under it: their "
+      "paths reach " +
+      std::to_string(longest.size()) +
+      " characters, over the system's limit "
+      "of " +
+      std::to_string(limit - 1) + "; choose a shorter folder");
 }
 
 }  // namespace
@@ -163,6 +196,7 @@ Accelerator::Accelerator(AcceleratorOptions options)
   // Also before joining: every rank finds an unusable folder on its own,
   // rather than some of them finding only that rank 0 left.
   CheckWritableFolder(options_.project_dir, "project_dir");
+  CheckCheckpointPathLength(options_.project_dir, env_.world_size);
   for (const std::string& name : tracker_names_) {
     if (TrackerNeedsLoggingDir(name)) {
       CheckWritableFolder(logging_dir(), "logging_dir");

@@ -521,6 +521,35 @@ TEST(CheckpointTest, ASecondJobInTheSameProjectDirIsRefusedNamingTheFirst) {
             project + "/checkpoints/checkpoint_1");
 }
 
+// Both used to be found only at the first save, after an epoch: a path too
+// long for the checkpoint files, and a folder that is a link loop
+// ("a file of that name is in the way").
+TEST(CheckpointTest, AnUnusableProjectDirIsFoundBeforeTheFirstStep) {
+  const std::string root = MakeTempDir("unusable");
+  std::string long_dir = root;
+  while (long_dir.size() < 4000) long_dir += "/" + std::string(200, 'd');
+  long_dir.resize(4000);
+  EXPECT_THAT(
+      [&] { TrainingRun run(8, long_dir); },
+      ::testing::ThrowsMessage<UsageError>(::testing::AllOf(
+          HasSubstr("(4000 characters) is too long for the checkpoint files "
+                    "under it: their paths reach "),
+          HasSubstr("over the system's limit of 4095"))));
+  const std::string loop = root + "/loop";
+  ASSERT_EQ(symlink(loop.c_str(), loop.c_str()), 0);
+  EXPECT_THAT([&] { TrainingRun run(8, loop); },
+              ::testing::ThrowsMessage<UsageError>(HasSubstr(
+                  "project_dir: cannot create folder '" + loop +
+                  "': Too many levels of symbolic links (a symbolic link "
+                  "loop)")));
+  const std::string dangling = root + "/dangling";
+  ASSERT_EQ(symlink((root + "/nowhere/x").c_str(), dangling.c_str()), 0);
+  EXPECT_THAT([&] { TrainingRun run(8, dangling); },
+              ::testing::ThrowsMessage<UsageError>(
+                  HasSubstr("a symbolic link to something that does not "
+                            "exist")));
+}
+
 TEST(CheckpointTest, SaveStateWithoutProjectDirIsAUsageError) {
   TrainingRun run;
   EXPECT_THROW(run.accelerator.save_state(), UsageError);

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -256,6 +257,58 @@ TEST(LaunchTest, BadEnvironmentIsAClearErrorNotAHang) {
   EXPECT_THAT(r.output,
               HasSubstr("error: RANK must be in [0, WORLD_SIZE) = [0, 2), "
                         "found 2"));
+}
+
+// Every variable accel reads is checked, and the message names it.
+TEST(LaunchTest, EveryVariableAccelReadsIsCheckedByName) {
+  const std::map<std::string, std::string> rank = {{"RANK", "1"},
+                                                   {"WORLD_SIZE", "2"},
+                                                   {"MASTER_ADDR", "127.0.0.1"},
+                                                   {"MASTER_PORT", "29500"}};
+  auto rank_with = [&](const std::string& name, const std::string& value) {
+    auto env = rank;
+    env[name] = value;
+    return RunProcess({Worker(), "--timeout_ms=1500"}, env, kTimeout);
+  };
+  const ProcessResult steady = rank_with("ACCEL_LAUNCH_STEADY_NS", "garbage");
+  EXPECT_EQ(steady.exit_code, 1) << steady.output;
+  EXPECT_THAT(steady.output,
+              HasSubstr("environment variable ACCEL_LAUNCH_STEADY_NS must be "
+                        "an integer in [0, "));
+  EXPECT_THAT(steady.output, ::testing::Not(HasSubstr("too busy")));
+  const ProcessResult shm =
+      RunProcess({Launcher(), "--num_processes=2", "--main_process_port=0",
+                  "--", Worker()},
+                 {{"ACCEL_SHARED_MEMORY", "sometimes"}}, kTimeout);
+  EXPECT_THAT(shm.output, HasSubstr("ACCEL_SHARED_MEMORY must be 1 or 0"));
+  // A secret longer than the store takes: refused at once, with the limit,
+  // by the launcher and by a rank (before: 60 s, then blamed on the
+  // network).
+  const std::string long_secret(5000, 's');
+  const ProcessResult launcher =
+      RunProcess({Launcher(), "--num_processes=2", "--main_process_port=0",
+                  "--", Worker()},
+                 {{"ACCEL_RUN_SECRET", long_secret}}, kTimeout);
+  EXPECT_EQ(launcher.exit_code, 2) << launcher.output;
+  EXPECT_THAT(launcher.output,
+              HasSubstr("error: environment variable ACCEL_RUN_SECRET is 5000 "
+                        "bytes long; at most 1024 are allowed"));
+  EXPECT_LT(launcher.elapsed, seconds(5));
+  const ProcessResult secret = rank_with("ACCEL_RUN_SECRET", long_secret);
+  EXPECT_THAT(secret.output, HasSubstr("ACCEL_RUN_SECRET is 5000 bytes long"));
+  EXPECT_LT(secret.elapsed, seconds(5));
+  const ProcessResult threads =
+      RunProcess({Launcher(), "--num_processes=2", "--main_process_port=0",
+                  "--", Worker()},
+                 {{"OMP_NUM_THREADS", "many"}}, kTimeout);
+  EXPECT_EQ(threads.exit_code, 2) << threads.output;
+  EXPECT_THAT(threads.output,
+              HasSubstr("OMP_NUM_THREADS must be a number of threads"));
+  const ProcessResult in_process =
+      RunProcess({Worker(), "--num_processes=2", "--main_process_port=0"},
+                 {{"ACCEL_IN_PROCESS_LAUNCH", "perhaps"}}, kTimeout);
+  EXPECT_THAT(in_process.output,
+              HasSubstr("ACCEL_IN_PROCESS_LAUNCH must be 1 or 0"));
 }
 
 TEST(LaunchTest, MissingRankTimesOutNamingTheRendezvous) {

@@ -79,6 +79,21 @@ has "$out" "$dir/foreign.flags:1: --epochs cannot be set in a configuration file
 printf -- '--num_processes=two\n' >"$dir/value.flags"
 if out=$("$demo" --config_file="$dir/value.flags" 2>&1); then fail "two accepted"; fi
 has "$out" "--num_processes=two: not a valid int32 value"
+# A huge one-line file or a binary one: a short message, no raw bytes.
+head -c 100000000 /dev/zero | tr '\0' 'x' >"$dir/huge.flags"
+if out=$("$demo" --config_file="$dir/huge.flags" 2>&1); then fail "huge accepted"; fi
+has "$out" "$dir/huge.flags is 100000000 bytes; a launch configuration"
+[ "${#out}" -lt 1000 ] || fail "huge file echoed: ${#out} bytes"
+printf -- '--num_processes=2\n\x7fELF\x02\x01\x01\x00\x1b[31m\n' >"$dir/binary.flags"
+if out=$("$demo" --config_file="$dir/binary.flags" 2>&1); then fail "binary accepted"; fi
+has "$out" 'found "\x7fELF\x02\x01\x01\x00\x1b[31m"'
+if LC_ALL=C grep -q $'[\x01-\x08\x0b-\x1f\x7f]' <<<"$out"; then
+  fail "raw control bytes in: $out"
+fi
+long_line="--num_processes=$(head -c 5000 /dev/zero | tr '\0' '7')"
+echo "$long_line" >"$dir/long.flags"
+if out=$("$demo" --config_file="$dir/long.flags" 2>&1); then fail "long accepted"; fi
+has "$out" "(the first 60 of 5016 bytes)"
 if out=$("$demo" --config_file="$dir/missing.flags" 2>&1); then fail "missing accepted"; fi
 has "$out" "--config_file=$dir/missing.flags: no such file"
 echo PASS

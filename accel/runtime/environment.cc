@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "accel/runtime/env_value.h"
 #include "accel/runtime/errors.h"
 #include "accel/runtime/launch_env/readers.h"
 #include "accel/runtime/launch_env/variables.h"
@@ -75,9 +76,17 @@ DistributedEnvironment DistributedEnvironment::Parse(const Lookup& getenv) {
                      std::to_string(env.master_port));
   }
   if (const char* secret = getenv("ACCEL_RUN_SECRET")) env.run_secret = secret;
+  CheckEnvLength("ACCEL_RUN_SECRET", env.run_secret, kMaxRunSecretBytes);
   if (const char* job = getenv("ACCEL_JOB_ID")) env.job_id = job;
+  CheckEnvLength("ACCEL_JOB_ID", env.job_id, kMaxJobIdBytes);
   if (const char* fd = getenv("ACCEL_STORE_LISTEN_FD")) {
     env.store_listen_fd = launch_env::ParseInt("ACCEL_STORE_LISTEN_FD", fd);
+    if (env.store_listen_fd < 0) {
+      throw UsageError(
+          "environment variable ACCEL_STORE_LISTEN_FD must not be negative, "
+          "found " +
+          std::to_string(env.store_listen_fd));
+    }
   }
   return env;
 }

@@ -58,6 +58,28 @@ TEST(EnvironmentTest, ReadsTorchrunVariables) {
   EXPECT_EQ(env.restart_count, 2);
 }
 
+TEST(EnvironmentTest, ASecretOrJobIdTooLongForTheStoreIsRefusedAtOnce) {
+  const std::map<std::string, std::string> base = {{"RANK", "0"},
+                                                   {"WORLD_SIZE", "2"},
+                                                   {"MASTER_ADDR", "h"},
+                                                   {"MASTER_PORT", "5"}};
+  auto with = [&](const char* name, std::string value) {
+    auto vars = base;
+    vars[name] = std::move(value);
+    return ErrorFrom(vars);
+  };
+  EXPECT_EQ(with("ACCEL_RUN_SECRET", std::string(1024, 's')), "no error");
+  EXPECT_EQ(with("ACCEL_RUN_SECRET", std::string(5000, 's')),
+            "environment variable ACCEL_RUN_SECRET is 5000 bytes long; at "
+            "most 1024 are allowed");
+  EXPECT_THAT(with("ACCEL_JOB_ID", std::string(300, 'j')),
+              HasSubstr("ACCEL_JOB_ID is 300 bytes long; at most 256"));
+  EXPECT_THAT(with("ACCEL_STORE_LISTEN_FD", "-3"),
+              HasSubstr("ACCEL_STORE_LISTEN_FD must not be negative"));
+  EXPECT_THAT(with("ACCEL_STORE_LISTEN_FD", "three"),
+              HasSubstr("ACCEL_STORE_LISTEN_FD must be an integer"));
+}
+
 TEST(EnvironmentTest, LocalValuesDefaultToGlobalOnes) {
   const DistributedEnvironment env = ParseFrom({{"RANK", "1"},
                                                 {"WORLD_SIZE", "2"},

@@ -170,7 +170,18 @@ void MakeDirectories(const std::string& dir) {
     }
   }
   struct stat info;
-  if (stat(dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
+  if (stat(dir.c_str(), &info) != 0) {
+    // Something is there (mkdir said so) but cannot be followed: a link
+    // loop, a dangling link, a path too long to resolve.
+    const int error = errno;
+    throw CheckpointError(
+        "cannot create folder '" + dir + "': " + std::strerror(error) +
+        (error == ELOOP ? " (a symbolic link loop)"
+         : error == ENOENT
+             ? " (a symbolic link to something that does not exist)"
+             : ""));
+  }
+  if (!S_ISDIR(info.st_mode)) {
     throw CheckpointError("cannot create folder '" + dir +
                           "': a file of that name is in the way");
   }

@@ -19,7 +19,9 @@
 #include <optional>
 #include <thread>
 
+#include "accel/runtime/env_value.h"
 #include "accel/runtime/errors.h"
+#include "accel/runtime/excerpt.h"
 #include "accel/runtime/logging.h"
 #include "accel/runtime/mpirun.h"
 #include "accel/runtime/net.h"
@@ -590,6 +592,21 @@ int Launch(const LaunchOptions& options,
   Reporter report;
   std::string secret;
   if (const char* given = std::getenv("ACCEL_RUN_SECRET")) secret = given;
+  CheckEnvLength("ACCEL_RUN_SECRET", secret, kMaxRunSecretBytes);
+  if (const char* job = std::getenv("ACCEL_JOB_ID")) {
+    CheckEnvLength("ACCEL_JOB_ID", job, kMaxJobIdBytes);
+  }
+  if (const char* threads = std::getenv("OMP_NUM_THREADS")) {
+    // What OpenMP takes: a count, or counts per nesting level ("4,2").
+    const std::string text = threads;
+    if (text.empty() ||
+        text.find_first_not_of("0123456789,") != std::string::npos) {
+      throw UsageError(
+          "environment variable OMP_NUM_THREADS must be a number of threads "
+          "(or a comma-separated list of them), found " +
+          Excerpt(text));
+    }
+  }
   if (secret.empty()) {
     if (options.num_machines > 1) {
       throw UsageError(

@@ -7,10 +7,13 @@
 #include <fstream>
 
 #include "accel/runtime/errors.h"
+#include "accel/runtime/excerpt.h"
 #include "accel/runtime/files.h"
 
 namespace accel {
 namespace {
+
+constexpr size_t kMaxConfigBytes = 1 << 20;
 
 bool IsConfigurable(const std::string& name) {
   const auto& names = ConfigurableFlags();
@@ -101,8 +104,18 @@ std::string LaunchConfigPath(int argc, char** argv) {
 
 std::vector<std::pair<std::string, std::string>> ReadLaunchConfig(
     const std::string& path) {
-  std::ifstream file(path);
+  std::ifstream file(path, std::ios::binary | std::ios::ate);
   if (!file) throw UsageError("cannot read the configuration file " + path);
+  // A configuration is a few lines; anything this big is another file.
+  const std::streamoff size = file.tellg();
+  if (size > static_cast<std::streamoff>(kMaxConfigBytes)) {
+    throw UsageError(
+        "the configuration file " + path + " is " + std::to_string(size) +
+        " bytes; a launch configuration "
+        "(a few --flag=value lines) has at most " +
+        std::to_string(kMaxConfigBytes) + ": is it the right file?");
+  }
+  file.seekg(0);
   std::vector<std::pair<std::string, std::string>> flags;
   int number = 0;
   for (std::string raw; std::getline(file, raw);) {
@@ -112,12 +125,12 @@ std::vector<std::pair<std::string, std::string>> ReadLaunchConfig(
     const std::string where = path + ":" + std::to_string(number) + ": ";
     const size_t equals = line.find('=');
     if (line.rfind("--", 0) != 0 || equals == std::string::npos) {
-      throw UsageError(where + "expected --flag=value, found \"" + line + "\"");
+      throw UsageError(where + "expected --flag=value, found " + Excerpt(line));
     }
     const std::string name = line.substr(2, equals - 2);
     const std::string value = line.substr(equals + 1);
     if (!IsConfigurable(name)) {
-      throw UsageError(where + "--" + name +
+      throw UsageError(where + Shown("--" + name) +
                        " cannot be set in a configuration file; it takes " +
                        Listed());
     }
@@ -136,8 +149,8 @@ void ApplyLaunchConfig(const std::string& path) {
     if (gflags::SetCommandLineOptionWithMode(name.c_str(), value.c_str(),
                                              gflags::SET_FLAGS_DEFAULT)
             .empty()) {
-      throw UsageError(path + ": --" + name + "=" + value + ": not a valid " +
-                       info.type + " value");
+      throw UsageError(path + ": " + Shown("--" + name + "=" + value) +
+                       ": not a valid " + info.type + " value");
     }
   }
 }

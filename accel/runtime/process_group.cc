@@ -8,6 +8,7 @@
 #include <mutex>
 #include <thread>
 
+#include "accel/runtime/env_value.h"
 #include "accel/runtime/error_report.h"
 #include "accel/runtime/errors.h"
 #include "accel/runtime/logging.h"
@@ -63,10 +64,11 @@ int64_t ElapsedMs(Clock::time_point since) {
 Clock::time_point DeadlineFromLaunch(const ProcessGroupOptions& options,
                                      const std::string& where) {
   const auto now = Clock::now();
-  const char* text = std::getenv("ACCEL_LAUNCH_STEADY_NS");
-  if (text == nullptr) return Clock::time_point::max();
+  const std::optional<int64_t> launched_ns =
+      EnvInt64("ACCEL_LAUNCH_STEADY_NS", 0);
+  if (!launched_ns) return Clock::time_point::max();
   const Clock::time_point launched{std::chrono::duration_cast<Clock::duration>(
-      std::chrono::nanoseconds(std::strtoll(text, nullptr, 10)))};
+      std::chrono::nanoseconds(*launched_ns))};
   // Another machine's clock (a copied environment) means nothing here.
   if (launched > now || now - launched > std::chrono::hours(1)) {
     return Clock::time_point::max();

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "accel/runtime/env_value.h"
 #include "accel/runtime/environment.h"
 #include "accel/runtime/errors.h"
 #include "accel/runtime/launch.h"
@@ -49,11 +50,8 @@ std::vector<std::string> LauncherFlags() {
 // this process launches them itself); ACCEL_IN_PROCESS_LAUNCH=1 asks for
 // that too.
 void ExecLauncher(const std::vector<std::string>& command) {
-  const char* in_process = std::getenv("ACCEL_IN_PROCESS_LAUNCH");
-  if (g_launcher_image == nullptr ||
-      (in_process != nullptr && std::strcmp(in_process, "1") == 0)) {
-    return;
-  }
+  const bool in_process = EnvSwitch("ACCEL_IN_PROCESS_LAUNCH").value_or(false);
+  if (g_launcher_image == nullptr || in_process) return;
   const int fd = memfd_create("accel-launch", MFD_CLOEXEC);
   if (fd < 0) return;
   size_t written = 0;
@@ -136,7 +134,11 @@ void SelfLaunchIfAsked(std::vector<std::string> command) {
                       FLAGS_max_restarts > 0;
   if (!wanted) return;
   command[0] = ExecutablePath();
-  ExecLauncher(command);
+  try {
+    ExecLauncher(command);
+  } catch (const Error& e) {
+    Fail(e.what(), 2);
+  }
   try {
     std::exit(Launch(LaunchOptionsFromFlags(), command));
   } catch (const Error& e) {

@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "accel/runtime/env_value.h"
 #include "accel/runtime/errors.h"
 #include "accel/runtime/registry.h"
 #include "backends/shm/host_layout.h"
@@ -126,18 +127,8 @@ const BackendRegistration kRegistration(
 
 GlooOptions GlooOptions::FromEnvironment() {
   GlooOptions options;
-  if (const char* value = std::getenv("ACCEL_SHARED_MEMORY")) {
-    const std::string text = value;
-    if (text == "0" || text == "false" || text == "off" || text == "no") {
-      options.shared_memory = false;
-    } else if (!(text.empty() || text == "1" || text == "true" ||
-                 text == "on" || text == "yes")) {
-      throw UsageError(
-          "ACCEL_SHARED_MEMORY must be 1 or 0 (on or off), "
-          "found '" +
-          text + "'");
-    }
-  }
+  options.shared_memory =
+      EnvSwitch("ACCEL_SHARED_MEMORY").value_or(options.shared_memory);
   return options;
 }
 

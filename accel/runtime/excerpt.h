@@ -1,0 +1,53 @@
+// A piece of text fit to quote in an error message: short, on one line, and
+// with every byte that is not printable ASCII written as \xNN, so that a
+// 100 MB line or a binary file cannot flood or garble the terminal.
+//
+//   accel::Excerpt("--num_processes=2")        // "\"--num_processes=2\""
+//   accel::Excerpt(std::string(1e8, 'x'))      // "\"xxx...xxx\" (the first
+//                                              //  60 of 100000000 bytes)"
+//   accel::Excerpt("\x7f" "ELF\x02")           // "\"\\x7fELF\\x02\""
+//   accel::Shown("--epochs")                   // "--epochs", as it is
+#pragma once
+
+#include <cstdio>
+#include <string>
+#include <string_view>
+
+namespace accel {
+
+inline std::string Excerpt(std::string_view text, size_t max_bytes = 60) {
+  std::string quoted = "\"";
+  const std::string_view shown = text.substr(0, max_bytes);
+  for (const char c : shown) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte >= 0x20 && byte < 0x7f && c != '"' && c != '\\') {
+      quoted += c;
+    } else if (c == '"' || c == '\\') {
+      quoted += '\\';
+      quoted += c;
+    } else {
+      char escaped[5];
+      std::snprintf(escaped, sizeof(escaped), "\\x%02x", byte);
+      quoted += escaped;
+    }
+  }
+  quoted += '"';
+  if (shown.size() < text.size()) {
+    quoted += " (the first " + std::to_string(shown.size()) + " of " +
+              std::to_string(text.size()) + " bytes)";
+  }
+  return quoted;
+}
+
+// `text` as it is when it is short printable ASCII, else Excerpt(text):
+// for names and values that are usually plain.
+inline std::string Shown(std::string_view text, size_t max_bytes = 60) {
+  bool plain = text.size() <= max_bytes;
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    plain &= byte >= 0x20 && byte < 0x7f;
+  }
+  return plain ? std::string(text) : Excerpt(text, max_bytes);
+}
+
+}  // namespace accel
