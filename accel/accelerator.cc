@@ -118,6 +118,81 @@ void CheckCheckpointPathLength(const std::string& project_dir, int world_size) {
       std::to_string(limit - 1) + "; choose a shorter folder");
 }
 
+std::string Describe(const std::string& value) { return "\"" + value + "\""; }
+std::string Describe(int value) { return std::to_string(value); }
+std::string Describe(bool value) { return value ? "true" : "false"; }
+std::string Describe(std::chrono::milliseconds value) {
+  return std::to_string(value.count()) + " ms";
+}
+std::string Describe(const std::vector<std::string>& value) {
+  std::string text;
+  for (const std::string& item : value)
+    text += (text.empty() ? "" : ",") + item;
+  return "{" + text + "}";
+}
+
+// Accelerate's Accelerator() reads what `accelerate launch` set; here a
+// flag the user gave (command line or launch configuration) takes effect
+// when the program left the option at AcceleratorOptions' default, and is
+// listed in `overridden` when the program set something else.
+template <typename T, typename Field, typename Convert>
+void AdoptFlag(const ProgramFlag<T>& flag, Field& field, const Field& builtin,
+               const char* option, Convert convert,
+               std::vector<std::string>* overridden) {
+  if (!flag.given()) return;
+  const Field wanted = convert(flag.value());
+  if (field == wanted) return;
+  if (field == builtin) {
+    field = wanted;
+    return;
+  }
+  overridden->push_back("--" + std::string(flag.name()) + "=" +
+                        Describe(flag.value()) + " (" + flag.source() +
+                        ") by " + option + " = " + Describe(field));
+}
+
+void AdoptGivenFlags(AcceleratorOptions& options, bool is_main_process) {
+  const AcceleratorOptions builtin;
+  std::vector<std::string> overridden;
+  const auto same = [](const auto& value) { return value; };
+  const auto seconds = [](int value) {
+    return std::chrono::milliseconds(std::chrono::seconds(value));
+  };
+  AdoptFlag(flags::backend, options.backend, builtin.backend, "backend", same,
+            &overridden);
+  AdoptFlag(flags::mixed_precision, options.mixed_precision,
+            builtin.mixed_precision, "mixed_precision", same, &overridden);
+  AdoptFlag(flags::gradient_accumulation_steps,
+            options.gradient_accumulation_steps,
+            builtin.gradient_accumulation_steps, "gradient_accumulation_steps",
+            same, &overridden);
+  AdoptFlag(flags::timeout_s, options.timeout, builtin.timeout, "timeout",
+            seconds, &overridden);
+  AdoptFlag(flags::rendezvous_timeout_s, options.rendezvous_timeout,
+            builtin.rendezvous_timeout, "rendezvous_timeout", seconds,
+            &overridden);
+  AdoptFlag(flags::network_timeout_s, options.network_timeout,
+            builtin.network_timeout, "network_timeout", seconds, &overridden);
+  AdoptFlag(flags::collective_checks, options.check_collectives,
+            builtin.check_collectives, "check_collectives", same, &overridden);
+  AdoptFlag(flags::report_to, options.log_with, builtin.log_with, "log_with",
+            ParseTrackerNames, &overridden);
+  AdoptFlag(flags::logging_dir, options.logging_dir, builtin.logging_dir,
+            "logging_dir", same, &overridden);
+  AdoptFlag(flags::reuse_host_memory, options.reuse_host_memory,
+            builtin.reuse_host_memory, "reuse_host_memory", same, &overridden);
+  if (overridden.empty() || !is_main_process) return;
+  std::string listed;
+  for (const std::string& item : overridden) {
+    listed += (listed.empty() ? "" : "; ") + item;
+  }
+  ACCEL_LOG(WARNING) << "the program's AcceleratorOptions override what was "
+                        "given: "
+                     << listed
+                     << ". To let the command line decide, start from "
+                        "AcceleratorOptions::FromFlags()";
+}
+
 }  // namespace
 
 const char* DistributedTypeName(DistributedType type) {
@@ -135,26 +210,30 @@ const char* DistributedTypeName(DistributedType type) {
 AcceleratorOptions AcceleratorOptions::FromFlags() {
   // Checked here too, so that the message names the flag.
   for (const auto& [flag, value] :
-       {std::pair<const char*, int>{"--timeout_s", FLAGS_timeout_s},
-        {"--rendezvous_timeout_s", FLAGS_rendezvous_timeout_s},
-        {"--network_timeout_s", FLAGS_network_timeout_s},
-        {"--gradient_accumulation_steps", FLAGS_gradient_accumulation_steps}}) {
+       {std::pair<const char*, int>{"--timeout_s", flags::timeout_s.value()},
+        {"--rendezvous_timeout_s", flags::rendezvous_timeout_s.value()},
+        {"--network_timeout_s", flags::network_timeout_s.value()},
+        {"--gradient_accumulation_steps",
+         flags::gradient_accumulation_steps.value()}}) {
     if (value < 1) {
       throw UsageError(std::string(flag) + " must be at least 1, found " +
                        std::to_string(value));
     }
   }
   AcceleratorOptions options;
-  options.backend = FLAGS_backend;
-  options.mixed_precision = FLAGS_mixed_precision;
-  options.gradient_accumulation_steps = FLAGS_gradient_accumulation_steps;
-  options.timeout = std::chrono::seconds(FLAGS_timeout_s);
-  options.rendezvous_timeout = std::chrono::seconds(FLAGS_rendezvous_timeout_s);
-  options.network_timeout = std::chrono::seconds(FLAGS_network_timeout_s);
-  options.check_collectives = FLAGS_collective_checks;
-  options.log_with = ParseTrackerNames(FLAGS_report_to);
-  options.logging_dir = FLAGS_logging_dir;
-  options.reuse_host_memory = FLAGS_reuse_host_memory;
+  options.backend = flags::backend.value();
+  options.mixed_precision = flags::mixed_precision.value();
+  options.gradient_accumulation_steps =
+      flags::gradient_accumulation_steps.value();
+  options.timeout = std::chrono::seconds(flags::timeout_s.value());
+  options.rendezvous_timeout =
+      std::chrono::seconds(flags::rendezvous_timeout_s.value());
+  options.network_timeout =
+      std::chrono::seconds(flags::network_timeout_s.value());
+  options.check_collectives = flags::collective_checks.value();
+  options.log_with = ParseTrackerNames(flags::report_to.value());
+  options.logging_dir = flags::logging_dir.value();
+  options.reuse_host_memory = flags::reuse_host_memory.value();
   return options;
 }
 
@@ -176,6 +255,7 @@ Accelerator::Accelerator(AcceleratorOptions options)
       state_(std::make_shared<TrainingState>()) {
   InstallTerminateHandler();
   InstallPreemptionHandlers();
+  AdoptGivenFlags(options_, env_.rank == 0);
   ValidateOptions(options_);
   // Outside the log statement, whose stream runs only at --v=1.
   const std::string host_memory =

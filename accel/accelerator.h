@@ -40,6 +40,7 @@
 #include <torch/serialize.h>
 #include <torch/types.h>
 
+#include <array>
 #include <chrono>
 #include <functional>
 #include <iostream>
@@ -300,6 +301,14 @@ class Accelerator {
   std::map<std::string, torch::Tensor> gather(
       const std::map<std::string, torch::Tensor>& tensors,
       CallSite site = CallSite::Here());
+  // auto [a, b] = accelerator.gather({x, y});
+  template <size_t N>
+  std::array<torch::Tensor, N> gather(const torch::Tensor (&tensors)[N],
+                                      CallSite site = CallSite::Here()) {
+    std::array<torch::Tensor, N> result;
+    for (size_t i = 0; i < N; ++i) result[i] = gather(tensors[i], site);
+    return result;
+  }
   // gather, but on the last batch of a prepared data loader the samples that
   // even_batches duplicated are dropped: over an epoch the result holds each
   // sample of the dataset exactly once.
@@ -311,6 +320,18 @@ class Accelerator {
   std::map<std::string, torch::Tensor> gather_for_metrics(
       const std::map<std::string, torch::Tensor>& tensors,
       CallSite site = CallSite::Here());
+  // What a Python tuple becomes, unpacked the same way:
+  //   auto [predictions, references] =
+  //       accelerator.gather_for_metrics({outputs.argmax(-1), batch.target});
+  template <size_t N>
+  std::array<torch::Tensor, N> gather_for_metrics(
+      const torch::Tensor (&tensors)[N], CallSite site = CallSite::Here()) {
+    std::array<torch::Tensor, N> result;
+    for (size_t i = 0; i < N; ++i) {
+      result[i] = gather_for_metrics(tensors[i], site);
+    }
+    return result;
+  }
   // gather_for_metrics of plain values (see gather_object).
   template <typename T>
   std::vector<T> gather_for_metrics(const std::vector<T>& objects,

@@ -88,10 +88,11 @@ void RunDie(accel::Communicator& comm) {
 
 int Main(int argc, char** argv) {
   accel::ProcessGroupOptions options;
-  options.backend = FLAGS_backend;
+  options.backend = accel::flags::backend.value();
   options.communicator.timeout = std::chrono::milliseconds(FLAGS_timeout_ms);
   options.rendezvous_timeout = std::chrono::milliseconds(FLAGS_timeout_ms);
-  options.network_timeout = std::chrono::seconds(FLAGS_network_timeout_s);
+  options.network_timeout =
+      std::chrono::seconds(accel::flags::network_timeout_s.value());
   std::this_thread::sleep_for(std::chrono::milliseconds(FLAGS_start_delay_ms));
   const auto join_start = std::chrono::steady_clock::now();
   auto group = accel::ProcessGroup::Join(

@@ -248,6 +248,24 @@ TEST_F(TrainingLoopTest, GatherForMetricsGivesEachSampleOnceInDatasetOrder) {
   EXPECT_EQ(A().gather_for_metrics(torch::ones({3})).size(0), 3 * N());
 }
 
+// A Python (predictions, labels) tuple ports as {predictions, labels} and
+// unpacks into two tensors.
+TEST_F(TrainingLoopTest, GatherForMetricsOfABracedPairUnpacksIntoTwo) {
+  DataLoader<Indices> data(Indices(10), Loader(2, /*shuffle=*/false));
+  auto loader = A().prepare(data);
+  int64_t seen = 0;
+  for (auto& batch : loader) {
+    auto [ids, doubled] = A().gather_for_metrics({batch, batch * 2});
+    static_assert(std::is_same_v<decltype(ids), torch::Tensor>);
+    EXPECT_TRUE(torch::equal(doubled, ids * 2));
+    seen += ids.size(0);
+    auto [first, second] = A().gather({batch, batch + 1});
+    EXPECT_EQ(first.size(0), 2 * N());
+    EXPECT_TRUE(torch::equal(second, first + 1));
+  }
+  EXPECT_EQ(seen, 10);  // Duplicates of even_batches dropped, as for one.
+}
+
 TEST_F(TrainingLoopTest, MainProcessFirstRunsTheMainProcessBeforeTheOthers) {
   const std::string file = std::string(std::getenv("TEST_TMPDIR")) +
                            "/main_first_" + std::to_string(N());

@@ -184,6 +184,7 @@ int Configure(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  accel::RegisterProgramFlags();
   gflags::SetUsageMessage(
       "config [--config_file=PATH] [--nointeractive] [--num_processes=N "
       "...] | --show");

@@ -139,8 +139,10 @@ std::vector<std::pair<std::string, std::string>> ReadLaunchConfig(
   return flags;
 }
 
-void ApplyLaunchConfig(const std::string& path) {
-  if (path.empty()) return;
+std::vector<std::pair<std::string, std::string>> ApplyLaunchConfig(
+    const std::string& path) {
+  std::vector<std::pair<std::string, std::string>> applied;
+  if (path.empty()) return applied;
   for (const auto& [name, value] : ReadLaunchConfig(path)) {
     gflags::CommandLineFlagInfo info;
     if (!gflags::GetCommandLineFlagInfo(name.c_str(), &info)) {
@@ -152,7 +154,9 @@ void ApplyLaunchConfig(const std::string& path) {
       throw UsageError(path + ": " + Shown("--" + name + "=" + value) +
                        ": not a valid " + info.type + " value");
     }
+    applied.emplace_back(name, value);
   }
+  return applied;
 }
 
 void WriteLaunchConfig(

@@ -38,7 +38,9 @@ std::string LaunchConfigPath(int argc, char** argv);
 // the flag rejects.
 std::vector<std::pair<std::string, std::string>> ReadLaunchConfig(
     const std::string& path);
-void ApplyLaunchConfig(const std::string& path);
+// Returns the flags it set (none for an empty path).
+std::vector<std::pair<std::string, std::string>> ApplyLaunchConfig(
+    const std::string& path);
 
 // Writes `flags` (name, value) as a configuration file, creating its folder,
 // atomically. UsageError for a flag a configuration may not set.

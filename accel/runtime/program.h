@@ -9,8 +9,9 @@
 //
 //   $ bazel run //examples:gather_demo -- --num_processes=2
 //
-// Flags (mirroring `accelerate launch`, so that programs keep every other
-// name for themselves): --num_processes, --num_machines, --machine_rank,
+// Flags (mirroring `accelerate launch`; a program may define any of these
+// names itself, see program_flags.h): --num_processes, --num_machines,
+// --machine_rank,
 // --main_process_ip, --main_process_port, --num_cpu_threads_per_process,
 // --max_restarts, --mixed_precision, --gradient_accumulation_steps,
 // --report_to, --logging_dir, and
@@ -24,26 +25,7 @@
 #include <gflags/gflags.h>
 
 #include "accel/runtime/launch.h"
-
-DECLARE_int32(num_processes);
-DECLARE_int32(num_machines);
-DECLARE_int32(machine_rank);
-DECLARE_string(main_process_ip);
-DECLARE_int32(main_process_port);
-DECLARE_string(backend);
-DECLARE_int32(num_cpu_threads_per_process);
-DECLARE_int32(timeout_s);
-DECLARE_int32(rendezvous_timeout_s);
-DECLARE_string(mixed_precision);
-DECLARE_int32(gradient_accumulation_steps);
-DECLARE_bool(collective_checks);
-DECLARE_int32(max_restarts);
-DECLARE_int32(signal_grace_s);
-DECLARE_int32(network_timeout_s);
-DECLARE_string(report_to);
-DECLARE_string(config_file);
-DECLARE_string(logging_dir);
-DECLARE_bool(reuse_host_memory);
+#include "accel/runtime/program_flags.h"
 
 namespace accel {
 

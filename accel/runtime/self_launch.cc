@@ -101,9 +101,9 @@ std::string ExecutablePath() {
 }
 
 void SelfLaunchIfAsked(std::vector<std::string> command) {
-  if (FLAGS_num_processes < 1) {
+  if (flags::num_processes.value() < 1) {
     Fail("--num_processes must be at least 1, found " +
-             std::to_string(FLAGS_num_processes),
+             std::to_string(flags::num_processes.value()),
          2);
   }
   DistributedEnvironment env;
@@ -115,12 +115,12 @@ void SelfLaunchIfAsked(std::vector<std::string> command) {
   for (const auto& warning : env.warnings) {
     ACCEL_LOG(WARNING) << warning;
   }
-  const bool explicit_count =
-      !gflags::GetCommandLineFlagInfoOrDie("num_processes").is_default;
-  if (env.launched && explicit_count && FLAGS_num_processes != env.world_size &&
-      env.world_size > 1) {
-    Fail("--num_processes=" + std::to_string(FLAGS_num_processes) + " but " +
-             env.engine + " started " + std::to_string(env.world_size) +
+  const bool explicit_count = flags::num_processes.given();
+  if (env.launched && explicit_count &&
+      flags::num_processes.value() != env.world_size && env.world_size > 1) {
+    Fail("--num_processes=" + std::to_string(flags::num_processes.value()) +
+             " but " + env.engine + " started " +
+             std::to_string(env.world_size) +
              " processes; leave out --num_processes or make them agree",
          1);
   }
@@ -130,8 +130,9 @@ void SelfLaunchIfAsked(std::vector<std::string> command) {
                        env.engine == "RANK/WORLD_SIZE")) {
     return;
   }
-  const bool wanted = FLAGS_num_processes > 1 || FLAGS_num_machines > 1 ||
-                      FLAGS_max_restarts > 0;
+  const bool wanted = flags::num_processes.value() > 1 ||
+                      flags::num_machines.value() > 1 ||
+                      flags::max_restarts.value() > 0;
   if (!wanted) return;
   command[0] = ExecutablePath();
   try {

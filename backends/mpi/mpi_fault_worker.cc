@@ -32,7 +32,7 @@ int Main(int argc, char** argv) {
     MPI_Init(&argc, &argv);
   }
   accel::ProcessGroupOptions options;
-  options.backend = FLAGS_backend;
+  options.backend = accel::flags::backend.value();
   auto group = accel::ProcessGroup::Join(
       accel::DistributedEnvironment::FromProcess(), options);
   accel::Communicator& comm = group->communicator();

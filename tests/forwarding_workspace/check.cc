@@ -8,6 +8,6 @@
 int main(int argc, char** argv) {
   accel::InitProgram(&argc, &argv);
   std::printf("forwarding check: --num_processes=%d through @gflags\n",
-              FLAGS_num_processes);
+              accel::flags::num_processes.value());
   return 0;
 }

@@ -262,7 +262,7 @@ void PrintTable(int world_size, const std::string& backend,
 int Main(int argc, char** argv) {
   const std::string load_before = LoadAverage();
   accel::ProcessGroupOptions options;
-  options.backend = FLAGS_backend;
+  options.backend = accel::flags::backend.value();
   auto group = accel::ProcessGroup::Join(
       accel::DistributedEnvironment::FromProcess(), options);
   accel::Communicator& comm = group->communicator();

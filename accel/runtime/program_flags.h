@@ -1,0 +1,100 @@
+// accel's command-line flags (--num_processes, --backend, --mixed_precision,
+// ...), which every accel program takes, registered with gflags while the
+// program starts rather than defined at link time, so that a program may
+// define any of these names itself, as Accelerate's example scripts do with
+// --mixed_precision and --gradient_accumulation_steps:
+//
+//   DEFINE_string(mixed_precision, "no", "...");  // the program's own
+//   int main(int argc, char** argv) {
+//     accel::InitProgram(&argc, &argv);  // registers the rest, then parses
+//     accel::flags::mixed_precision.value();  // the program's flag's value
+//     accel::flags::num_processes.value();    // accel's own
+//   }
+//
+// Where the program defines a name, accel reads that flag's value (given
+// on the command line or in the launch configuration, as accel's would be):
+// the launch options reach the Accelerator either way. A value accel
+// cannot read as its own type is left to the program (accel then uses its
+// default and says so once).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace accel {
+
+template <typename T>
+class ProgramFlag {
+ public:
+  ProgramFlag(const char* name, T default_value, const char* help)
+      : name_(name),
+        help_(help),
+        current_(default_value),
+        default_(default_value),
+        builtin_default_(std::move(default_value)) {}
+  ProgramFlag(const ProgramFlag&) = delete;
+  ProgramFlag& operator=(const ProgramFlag&) = delete;
+
+  const char* name() const { return name_; }
+  const char* help() const { return help_; }
+  // The value in force: the command line's, else the launch
+  // configuration's, else the default.
+  T value() const;
+  // Whether the user set it, on the command line or in the launch
+  // configuration.
+  bool given() const;
+  // Where a given value came from: "the command line" or "the launch
+  // configuration <path>".
+  std::string source() const;
+  // Whether the program defines a flag of this name itself.
+  bool owned_by_program() const;
+
+  // For RegisterProgramFlags and the launch configuration.
+  void Register();
+  void SetFromLaunchConfig(const std::string& path) { config_path_ = path; }
+
+ private:
+  const char* name_;
+  const char* help_;
+  T current_;  // gflags' storage while registered here.
+  T default_;  // gflags' default (a configuration file changes it).
+  const T builtin_default_;
+  bool registered_ = false;
+  std::string config_path_;  // Set when the configuration set it.
+  mutable bool warned_ = false;
+};
+
+namespace flags {
+// Launching (see launch.h).
+extern ProgramFlag<int32_t> num_processes;
+extern ProgramFlag<int32_t> num_machines;
+extern ProgramFlag<int32_t> machine_rank;
+extern ProgramFlag<std::string> main_process_ip;
+extern ProgramFlag<int32_t> main_process_port;
+extern ProgramFlag<int32_t> num_cpu_threads_per_process;
+extern ProgramFlag<int32_t> max_restarts;
+extern ProgramFlag<int32_t> signal_grace_s;
+extern ProgramFlag<std::string> config_file;
+// The Accelerator's (AcceleratorOptions).
+extern ProgramFlag<std::string> backend;
+extern ProgramFlag<std::string> mixed_precision;
+extern ProgramFlag<int32_t> gradient_accumulation_steps;
+extern ProgramFlag<int32_t> timeout_s;
+extern ProgramFlag<int32_t> rendezvous_timeout_s;
+extern ProgramFlag<int32_t> network_timeout_s;
+extern ProgramFlag<bool> collective_checks;
+extern ProgramFlag<std::string> report_to;
+extern ProgramFlag<std::string> logging_dir;
+extern ProgramFlag<bool> reuse_host_memory;
+}  // namespace flags
+
+// Registers every flag above with gflags unless the program defines one of
+// that name. Idempotent; call before gflags parses the command line
+// (InitProgram and accel's tools do).
+void RegisterProgramFlags();
+
+// The flag of that name (of any type above) learns that the launch
+// configuration `path` set it; false when there is none.
+bool NoteLaunchConfigFlag(const std::string& name, const std::string& path);
+
+}  // namespace accel

@@ -1,0 +1,70 @@
+// A program may own any of accel's flag names, and flags given on the
+// command line or in the launch configuration take effect on
+// AcceleratorOptions built by hand, or a warning says what overrode them.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "tests/subprocess.h"
+
+namespace accel::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+const auto kTimeout = std::chrono::seconds(60);
+
+ProcessResult RunProgram(std::vector<std::string> args) {
+  args.insert(args.begin(), Runfile("tests/own_flags_program"));
+  args.push_back("--main_process_port=0");
+  return RunProcess(args, {}, kTimeout);
+}
+
+TEST(ProgramFlagsTest, AProgramOwnsAccelsFlagNamesAndTheValuesReachAccel) {
+  const std::string logs = MakeTempDir("logs");
+  const ProcessResult r = RunProgram(
+      {"--num_processes=2", "--gradient_accumulation_steps=4",
+       "--mixed_precision=bf16", "--report_to=jsonl", "--logging_dir=" + logs});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output,
+              HasSubstr("accelerator: gradient_accumulation_steps 4 "
+                        "mixed_precision bf16 trackers 1 on 2 process(es); "
+                        "program: gradient_accumulation_steps 4 "
+                        "mixed_precision bf16"));
+  EXPECT_THAT(r.output, Not(HasSubstr("warning")));
+}
+
+TEST(ProgramFlagsTest, TheLaunchConfigurationReachesHandBuiltOptions) {
+  const std::string dir = MakeTempDir("config");
+  std::ofstream(dir + "/job.flags") << "--num_processes=2\n"
+                                       "--mixed_precision=bf16\n"
+                                       "--gradient_accumulation_steps=3\n";
+  const ProcessResult r = RunProgram({"--config_file=" + dir + "/job.flags"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output,
+              HasSubstr("accelerator: gradient_accumulation_steps 3 "
+                        "mixed_precision bf16 trackers 0 on 2 process(es)"));
+}
+
+TEST(ProgramFlagsTest, AnOptionTheProgramSetsWinsAndTheMainProcessSaysSo) {
+  const ProcessResult r =
+      RunProgram({"--num_processes=2", "--mixed_precision=bf16",
+                  "--options_mixed_precision=fp16"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("mixed_precision fp16"));
+  const std::string warning =
+      "accel: warning: [rank 0/2] the program's AcceleratorOptions override "
+      "what was given: "
+      "--mixed_precision=\"bf16\" (the command line) by mixed_precision = "
+      "\"fp16\". To let the command line decide, start from "
+      "AcceleratorOptions::FromFlags()";
+  EXPECT_THAT(r.output, HasSubstr(warning)) << r.output;
+  // Once, from the main process.
+  EXPECT_THAT(r.output, Not(HasSubstr("[rank 1/2] the program's")));
+  EXPECT_EQ(r.output.find(warning), r.output.rfind(warning));
+}
+
+}  // namespace
+}  // namespace accel::testing
