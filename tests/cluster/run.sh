@@ -192,6 +192,33 @@ if wanted slurm; then
     timeout 120 srun -n 3 "$GATHER" >"$WORK/slurm3.log" 2>&1
     same_results "slurm: srun -n 3 gather_demo" "$WORK/gather3.log" \
       "$WORK/slurm3.log"
+    # SLURM's warning before it stops a job (scancel --signal, as
+    # --signal=USR1@60 sends it): each task saves at the same step and
+    # exits 75; srun --resume then ends where an uninterrupted run does.
+    PRE_ARGS=(--epochs=6 --sleep_per_step_ms=60 --progress=false)
+    "$TRAIN" --num_processes=2 --main_process_port=0 "${PRE_ARGS[@]}" \
+      --output_dir="$WORK/pre_ref" >"$WORK/pre_ref.log" 2>&1
+    timeout 120 srun -n 2 -J accel-preempt "$TRAIN" "${PRE_ARGS[@]}" \
+      --output_dir="$WORK/slurm_pre" --resume >"$WORK/slurm_pre.log" 2>&1 &
+    srun_pid=$!
+    for i in $(seq 300); do
+      [ -f "$WORK/slurm_pre/checkpoints/checkpoint_1/accelerator_state.pt" ] &&
+        break
+      sleep 0.1
+    done
+    sleep 0.3
+    scancel --signal=USR1 --name=accel-preempt
+    wait $srun_pid
+    rc=$?
+    if [ $rc = 75 ] && grep -q "Preempted by SIGUSR1" "$WORK/slurm_pre.log"; then
+      timeout 120 srun -n 2 "$TRAIN" "${PRE_ARGS[@]}" \
+        --output_dir="$WORK/slurm_pre" --resume >>"$WORK/slurm_pre.log" 2>&1
+      same_results "slurm: scancel --signal=USR1, srun --resume" \
+        "$WORK/pre_ref.log" "$WORK/slurm_pre.log"
+    else
+      fail "slurm: scancel --signal=USR1, srun --resume" \
+        "srun exit $rc, expected 75 and a save" "$WORK/slurm_pre.log"
+    fi
     # A batch step is one process, not rank 0 of two: it says so, runs.
     timeout 60 salloc -n 2 "$GATHER" >"$WORK/salloc.log" 2>&1
     if grep -q "srun did not start this process" "$WORK/salloc.log" &&
