@@ -13,16 +13,16 @@
 #include <exception>
 #include <random>
 
-#include "accel/runtime/error_report.h"
-#include "accel/runtime/errors.h"
-#include "accel/runtime/folder_lock.h"
-#include "accel/runtime/host_memory.h"
-#include "accel/runtime/logging.h"
-#include "accel/runtime/process_group.h"
-#include "accel/runtime/process_setup.h"
-#include "accel/runtime/program.h"
-#include "accel/runtime/registry.h"
-#include "accel/runtime/startup_trace.h"
+#include "accel/runtime/base/error_report.h"
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/base/folder_lock.h"
+#include "accel/runtime/base/host_memory.h"
+#include "accel/runtime/base/logging.h"
+#include "accel/runtime/comm/process_group.h"
+#include "accel/runtime/base/process_setup.h"
+#include "accel/runtime/launch/program.h"
+#include "accel/runtime/comm/registry.h"
+#include "accel/runtime/base/startup_trace.h"
 #include "accel/tensor_ops.h"
 
 namespace accel {

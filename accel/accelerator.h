@@ -62,12 +62,12 @@
 #include "accel/grad_scaler.h"
 #include "accel/gradient_sync.h"
 #include "accel/process_control.h"
-#include "accel/runtime/communicator.h"
-#include "accel/runtime/environment.h"
-#include "accel/runtime/files.h"
-#include "accel/runtime/object_collectives.h"
-#include "accel/runtime/preemption.h"
-#include "accel/runtime/program.h"
+#include "accel/runtime/comm/communicator.h"
+#include "accel/runtime/env/environment.h"
+#include "accel/runtime/base/files.h"
+#include "accel/runtime/comm/object_collectives.h"
+#include "accel/runtime/base/preemption.h"
+#include "accel/runtime/launch/program.h"
 #include "accel/safetensors.h"
 #include "accel/scheduler.h"
 #include "accel/tensor_format.h"
@@ -126,13 +126,13 @@ struct AcceleratorOptions {
   // Where the trackers write (<logging_dir>/<project_name>); empty: the
   // project_dir.
   std::string logging_dir;
-  // Keep freed memory in the process for reuse (accel/runtime/host_memory.h):
+  // Keep freed memory in the process for reuse (accel/runtime/base/host_memory.h):
   // large CPU tensors then cost no page faults after the first step.
   bool reuse_host_memory = true;
 
   // --backend, --mixed_precision, --gradient_accumulation_steps,
   // --timeout_s, --rendezvous_timeout_s, --collective_checks, --report_to,
-  // --logging_dir and --reuse_host_memory (see accel/runtime/program.h).
+  // --logging_dir and --reuse_host_memory (see accel/runtime/launch/program.h).
   static AcceleratorOptions FromFlags();
 };
 
@@ -344,7 +344,7 @@ class Accelerator {
     }
     return all;
   }
-  // Strings and other plain values (see accel/runtime/object_collectives.h
+  // Strings and other plain values (see accel/runtime/comm/object_collectives.h
   // for the types and how to add yours): every rank passes a list and gets
   // the concatenation of all lists in rank order.
   template <typename T>
@@ -396,7 +396,7 @@ class Accelerator {
   //     return accel::kPreemptedExitCode;  // 75; --resume continues
   //   }
   // Until a program's first call, a stop signal ends it at once, as before
-  // (see accel/runtime/preemption.h). It stays true once raised.
+  // (see accel/runtime/base/preemption.h). It stays true once raised.
   bool check_preemption(CallSite site = CallSite::Here());
   // The stop signal that check_preemption reported (the highest number
   // when ranks got different ones), or 0.

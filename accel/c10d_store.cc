@@ -3,8 +3,8 @@
 #include <thread>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include "accel/runtime/errors.h"
-#include "accel/runtime/process_group.h"
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/comm/process_group.h"
 
 namespace accel {
 namespace {

@@ -27,7 +27,7 @@
 #include <memory>
 #include <string>
 
-#include "accel/runtime/store.h"
+#include "accel/runtime/store/store.h"
 
 namespace c10d {
 class TCPStore;

@@ -17,10 +17,10 @@
 #include <sstream>
 
 #include "accel/checkpoint_file.h"
-#include "accel/runtime/error_report.h"
-#include "accel/runtime/errors.h"
-#include "accel/runtime/files.h"
-#include "accel/runtime/logging.h"
+#include "accel/runtime/base/error_report.h"
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/base/files.h"
+#include "accel/runtime/base/logging.h"
 #include "accel/safetensors.h"
 #include "accel/state_archive.h"
 #include "accel/tensor_ops.h"

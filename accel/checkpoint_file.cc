@@ -5,9 +5,9 @@
 #include <fstream>
 #include <sstream>
 
-#include "accel/runtime/error_report.h"
-#include "accel/runtime/errors.h"
-#include "accel/runtime/files.h"
+#include "accel/runtime/base/error_report.h"
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/base/files.h"
 
 namespace accel {
 namespace {

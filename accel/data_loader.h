@@ -61,7 +61,7 @@
 #include <vector>
 
 #include "accel/gradient_state.h"
-#include "accel/runtime/errors.h"
+#include "accel/runtime/base/errors.h"
 
 namespace accel {
 

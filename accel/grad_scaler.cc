@@ -7,7 +7,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "accel/runtime/errors.h"
+#include "accel/runtime/base/errors.h"
 #include "accel/state_archive.h"
 
 namespace accel {

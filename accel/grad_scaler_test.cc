@@ -14,7 +14,7 @@
 #include <limits>
 #include <sstream>
 
-#include "accel/runtime/errors.h"
+#include "accel/runtime/base/errors.h"
 #include "accel/state_archive.h"
 
 namespace accel {

@@ -8,7 +8,7 @@
 #include <iterator>
 #include <mutex>
 
-#include "accel/runtime/errors.h"
+#include "accel/runtime/base/errors.h"
 #include "accel/tensor_ops.h"
 
 namespace accel {

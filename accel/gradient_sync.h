@@ -33,7 +33,7 @@
 #include <memory>
 #include <vector>
 
-#include "accel/runtime/communicator.h"
+#include "accel/runtime/comm/communicator.h"
 
 namespace accel {
 

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "accel/runtime/errors.h"
+#include "accel/runtime/base/errors.h"
 
 namespace accel {
 

@@ -17,8 +17,8 @@
 #include <tuple>
 #include <utility>
 
-#include "accel/runtime/errors.h"
-#include "accel/runtime/files.h"
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/base/files.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "safetensors data is little-endian; this host is not");

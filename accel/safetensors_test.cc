@@ -15,8 +15,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "accel/runtime/errors.h"
-#include "accel/runtime/files.h"
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/base/files.h"
 #include "tests/subprocess.h"
 
 namespace accel {

@@ -10,7 +10,7 @@
 #include <string>
 #include <utility>
 
-#include "accel/runtime/errors.h"
+#include "accel/runtime/base/errors.h"
 #include "accel/state_archive.h"
 
 namespace accel {

@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "accel/runtime/errors.h"
+#include "accel/runtime/base/errors.h"
 #include "accel/state_archive.h"
 #include "tests/subprocess.h"
 

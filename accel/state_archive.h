@@ -21,7 +21,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "accel/runtime/errors.h"
+#include "accel/runtime/base/errors.h"
 
 namespace accel {
 

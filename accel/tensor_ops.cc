@@ -2,7 +2,7 @@
 
 #include <sstream>
 
-#include "accel/runtime/errors.h"
+#include "accel/runtime/base/errors.h"
 
 namespace accel {
 namespace {

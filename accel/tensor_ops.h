@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "accel/runtime/communicator.h"
-#include "accel/runtime/dtype.h"
+#include "accel/runtime/comm/communicator.h"
+#include "accel/runtime/base/dtype.h"
 
 namespace accel {
 

@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "accel/accelerator.h"
-#include "accel/runtime/program.h"
+#include "accel/runtime/launch/program.h"
 
 namespace {
 

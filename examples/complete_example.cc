@@ -30,7 +30,7 @@
 #include <string>
 
 #include "accel/accelerator.h"
-#include "accel/runtime/program.h"
+#include "accel/runtime/launch/program.h"
 
 DEFINE_int32(epochs, 3, "Epochs to train (in total, when resuming).");
 DEFINE_int32(batch_size, 12, "Global batch size, split across processes.");

@@ -5,7 +5,7 @@
 //   bazel run //examples:gather_demo -- --num_processes=2
 //   Gathered tensor: tensor([1, 2, 3, 1, 2, 3])
 #include "accel/accelerator.h"
-#include "accel/runtime/program.h"
+#include "accel/runtime/launch/program.h"
 
 int main(int argc, char** argv) {
   accel::InitProgram(&argc, &argv);

@@ -18,7 +18,7 @@
 #include <thread>
 
 #include "accel/accelerator.h"
-#include "accel/runtime/program.h"
+#include "accel/runtime/launch/program.h"
 
 DEFINE_int32(epochs, 3, "Epochs to train (in total, when resuming).");
 DEFINE_int64(seed, 42, "Seed of the data, the weights and the shuffling.");

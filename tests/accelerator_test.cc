@@ -4,7 +4,7 @@
 
 #include <cstdlib>
 
-#include "accel/runtime/errors.h"
+#include "accel/runtime/base/errors.h"
 #include "tests/multiprocess_main.h"
 #include "tests/usage_error.h"
 

@@ -20,7 +20,7 @@
 #include <sstream>
 
 #include "accel/checkpoint.h"
-#include "accel/runtime/errors.h"
+#include "accel/runtime/base/errors.h"
 #include "tests/subprocess.h"
 
 namespace accel::testing {

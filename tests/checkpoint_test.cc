@@ -21,7 +21,7 @@
 #include <fstream>
 
 #include "accel/accelerator.h"
-#include "accel/runtime/errors.h"
+#include "accel/runtime/base/errors.h"
 #include "tests/subprocess.h"
 
 namespace accel::testing {

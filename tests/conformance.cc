@@ -9,8 +9,8 @@
 #include <tuple>
 #include <vector>
 
-#include "accel/runtime/dtype.h"
-#include "accel/runtime/errors.h"
+#include "accel/runtime/base/dtype.h"
+#include "accel/runtime/base/errors.h"
 #include "tests/thread_ranks.h"
 
 namespace accel::testing {

@@ -8,8 +8,8 @@
 #include <thread>
 
 #include "accel/accelerator.h"
-#include "accel/runtime/errors.h"
-#include "accel/runtime/program.h"
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/launch/program.h"
 
 DEFINE_string(scenario, "main_only_wait",
               "main_only_wait, main_only_wait_then_exit, skip_gather, "

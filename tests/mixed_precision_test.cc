@@ -14,7 +14,7 @@
 #include <limits>
 
 #include "accel/autocast.h"
-#include "accel/runtime/errors.h"
+#include "accel/runtime/base/errors.h"
 #include "tests/multiprocess_main.h"
 
 namespace accel::testing {

@@ -20,9 +20,9 @@
 #include <thread>
 #include <vector>
 
-#include "accel/runtime/errors.h"
-#include "accel/runtime/process_group.h"
-#include "accel/runtime/program.h"
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/comm/process_group.h"
+#include "accel/runtime/launch/program.h"
 
 DEFINE_string(scenario, "collectives",
               "collectives, loop, die, rendezvous or sleep");

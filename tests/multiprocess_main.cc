@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "accel/runtime/environment.h"
-#include "accel/runtime/launch.h"
+#include "accel/runtime/env/environment.h"
+#include "accel/runtime/launch/launch.h"
 
 namespace accel::testing {
 namespace {

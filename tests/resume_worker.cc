@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "accel/accelerator.h"
-#include "accel/runtime/program.h"
+#include "accel/runtime/launch/program.h"
 
 DEFINE_int32(save_after_steps, -1, "Save and stop after this many steps.");
 DEFINE_bool(resume, false, "Load --dir first.");

@@ -5,7 +5,7 @@
 
 #include <thread>
 
-#include "accel/runtime/errors.h"
+#include "accel/runtime/base/errors.h"
 
 namespace accel::testing {
 

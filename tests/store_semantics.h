@@ -4,7 +4,7 @@
 //   accel::testing::ExpectStoreSemantics(store, store);
 #pragma once
 
-#include "accel/runtime/store.h"
+#include "accel/runtime/store/store.h"
 
 namespace accel::testing {
 

@@ -10,8 +10,8 @@
 #include <thread>
 #include <vector>
 
-#include "accel/runtime/registry.h"
-#include "accel/runtime/store.h"
+#include "accel/runtime/comm/registry.h"
+#include "accel/runtime/store/store.h"
 
 namespace accel::testing {
 

@@ -12,7 +12,7 @@
 #include <functional>
 #include <string>
 
-#include "accel/runtime/communicator.h"
+#include "accel/runtime/comm/communicator.h"
 
 namespace accel::testing {
 

@@ -8,8 +8,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "accel/runtime/errors.h"
-#include "accel/runtime/files.h"
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/base/files.h"
 #include "accel/tracking/jsonl_tracker.h"
 #include "accel/tracking/tensorboard_tracker.h"
 #include "tests/multiprocess_main.h"

@@ -15,7 +15,7 @@
 #include <fstream>
 #include <thread>
 
-#include "accel/runtime/errors.h"
+#include "accel/runtime/base/errors.h"
 #include "tests/multiprocess_main.h"
 
 namespace accel::testing {

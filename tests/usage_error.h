@@ -10,7 +10,7 @@
 
 #include <string>
 
-#include "accel/runtime/errors.h"
+#include "accel/runtime/base/errors.h"
 
 namespace accel::testing {
 

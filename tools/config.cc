@@ -1,5 +1,5 @@
 // accel config: writes the launch configuration that the launcher and every
-// accel program read (see accel/runtime/launch_config.h), as `accelerate
+// accel program read (see accel/runtime/launch/launch_config.h), as `accelerate
 // config` does: asks on a terminal, or takes flags.
 //
 //   $ bazel run //tools:config                      # asks each question
@@ -22,11 +22,11 @@
 #include <utility>
 #include <vector>
 
-#include "accel/runtime/errors.h"
-#include "accel/runtime/files.h"
-#include "accel/runtime/help.h"
-#include "accel/runtime/launch_config.h"
-#include "accel/runtime/program.h"
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/base/files.h"
+#include "accel/runtime/launch/help.h"
+#include "accel/runtime/launch/launch_config.h"
+#include "accel/runtime/launch/program.h"
 
 DEFINE_bool(interactive, isatty(0) != 0,
             "Ask each question (default: when the input is a terminal).");

@@ -2,7 +2,7 @@
 //
 //   bazel run //tools:launch -- --num_processes=2 -- /path/to/program --flag
 //
-// See accel/runtime/launch.h for the environment each rank gets and how
+// See accel/runtime/launch/launch.h for the environment each rank gets and how
 // failures and signals are handled. The launcher accepts only the flags it
 // uses, and those it passes on to the program when given (--backend,
 // --timeout_s, --rendezvous_timeout_s, --collective_checks,
@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "accel/runtime/errors.h"
-#include "accel/runtime/help.h"
-#include "accel/runtime/program.h"
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/launch/help.h"
+#include "accel/runtime/launch/program.h"
 
 // --log_dir is glog's flag (accel logs through glog), which the launcher
 // reuses for the ranks' logs, as programs do.

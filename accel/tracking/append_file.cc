@@ -6,8 +6,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "accel/runtime/errors.h"
-#include "accel/runtime/files.h"
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/base/files.h"
 
 namespace accel {
 

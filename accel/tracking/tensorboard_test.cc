@@ -11,8 +11,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "accel/runtime/errors.h"
-#include "accel/runtime/files.h"
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/base/files.h"
 #include "accel/tracking/tensorboard_tracker.h"
 #include "accel/tracking/tracker.h"
 #include "tests/subprocess.h"

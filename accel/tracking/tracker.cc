@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <mutex>
 
-#include "accel/runtime/errors.h"
+#include "accel/runtime/base/errors.h"
 
 namespace accel {
 namespace {

@@ -11,7 +11,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
-#include "accel/runtime/errors.h"
+#include "accel/runtime/base/errors.h"
 #include "accel/tracking/jsonl_tracker.h"
 #include "accel/tracking/tfrecord_writer.h"
 #include "tests/subprocess.h"

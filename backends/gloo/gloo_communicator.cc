@@ -21,9 +21,9 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "accel/runtime/env_value.h"
-#include "accel/runtime/errors.h"
-#include "accel/runtime/registry.h"
+#include "accel/runtime/env/env_value.h"
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/comm/registry.h"
 #include "backends/shm/host_layout.h"
 
 namespace accel {

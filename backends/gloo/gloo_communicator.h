@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "accel/runtime/communicator.h"
+#include "accel/runtime/comm/communicator.h"
 #include "backends/shm/shared_memory_group.h"
 
 namespace gloo {

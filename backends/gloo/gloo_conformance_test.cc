@@ -3,7 +3,7 @@
 // both (ranks split into two pretend hosts: shared memory on each, Gloo
 // between them), and shared memory with tiny slots (every buffer in many
 // chunks, parts of every shape).
-#include "accel/runtime/registry.h"
+#include "accel/runtime/comm/registry.h"
 #include "backends/gloo/gloo_communicator.h"
 #include "tests/conformance.h"
 

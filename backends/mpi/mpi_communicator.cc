@@ -6,9 +6,9 @@
 #include <cstring>
 #include <thread>
 
-#include "accel/runtime/errors.h"
-#include "accel/runtime/mpirun.h"
-#include "accel/runtime/registry.h"
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/launch/mpirun.h"
+#include "accel/runtime/comm/registry.h"
 #include "backends/mpi/mpi_runtime.h"
 
 namespace accel {

@@ -46,8 +46,8 @@
 #include <string>
 #include <vector>
 
-#include "accel/runtime/communicator.h"
-#include "accel/runtime/store.h"
+#include "accel/runtime/comm/communicator.h"
+#include "accel/runtime/store/store.h"
 
 namespace accel {
 

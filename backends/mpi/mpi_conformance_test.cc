@@ -14,9 +14,9 @@
 #include <cstdlib>
 #include <regex>
 
-#include "accel/runtime/errors.h"
-#include "accel/runtime/mpirun.h"
-#include "accel/runtime/process_group.h"
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/launch/mpirun.h"
+#include "accel/runtime/comm/process_group.h"
 #include "backends/mpi/mpi_test_jobs.h"
 #include "tests/conformance.h"
 #include "tests/subprocess.h"

@@ -9,7 +9,7 @@
 
 #include <regex>
 
-#include "accel/runtime/mpirun.h"
+#include "accel/runtime/launch/mpirun.h"
 #include "backends/mpi/mpi_test_jobs.h"
 #include "tests/subprocess.h"
 

@@ -12,9 +12,9 @@
 #include <sstream>
 #include <string>
 
-#include "accel/runtime/errors.h"
-#include "accel/runtime/net.h"
-#include "accel/runtime/random_hex.h"
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/base/net.h"
+#include "accel/runtime/base/random_hex.h"
 
 namespace accel {
 namespace {

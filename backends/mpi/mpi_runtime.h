@@ -23,7 +23,7 @@
 
 #include <mutex>
 
-#include "accel/runtime/environment.h"
+#include "accel/runtime/env/environment.h"
 
 namespace accel {
 

@@ -9,8 +9,8 @@
 #include <cstring>
 #include <thread>
 
-#include "accel/runtime/errors.h"
-#include "accel/runtime/registry.h"
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/comm/registry.h"
 
 namespace accel {
 namespace {

@@ -17,7 +17,7 @@
 #include <memory>
 #include <string>
 
-#include "accel/runtime/communicator.h"
+#include "accel/runtime/comm/communicator.h"
 
 namespace accel {
 

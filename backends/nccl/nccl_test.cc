@@ -5,9 +5,9 @@
 
 #include <chrono>
 
-#include "accel/runtime/errors.h"
-#include "accel/runtime/registry.h"
-#include "accel/runtime/store.h"
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/comm/registry.h"
+#include "accel/runtime/store/store.h"
 
 namespace accel {
 namespace {

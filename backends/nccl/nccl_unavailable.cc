@@ -1,7 +1,7 @@
 // Registers "nccl" in a build without a CUDA toolkit, so that choosing it
 // gives a clear error instead of "unknown backend".
-#include "accel/runtime/errors.h"
-#include "accel/runtime/registry.h"
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/comm/registry.h"
 
 namespace accel {
 namespace {

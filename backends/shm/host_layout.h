@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "accel/runtime/store.h"
+#include "accel/runtime/store/store.h"
 
 namespace accel {
 

@@ -14,7 +14,7 @@
 #include <cstring>
 #include <thread>
 
-#include "accel/runtime/errors.h"
+#include "accel/runtime/base/errors.h"
 
 namespace accel {
 

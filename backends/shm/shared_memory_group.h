@@ -42,8 +42,8 @@
 #include <string>
 #include <vector>
 
-#include "accel/runtime/dtype.h"
-#include "accel/runtime/store.h"
+#include "accel/runtime/base/dtype.h"
+#include "accel/runtime/store/store.h"
 #include "backends/shm/shared_segment.h"
 
 namespace accel {

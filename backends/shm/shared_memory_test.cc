@@ -19,9 +19,9 @@
 #include <thread>
 #include <vector>
 
-#include "accel/runtime/errors.h"
-#include "accel/runtime/store.h"
-#include "accel/runtime/tcp_store.h"
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/store/store.h"
+#include "accel/runtime/store/tcp_store.h"
 #include "backends/shm/host_layout.h"
 #include "backends/shm/shared_memory_group.h"
 #include "backends/shm/shared_segment.h"

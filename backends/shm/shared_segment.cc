@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "accel/runtime/errors.h"
-#include "accel/runtime/files.h"
-#include "accel/runtime/random_hex.h"
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/base/files.h"
+#include "accel/runtime/base/random_hex.h"
 
 namespace accel {
 namespace {

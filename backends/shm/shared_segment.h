@@ -18,7 +18,7 @@
 #include <chrono>
 #include <cstddef>
 
-#include "accel/runtime/store.h"
+#include "accel/runtime/store/store.h"
 
 namespace accel {
 

@@ -27,10 +27,10 @@
 #include <string>
 #include <vector>
 
-#include "accel/runtime/errors.h"
-#include "accel/runtime/mpirun.h"
-#include "accel/runtime/process_group.h"
-#include "accel/runtime/program.h"
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/launch/mpirun.h"
+#include "accel/runtime/comm/process_group.h"
+#include "accel/runtime/launch/program.h"
 #include "tools/bench/rows.h"
 
 DEFINE_string(sizes, "4096,65536,1048576,16777216,67108864",

@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "accel/runtime/errors.h"
-#include "accel/runtime/process_group.h"
-#include "accel/runtime/program.h"
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/comm/process_group.h"
+#include "accel/runtime/launch/program.h"
 
 DEFINE_string(sizes, "1048576,16777216,268435456,1073741824",
               "Bytes per rank for each row.");

@@ -29,10 +29,10 @@
 #include <utility>
 #include <vector>
 
-#include "accel/runtime/errors.h"
-#include "accel/runtime/launch_config.h"
-#include "accel/runtime/registry.h"
-#include "accel/runtime/version.h"
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/launch/launch_config.h"
+#include "accel/runtime/comm/registry.h"
+#include "accel/runtime/base/version.h"
 #include "accel/tracking/tracker.h"
 #include "tools/env/build_info.h"
 #include "tools/env/shared_libraries.h"

@@ -1,0 +1,101 @@
+#include "accel/runtime/launch/help.h"
+
+#include <gflags/gflags.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <vector>
+
+namespace accel {
+namespace {
+
+constexpr char kLogDirDescription[] =
+    "Each rank's stdout and stderr also go to "
+    "<log_dir>/attempt_<n>/rank_<r>/ (the console keeps a copy).";
+
+bool AsksForHelp(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--") return false;  // What follows is another program's.
+    if (arg == "--help" || arg == "-help" || arg == "-h" ||
+        arg == "--helpshort" || arg == "-helpshort") {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Flags of the libraries a program links (LibTorch's c10 and JIT flags,
+// glog's, gflags' own) rather than of the program or accel.
+bool IsLibraryFlag(const gflags::CommandLineFlagInfo& flag) {
+  return flag.filename.rfind("./", 0) == 0 ||
+         flag.filename.find("gflags") != std::string::npos;
+}
+
+bool IsAccelFlag(const gflags::CommandLineFlagInfo& flag) {
+  return flag.filename.rfind("accel/", 0) == 0 ||
+         flag.filename.find("/accel/") != std::string::npos;
+}
+
+std::string Describe(const gflags::CommandLineFlagInfo& flag) {
+  std::string value = flag.default_value;
+  if (flag.type == "string") value = "\"" + value + "\"";
+  std::string line = "  --" + flag.name + "=" + value;
+  if (line.size() < 34) line += std::string(34 - line.size(), ' ');
+  return line + "  " + flag.description + "\n";
+}
+
+}  // namespace
+
+void PrintHelpAndExitIfAsked(int argc, char** argv,
+                             const std::set<std::string>* only) {
+  if (!AsksForHelp(argc, argv)) return;
+  const char* slash = std::strrchr(argv[0], '/');
+  const std::string program = slash ? slash + 1 : argv[0];
+  std::string usage = gflags::ProgramUsage();
+  if (usage.find("SetUsageMessage() never called") != std::string::npos) {
+    usage = program + " [flags]";
+  }
+  std::vector<gflags::CommandLineFlagInfo> flags;
+  gflags::GetAllFlags(&flags);
+  std::map<std::string, std::string> own_by_file;
+  std::string accel;
+  for (auto& flag : flags) {
+    if (flag.name == "log_dir" && IsLibraryFlag(flag)) {
+      // glog's flag, which accel reuses for the ranks' logs.
+      flag.description = kLogDirDescription;
+    }
+    if (only != nullptr) {
+      if (only->count(flag.name) != 0) accel += Describe(flag);
+    } else if (IsAccelFlag(flag)) {
+      accel += Describe(flag);
+    } else if (!IsLibraryFlag(flag)) {
+      own_by_file[flag.filename] += Describe(flag);
+    }
+  }
+  std::printf("Usage: %s\n", usage.c_str());
+  for (const auto& [file, text] : own_by_file) {
+    std::printf("\nFlags of %s (%s):\n%s", program.c_str(), file.c_str(),
+                text.c_str());
+  }
+  gflags::CommandLineFlagInfo log_dir;
+  if (only == nullptr && gflags::GetCommandLineFlagInfo("log_dir", &log_dir) &&
+      IsLibraryFlag(log_dir)) {
+    log_dir.description = kLogDirDescription;
+    accel += Describe(log_dir);
+  }
+  if (!accel.empty()) {
+    std::printf("\n%s:\n%s", only != nullptr ? "Flags" : "accel flags",
+                accel.c_str());
+  }
+  std::printf(
+      "\n--helpfull lists every flag, including those of the "
+      "libraries %s links.\n",
+      program.c_str());
+  std::fflush(stdout);
+  std::exit(0);
+}
+
+}  // namespace accel

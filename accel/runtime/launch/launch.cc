@@ -1,0 +1,681 @@
+#include "accel/runtime/launch/launch.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include "accel/runtime/env/env_value.h"
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/base/excerpt.h"
+#include "accel/runtime/base/logging.h"
+#include "accel/runtime/launch/mpirun.h"
+#include "accel/runtime/base/net.h"
+#include "accel/runtime/base/preemption.h"
+#include "accel/runtime/base/process_setup.h"
+#include "accel/runtime/base/random_hex.h"
+#include "accel/runtime/launch/rank_output.h"
+
+namespace accel {
+namespace {
+
+std::atomic<int> g_forwarded_signal{0};
+
+void RecordSignal(int signal) { g_forwarded_signal = signal; }
+
+// The rank number of the one child when mpirun starts the ranks.
+constexpr int kMpirun = -1;
+
+struct Rank {
+  int rank;
+  pid_t pid;
+  bool running = true;
+  int status = 0;  // waitpid's, once it has exited.
+};
+
+// The signals the launcher passes on to the ranks, and as what: SIGTERM for
+// those whose sender means "stop" (SIGHUP: the console went away; SIGQUIT),
+// SIGINT as it is (Ctrl-C), SIGUSR1/2 as they are (SLURM's --signal warns
+// with them; programs may give them a meaning of their own).
+constexpr int kStopSignals[] = {SIGINT,  SIGTERM, SIGHUP,
+                                SIGQUIT, SIGUSR1, SIGUSR2};
+
+int ForwardedAs(int signal_number) {
+  return signal_number == SIGHUP || signal_number == SIGQUIT ? SIGTERM
+                                                             : signal_number;
+}
+
+// FNV-1a: the same on every machine, unlike std::hash.
+std::string StableHash(const std::string& text) {
+  uint64_t hash = 1469598103934665603ull;
+  for (unsigned char c : text) {
+    hash ^= c;
+    hash *= 1099511628211ull;
+  }
+  char out[17];
+  std::snprintf(out, sizeof(out), "%016llx",
+                static_cast<unsigned long long>(hash));
+  return out;
+}
+
+// The job id the ranks present to the store. One launcher picks a random
+// one; the launchers of a multi-machine job cannot agree on a random value
+// without talking, so they derive it from what they share (a second job
+// with all of it the same is still refused by the store's one-connection-
+// per-rank rule).
+std::string JobId(const LaunchOptions& options, const std::string& secret) {
+  if (const char* given = std::getenv("ACCEL_JOB_ID")) return given;
+  if (options.num_machines == 1) return "launch-" + RandomHex(8);
+  return "launch-" + StableHash(secret + "\n" + options.main_process_ip + "\n" +
+                                std::to_string(options.main_process_port) +
+                                "\n" + std::to_string(options.num_processes));
+}
+
+std::string DescribeStatus(int status) {
+  if (WIFEXITED(status)) {
+    return "exited with code " + std::to_string(WEXITSTATUS(status));
+  }
+  if (WIFSIGNALED(status)) {
+    std::string text = "was killed by signal " +
+                       std::to_string(WTERMSIG(status)) + " (" +
+                       strsignal(WTERMSIG(status)) + ")";
+    if (WTERMSIG(status) == SIGKILL) {
+      text +=
+          "; if nobody sent it, the kernel may have run out of memory "
+          "(see dmesg)";
+    }
+    return text;
+  }
+  return "stopped with status " + std::to_string(status);
+}
+
+int ExitCodeOf(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+void Validate(const LaunchOptions& o) {
+  if (o.num_processes < 1) {
+    throw UsageError("--num_processes must be at least 1, found " +
+                     std::to_string(o.num_processes));
+  }
+  if (o.num_machines < 1 || o.num_processes % o.num_machines != 0) {
+    throw UsageError("--num_processes (" + std::to_string(o.num_processes) +
+                     ") must be a multiple of --num_machines (" +
+                     std::to_string(o.num_machines) + ")");
+  }
+  if (o.machine_rank < 0 || o.machine_rank >= o.num_machines) {
+    throw UsageError("--machine_rank must be in [0, " +
+                     std::to_string(o.num_machines) + "), found " +
+                     std::to_string(o.machine_rank));
+  }
+  if (o.main_process_port < 0 || o.main_process_port > 65535) {
+    throw UsageError("--main_process_port must be in [0, 65535], found " +
+                     std::to_string(o.main_process_port));
+  }
+  if (o.main_process_port == 0 && o.num_machines > 1) {
+    throw UsageError(
+        "--main_process_port=0 (pick a free port) works on one machine only; "
+        "give every machine the same explicit port");
+  }
+  if (o.backend == "mpi" && o.num_machines > 1) {
+    throw UsageError(
+        "--backend=mpi with --num_machines > 1: start multi-machine MPI jobs "
+        "with mpirun (a hostfile) or srun, which place the ranks themselves");
+  }
+  if (o.max_restarts < 0) {
+    throw UsageError("--max_restarts must not be negative, found " +
+                     std::to_string(o.max_restarts));
+  }
+  if (o.signal_grace.count() < 0) {
+    throw UsageError("--signal_grace_s must not be negative, found " +
+                     std::to_string(o.signal_grace.count() / 1000));
+  }
+  if (o.threads_per_process < 1) {
+    throw UsageError("threads per process must be at least 1, found " +
+                     std::to_string(o.threads_per_process));
+  }
+}
+
+int CoresAvailable() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+// Many ranks mean many connections (rank 0's store, each rank's full
+// mesh): allow what the hard limit allows, as torchrun users do by hand.
+void RaiseOpenFileLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 &&
+      limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &limit);
+  }
+}
+
+std::string ProcessLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NPROC, &limit) != 0) return "unknown";
+  if (limit.rlim_cur == RLIM_INFINITY) return "unlimited";
+  return std::to_string(limit.rlim_cur);
+}
+
+// Where launcher messages go: through the output relay when there is one
+// (it knows whether the console's line is finished), else straight to
+// stderr, on a fresh line since a rank's progress bar may not have ended
+// its own.
+class Reporter {
+ public:
+  void set_output(RankOutput* output) { output_ = output; }
+  void operator()(const std::string& text) const {
+    if (output_ != nullptr) {
+      output_->Message("accel launch: " + text);
+      return;
+    }
+    const std::string line = "\naccel launch: " + text + "\n";
+    std::fwrite(line.data(), 1, line.size(), stderr);
+    std::fflush(stderr);
+  }
+
+ private:
+  RankOutput* output_ = nullptr;
+};
+
+// What a rank's child process does before exec.
+struct ChildSetup {
+  std::map<std::string, std::string> env;
+  int keep_fd = -1;  // Inherited across exec (rank 0's store socket).
+  RankOutput::Pipes pipes;
+};
+
+// Forks one rank. Exec failures come back through a close-on-exec pipe so
+// that "no such program" is reported once, by the launcher, clearly.
+pid_t StartRank(const std::vector<std::string>& command,
+                const ChildSetup& setup, int rank, int world) {
+  int report[2];
+  if (pipe2(report, O_CLOEXEC) != 0) {
+    throw Error(std::string("launch: pipe failed: ") + std::strerror(errno));
+  }
+  std::vector<char*> argv;
+  for (const auto& arg : command)
+    argv.push_back(const_cast<char*>(arg.c_str()));
+  argv.push_back(nullptr);
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    const int error = errno;
+    close(report[0]);
+    close(report[1]);
+    throw Error(
+        "launch: cannot start rank " + std::to_string(rank) + " of " +
+        std::to_string(world) + ": fork failed: " + std::strerror(error) +
+        (error == EAGAIN
+             ? " (too many processes: ulimit -u is " + ProcessLimit() + ")"
+             : std::string()));
+  }
+  if (pid == 0) {
+    setpgid(0, 0);
+    // If the launcher dies (even by SIGKILL), the rank goes too.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(1);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    for (const auto& [key, value] : setup.env) {
+      setenv(key.c_str(), value.c_str(), 1);
+    }
+    if (setup.keep_fd >= 0) fcntl(setup.keep_fd, F_SETFD, 0);
+    if (setup.pipes.out >= 0) dup2(setup.pipes.out, 1);
+    if (setup.pipes.err >= 0) dup2(setup.pipes.err, 2);
+    execvp(argv[0], argv.data());
+    const int error = errno;
+    ssize_t ignored = write(report[1], &error, sizeof(error));
+    (void)ignored;
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  close(report[1]);
+  int error = 0;
+  const ssize_t n = read(report[0], &error, sizeof(error));
+  close(report[0]);
+  if (n == sizeof(error)) {
+    waitpid(pid, nullptr, 0);
+    throw UsageError("cannot run '" + command[0] +
+                     "': " + std::strerror(error));
+  }
+  ACCEL_VLOG(1) << "launch: started rank " << rank << "/" << world << " as pid "
+                << pid;
+  return pid;
+}
+
+void SignalAll(const std::vector<Rank>& ranks, int signal) {
+  // The whole process group: a rank's own children must not outlive it
+  // (also those of a rank that has exited).
+  for (const auto& r : ranks) kill(-r.pid, signal);
+}
+
+// Reaps the ranks that have exited; true if some are still running.
+bool ReapAndCheckRunning(std::vector<Rank>& ranks) {
+  bool running = false;
+  for (auto& r : ranks) {
+    if (r.running && waitpid(r.pid, &r.status, WNOHANG) == r.pid) {
+      r.running = false;
+    }
+    running |= r.running;
+  }
+  return running;
+}
+
+// Reaps ranks that exit within `timeout`; true if some are still running.
+// `interrupt` (optional) ends the wait early when it returns true.
+bool WaitForExit(std::vector<Rank>& ranks, std::chrono::milliseconds timeout,
+                 const std::function<bool()>& interrupt = {}) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (ReapAndCheckRunning(ranks)) {
+    if (std::chrono::steady_clock::now() >= deadline) return true;
+    if (interrupt && interrupt()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+// Sends `first_signal` to every rank's group, then SIGKILL to whatever is
+// left after the grace period; reaps the ranks.
+void StopAll(std::vector<Rank>& ranks, std::chrono::milliseconds grace,
+             int first_signal) {
+  SignalAll(ranks, first_signal);
+  WaitForExit(ranks, grace);
+  SignalAll(ranks, SIGKILL);
+  for (auto& r : ranks) {
+    if (r.running) waitpid(r.pid, &r.status, 0);
+    r.running = false;
+  }
+}
+
+struct Attempt {
+  int exit_code = 0;
+  bool interrupted = false;  // Stopped by a signal to the launcher.
+};
+
+// The socket rank 0 will serve its store on, listening from now on.
+struct HeldPort {
+  int fd = -1;
+  int port = 0;
+  ~HeldPort() {
+    if (fd >= 0) close(fd);
+  }
+};
+
+class RankSet {
+ public:
+  RankSet(const LaunchOptions& options, const Reporter& report)
+      : options_(options), report_(report) {}
+
+  // Reaps ranks that exited; returns the first failure's status, if any.
+  bool ReapExited(const Rank** failed, int* status) {
+    while (true) {
+      int s = 0;
+      const pid_t pid = waitpid(-1, &s, WNOHANG);
+      if (pid <= 0) return false;
+      for (auto& r : ranks_) {
+        if (r.pid != pid || !r.running) continue;
+        r.running = false;
+        r.status = s;
+        --running_;
+        ACCEL_VLOG(1) << "launch: rank " << r.rank << " (pid " << r.pid << ") "
+                      << DescribeStatus(s);
+        // Whatever the rank left in its group goes with it.
+        kill(-r.pid, SIGKILL);
+        if (ExitCodeOf(s) != 0) {
+          *failed = &r;
+          *status = s;
+          return true;
+        }
+      }
+    }
+  }
+
+  // After a failure: lets the others report it, then stops them.
+  Attempt FailWith(const Rank& failed, int status, const char* when) {
+    if (WIFEXITED(status) && WEXITSTATUS(status) == kPreemptedExitCode) {
+      return Preempted(failed);
+    }
+    report_((failed.rank == kMpirun ? std::string("mpirun")
+                                    : "rank " + std::to_string(failed.rank)) +
+            " (pid " + std::to_string(failed.pid) + ") " +
+            DescribeStatus(status) + when +
+            (running_ > 0 ? "; stopping the other " + std::to_string(running_) +
+                                " rank(s)"
+                          : std::string()));
+    if (WaitForExit(ranks_, options_.report_grace)) {
+      report_("stopping the ranks still running");
+    }
+    StopAll(ranks_, options_.grace, SIGTERM);
+    running_ = 0;
+    return {ExitCodeOf(status), false};
+  }
+
+  // After a stop signal: passes it on and gives the ranks the grace period
+  // to save and leave (a second signal ends it), then stops what is left.
+  std::optional<Attempt> CheckSignal() {
+    const int sig = g_forwarded_signal.exchange(0);
+    if (sig == 0) return std::nullopt;
+    const int forwarded = ForwardedAs(sig);
+    const auto grace =
+        std::chrono::duration_cast<std::chrono::seconds>(options_.signal_grace);
+    report_("got " + std::string(SignalName(sig)) + " (" + strsignal(sig) +
+            "); passing " + SignalName(forwarded) + " to the " +
+            std::to_string(running_) + " running rank(s), which get " +
+            std::to_string(grace.count()) +
+            " s to save and leave (--signal_grace_s; another signal stops "
+            "them at once)");
+    SignalAll(ranks_, forwarded);
+    int second = 0;
+    if (WaitForExit(ranks_, options_.signal_grace, [&] {
+          second = g_forwarded_signal.exchange(0);
+          return second != 0;
+        })) {
+      report_(second != 0
+                  ? "got " + std::string(SignalName(second)) +
+                        " again: stopping the ranks now"
+                  : "ranks still running after " +
+                        std::to_string(grace.count()) + " s: stopping them");
+      StopAll(ranks_, std::chrono::milliseconds(0), SIGKILL);
+    }
+    return Stopped(128 + sig);
+  }
+
+  // A rank saved and left after a stop signal that reached the ranks
+  // directly (srun --signal, torchrun's agent, kill): the others are doing
+  // the same, so they get the grace period rather than SIGTERM.
+  Attempt Preempted(const Rank& first) {
+    report_("rank " + std::to_string(first.rank) +
+            " saved and left after a stop signal (exit code " +
+            std::to_string(kPreemptedExitCode) + ")" +
+            (running_ > 0
+                 ? "; the other " + std::to_string(running_) + " rank(s) get " +
+                       std::to_string(options_.signal_grace.count() / 1000) +
+                       " s to do the same"
+                 : std::string()));
+    if (WaitForExit(ranks_, options_.signal_grace,
+                    [] { return g_forwarded_signal.load() != 0; })) {
+      report_("stopping the ranks still running");
+      StopAll(ranks_, std::chrono::milliseconds(0), SIGKILL);
+    }
+    return Stopped(kPreemptedExitCode);
+  }
+
+  // Once every rank has exited after a stop: kPreemptedExitCode when each
+  // saved and left, else `otherwise`. Never restarted.
+  Attempt Stopped(int otherwise) {
+    running_ = 0;
+    size_t saved = 0;
+    for (const Rank& r : ranks_) {
+      saved +=
+          WIFEXITED(r.status) && WEXITSTATUS(r.status) == kPreemptedExitCode;
+    }
+    if (!ranks_.empty() && saved == ranks_.size()) {
+      report_("all " + std::to_string(saved) +
+              " rank(s) saved and left (exit code " +
+              std::to_string(kPreemptedExitCode) +
+              "); a run with --resume continues from their checkpoint");
+      return Attempt{kPreemptedExitCode, true};
+    }
+    return Attempt{otherwise == kPreemptedExitCode ? 1 : otherwise, true};
+  }
+
+  void Add(int rank, pid_t pid) {
+    ranks_.push_back({rank, pid});
+    ++running_;
+  }
+  void StopAllNow() { StopAll(ranks_, options_.grace, SIGTERM); }
+  size_t running() const { return running_; }
+  size_t started() const { return ranks_.size(); }
+
+ private:
+  const LaunchOptions& options_;
+  const Reporter& report_;
+  std::vector<Rank> ranks_;
+  size_t running_ = 0;
+};
+
+// Starts this machine's ranks once and watches them until all have exited,
+// one has failed, or the launcher got a signal.
+Attempt RunRanks(const LaunchOptions& options,
+                 const std::vector<std::string>& argv, HeldPort& held,
+                 const std::string& secret, const std::string& job_id,
+                 int restart_count, Reporter& report) {
+  const int local_world_size = options.num_processes / options.num_machines;
+  const auto attempt_started = std::chrono::steady_clock::now();
+  std::unique_ptr<RankOutput> output;
+  if (!options.log_dir.empty()) {
+    output = std::make_unique<RankOutput>(options.log_dir, restart_count);
+    report.set_output(output.get());
+  }
+  struct ClearOutput {
+    Reporter& report;
+    ~ClearOutput() { report.set_output(nullptr); }
+  } clear_output{report};
+  RankSet ranks(options, report);
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  // What every rank gets; each rank's own numbers come on top.
+  const std::map<std::string, std::string> job_env = {
+      {"MASTER_ADDR", options.main_process_ip},
+      {"MASTER_PORT", std::to_string(held.port)},
+      {"ACCEL_RUN_SECRET", secret},
+      {"ACCEL_JOB_ID", job_id},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count)},
+      {"OMP_NUM_THREADS",
+       omp ? omp : std::to_string(options.threads_per_process)},
+  };
+  try {
+    if (options.backend == "mpi") {
+      // mpirun starts and numbers the ranks (the backend learns them from
+      // MPI): one child to watch, which passes the job's variables on. The
+      // port cannot travel through mpirun: rank 0 binds it again.
+      ChildSetup setup;
+      setup.env = job_env;
+      // A port this launcher picked would be free again by the time rank 0
+      // binds it: without one the ranks agree on a port through MPI, rank 0
+      // choosing it as it binds.
+      if (options.main_process_port == 0) setup.env.erase("MASTER_PORT");
+      std::vector<std::string> names;
+      for (const auto& entry : setup.env) names.push_back(entry.first);
+      if (held.fd >= 0) {
+        close(held.fd);
+        held.fd = -1;
+      }
+      ranks.Add(kMpirun, StartRank(MpirunCommand(local_world_size, argv, names),
+                                   setup, kMpirun, options.num_processes));
+    }
+    for (int local = 0; local < local_world_size && options.backend != "mpi";
+         ++local) {
+      if (auto stopped = ranks.CheckSignal()) return *stopped;
+      const int rank = options.machine_rank * local_world_size + local;
+      ChildSetup setup;
+      setup.env = job_env;
+      setup.env.insert({
+          {"RANK", std::to_string(rank)},
+          {"WORLD_SIZE", std::to_string(options.num_processes)},
+          {"LOCAL_RANK", std::to_string(local)},
+          {"LOCAL_WORLD_SIZE", std::to_string(local_world_size)},
+          {"GROUP_RANK", std::to_string(options.machine_rank)},
+          // This machine's clock: the rendezvous timeout counts from here.
+          {"ACCEL_LAUNCH_STEADY_NS",
+           std::to_string(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                              attempt_started.time_since_epoch())
+                              .count())},
+      });
+      if (rank == 0 && held.fd >= 0) {
+        setup.env["ACCEL_STORE_LISTEN_FD"] = std::to_string(held.fd);
+        setup.keep_fd = held.fd;
+      }
+      if (output) setup.pipes = output->Add(rank);
+      ranks.Add(rank, StartRank(argv, setup, rank, options.num_processes));
+      if (output) output->StartedRank(rank);
+      if (rank == 0 && held.fd >= 0) {
+        close(held.fd);  // Rank 0 has it now.
+        held.fd = -1;
+      }
+      // A rank that fails while others start need not wait for all of them.
+      const Rank* failed = nullptr;
+      int status = 0;
+      if (ranks.ReapExited(&failed, &status)) {
+        const std::string when = " while ranks were starting (" +
+                                 std::to_string(ranks.started()) + " of " +
+                                 std::to_string(local_world_size) + " started)";
+        const Attempt attempt = ranks.FailWith(*failed, status, when.c_str());
+        if (output) output->Finish();
+        return attempt;
+      }
+    }
+  } catch (const Error& e) {
+    if (ranks.started() > 0) {
+      report(std::string(e.what()) + "; stopping the " +
+             std::to_string(ranks.started()) + " rank(s) already started");
+    }
+    ranks.StopAllNow();
+    throw;
+  }
+
+  Attempt attempt;
+  while (ranks.running() > 0) {
+    if (auto stopped = ranks.CheckSignal()) {
+      attempt = *stopped;
+      break;
+    }
+    const Rank* failed = nullptr;
+    int status = 0;
+    if (ranks.ReapExited(&failed, &status)) {
+      attempt = ranks.FailWith(*failed, status, "");
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (output) output->Finish();
+  return attempt;
+}
+
+// Binds rank 0's port now and keeps it until rank 0 serves on it, when rank
+// 0 runs on this machine; else only says which port the ranks dial.
+void HoldPort(const LaunchOptions& options, HeldPort* held) {
+  if (options.machine_rank != 0) {
+    held->port = options.main_process_port;
+    return;
+  }
+  held->fd = net::Listen(options.main_process_ip, options.main_process_port,
+                         &held->port);
+}
+
+}  // namespace
+
+int Launch(const LaunchOptions& options,
+           const std::vector<std::string>& command) {
+  PrepareProcess();
+  Validate(options);
+  if (command.empty()) throw UsageError("launch: no program to run");
+  Reporter report;
+  std::string secret;
+  if (const char* given = std::getenv("ACCEL_RUN_SECRET")) secret = given;
+  CheckEnvLength("ACCEL_RUN_SECRET", secret, kMaxRunSecretBytes);
+  if (const char* job = std::getenv("ACCEL_JOB_ID")) {
+    CheckEnvLength("ACCEL_JOB_ID", job, kMaxJobIdBytes);
+  }
+  if (const char* threads = std::getenv("OMP_NUM_THREADS")) {
+    // What OpenMP takes: a count, or counts per nesting level ("4,2").
+    const std::string text = threads;
+    if (text.empty() ||
+        text.find_first_not_of("0123456789,") != std::string::npos) {
+      throw UsageError(
+          "environment variable OMP_NUM_THREADS must be a number of threads "
+          "(or a comma-separated list of them), found " +
+          Excerpt(text));
+    }
+  }
+  if (secret.empty()) {
+    if (options.num_machines > 1) {
+      throw UsageError(
+          "with --num_machines > 1, set the same ACCEL_RUN_SECRET on every "
+          "machine (for example `export ACCEL_RUN_SECRET=$(openssl rand -hex "
+          "16)`), so that only this job's processes can join it");
+    }
+    secret = RandomHex(16);
+  }
+  const std::string job_id = JobId(options, secret);
+  const int local_world_size = options.num_processes / options.num_machines;
+  const int cores = CoresAvailable();
+  if (local_world_size > cores) {
+    report("warning: " + std::to_string(local_world_size) +
+           " processes on this machine's " + std::to_string(cores) +
+           " cores: they will share them (OMP_NUM_THREADS=" +
+           (std::getenv("OMP_NUM_THREADS")
+                ? std::string(std::getenv("OMP_NUM_THREADS"))
+                : std::to_string(options.threads_per_process)) +
+           " each)");
+  }
+  RaiseOpenFileLimit();
+  std::vector<std::string> argv = command;
+  if (!options.backend.empty()) argv.push_back("--backend=" + options.backend);
+
+  // Ranks must see our signals only through us. A signal that is ignored
+  // when we start (nohup's SIGHUP) stays ignored.
+  g_forwarded_signal = 0;
+  struct sigaction action {};
+  action.sa_handler = RecordSignal;
+  sigemptyset(&action.sa_mask);
+  std::vector<std::pair<int, struct sigaction>> previous;
+  for (int signal_number : kStopSignals) {
+    struct sigaction old {};
+    sigaction(signal_number, nullptr, &old);
+    if (signal_number == SIGHUP && old.sa_handler == SIG_IGN) continue;
+    sigaction(signal_number, &action, &old);
+    previous.emplace_back(signal_number, old);
+  }
+  struct RestoreSignals {
+    std::vector<std::pair<int, struct sigaction>>& previous;
+    ~RestoreSignals() {
+      for (auto& [signal_number, old] : previous) {
+        sigaction(signal_number, &old, nullptr);
+      }
+    }
+  } restore{previous};
+
+  for (int restart = 0;; ++restart) {
+    // A fresh socket for each try (and a fresh port when we pick it): the
+    // last try's store may still be closing.
+    HeldPort held;
+    HoldPort(options, &held);
+    const Attempt attempt =
+        RunRanks(options, argv, held, secret, job_id, restart, report);
+    if (attempt.exit_code == 0 || attempt.interrupted ||
+        restart >= options.max_restarts) {
+      if (attempt.exit_code != 0 && options.max_restarts > 0 &&
+          !attempt.interrupted) {
+        report("giving up after " + std::to_string(restart) +
+               " restart(s) (--max_restarts=" +
+               std::to_string(options.max_restarts) + ")");
+      }
+      return attempt.exit_code;
+    }
+    report("restarting all ranks (restart " + std::to_string(restart + 1) +
+           " of " + std::to_string(options.max_restarts) +
+           ", TORCHELASTIC_RESTART_COUNT=" + std::to_string(restart + 1) + ")");
+  }
+}
+
+}  // namespace accel

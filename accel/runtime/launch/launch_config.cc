@@ -1,0 +1,189 @@
+#include "accel/runtime/launch/launch_config.h"
+
+#include <gflags/gflags.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/base/excerpt.h"
+#include "accel/runtime/base/files.h"
+
+namespace accel {
+namespace {
+
+constexpr size_t kMaxConfigBytes = 1 << 20;
+
+bool IsConfigurable(const std::string& name) {
+  const auto& names = ConfigurableFlags();
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+std::string Listed() {
+  std::string text;
+  for (const std::string& name : ConfigurableFlags()) {
+    text += (text.empty() ? "--" : ", --") + name;
+  }
+  return text;
+}
+
+std::string Trimmed(const std::string& text) {
+  const size_t begin = text.find_first_not_of(" \t\r");
+  if (begin == std::string::npos) return "";
+  return text.substr(begin, text.find_last_not_of(" \t\r") - begin + 1);
+}
+
+}  // namespace
+
+std::string DefaultLaunchConfigPath() {
+  const char* xdg = std::getenv("XDG_CONFIG_HOME");
+  if (xdg != nullptr && xdg[0] == '/') {
+    return std::string(xdg) + "/accel/default_config.flags";
+  }
+  const char* home = std::getenv("HOME");
+  if (home != nullptr && home[0] != '\0') {
+    return std::string(home) + "/.config/accel/default_config.flags";
+  }
+  return "";
+}
+
+const std::vector<std::string>& ConfigurableFlags() {
+  static const std::vector<std::string> names = {
+      "num_processes",
+      "num_machines",
+      "machine_rank",
+      "main_process_ip",
+      "main_process_port",
+      "backend",
+      "num_cpu_threads_per_process",
+      "max_restarts",
+      "signal_grace_s",
+      "mixed_precision",
+      "gradient_accumulation_steps",
+      "timeout_s",
+      "rendezvous_timeout_s",
+      "network_timeout_s",
+      "collective_checks",
+      "report_to",
+      "logging_dir",
+      "reuse_host_memory",
+  };
+  return names;
+}
+
+std::string LaunchConfigPath(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--") break;  // What follows is another program's.
+    for (const char* prefix : {"--config_file=", "-config_file="}) {
+      if (arg.rfind(prefix, 0) == 0) {
+        const std::string path = arg.substr(std::string(prefix).size());
+        if (!path.empty() && !IsFile(path)) {
+          throw UsageError("--config_file=" + path +
+                           ": no such file (write one with accel config, or "
+                           "leave the flag out)");
+        }
+        return path;
+      }
+    }
+    if ((arg == "--config_file" || arg == "-config_file") && i + 1 < argc) {
+      const std::string path = argv[i + 1];
+      if (!IsFile(path)) {
+        throw UsageError("--config_file " + path + ": no such file");
+      }
+      return path;
+    }
+  }
+  if (const char* from_env = std::getenv("ACCEL_CONFIG_FILE")) {
+    return from_env;  // The launcher's choice, or "" for none.
+  }
+  const std::string path = DefaultLaunchConfigPath();
+  return !path.empty() && IsFile(path) ? path : "";
+}
+
+std::vector<std::pair<std::string, std::string>> ReadLaunchConfig(
+    const std::string& path) {
+  std::ifstream file(path, std::ios::binary | std::ios::ate);
+  if (!file) throw UsageError("cannot read the configuration file " + path);
+  // A configuration is a few lines; anything this big is another file.
+  const std::streamoff size = file.tellg();
+  if (size > static_cast<std::streamoff>(kMaxConfigBytes)) {
+    throw UsageError(
+        "the configuration file " + path + " is " + std::to_string(size) +
+        " bytes; a launch configuration "
+        "(a few --flag=value lines) has at most " +
+        std::to_string(kMaxConfigBytes) + ": is it the right file?");
+  }
+  file.seekg(0);
+  std::vector<std::pair<std::string, std::string>> flags;
+  int number = 0;
+  for (std::string raw; std::getline(file, raw);) {
+    ++number;
+    const std::string line = Trimmed(raw);
+    if (line.empty() || line[0] == '#') continue;
+    const std::string where = path + ":" + std::to_string(number) + ": ";
+    const size_t equals = line.find('=');
+    if (line.rfind("--", 0) != 0 || equals == std::string::npos) {
+      throw UsageError(where + "expected --flag=value, found " + Excerpt(line));
+    }
+    const std::string name = line.substr(2, equals - 2);
+    const std::string value = line.substr(equals + 1);
+    if (!IsConfigurable(name)) {
+      throw UsageError(where + Shown("--" + name) +
+                       " cannot be set in a configuration file; it takes " +
+                       Listed());
+    }
+    flags.emplace_back(name, value);
+  }
+  return flags;
+}
+
+std::vector<std::pair<std::string, std::string>> ApplyLaunchConfig(
+    const std::string& path) {
+  std::vector<std::pair<std::string, std::string>> applied;
+  if (path.empty()) return applied;
+  for (const auto& [name, value] : ReadLaunchConfig(path)) {
+    gflags::CommandLineFlagInfo info;
+    if (!gflags::GetCommandLineFlagInfo(name.c_str(), &info)) {
+      continue;  // A program that does not link that part of accel.
+    }
+    if (gflags::SetCommandLineOptionWithMode(name.c_str(), value.c_str(),
+                                             gflags::SET_FLAGS_DEFAULT)
+            .empty()) {
+      throw UsageError(path + ": " + Shown("--" + name + "=" + value) +
+                       ": not a valid " + info.type + " value");
+    }
+    applied.emplace_back(name, value);
+  }
+  return applied;
+}
+
+void WriteLaunchConfig(
+    const std::string& path,
+    const std::vector<std::pair<std::string, std::string>>& flags) {
+  std::string text =
+      "# accel launch configuration (written by accel config). Read by the\n"
+      "# launcher and every accel program before its command line, whose\n"
+      "# flags win. One --flag=value per line.\n";
+  for (const auto& [name, value] : flags) {
+    if (!IsConfigurable(name)) {
+      throw UsageError("--" + name +
+                       " cannot be set in a configuration file; it takes " +
+                       Listed());
+    }
+    if (value.find('\n') != std::string::npos) {
+      throw UsageError("--" + name + ": a value cannot span lines");
+    }
+    text += "--" + name + "=" + value + "\n";
+  }
+  try {
+    MakeDirectories(FolderOf(path));
+    WriteFileAtomically(path, text);
+  } catch (const CheckpointError& e) {
+    throw UsageError(std::string("cannot write the configuration: ") +
+                     e.what());
+  }
+}
+
+}  // namespace accel

@@ -1,0 +1,225 @@
+#include "accel/runtime/launch/program_flags.h"
+
+#include <gflags/gflags.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <limits>
+#include <mutex>
+
+#include "accel/runtime/base/logging.h"
+
+namespace accel {
+namespace {
+
+bool Parse(const std::string& text, int32_t* out) {
+  char* end = nullptr;
+  errno = 0;
+  const long value = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno != 0 ||
+      value < std::numeric_limits<int32_t>::min() ||
+      value > std::numeric_limits<int32_t>::max()) {
+    return false;
+  }
+  *out = static_cast<int32_t>(value);
+  return true;
+}
+
+bool Parse(const std::string& text, bool* out) {
+  if (text == "true" || text == "1") {
+    *out = true;
+  } else if (text == "false" || text == "0") {
+    *out = false;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+bool Parse(const std::string& text, std::string* out) {
+  *out = text;
+  return true;
+}
+
+const char* TypeName(int32_t*) { return "a whole number"; }
+const char* TypeName(bool*) { return "true or false"; }
+const char* TypeName(std::string*) { return "text"; }
+
+}  // namespace
+
+template <typename T>
+void ProgramFlag<T>::Register() {
+  if (registered_) return;
+  gflags::CommandLineFlagInfo info;
+  if (gflags::GetCommandLineFlagInfo(name_, &info)) return;  // The program's.
+  // gflags keeps the name, help and file name, and uses the two values as
+  // its storage: they live as long as the process.
+  gflags::FlagRegisterer registerer(name_, help_, __FILE__, &current_,
+                                    &default_);
+  (void)registerer;
+  registered_ = true;
+}
+
+template <typename T>
+bool ProgramFlag<T>::owned_by_program() const {
+  gflags::CommandLineFlagInfo info;
+  return !registered_ && gflags::GetCommandLineFlagInfo(name_, &info);
+}
+
+template <typename T>
+T ProgramFlag<T>::value() const {
+  if (registered_) return current_;
+  std::string text;
+  if (!gflags::GetCommandLineOption(name_, &text)) return builtin_default_;
+  T parsed;
+  if (Parse(text, &parsed)) return parsed;
+  if (!warned_) {
+    warned_ = true;
+    ACCEL_LOG(WARNING) << "--" << name_ << " is the program's own flag, and "
+                       << "its value \"" << text << "\" is not "
+                       << TypeName(static_cast<T*>(nullptr)) << " as accel's --"
+                       << name_ << " takes: accel goes on with its default";
+  }
+  return builtin_default_;
+}
+
+template <typename T>
+bool ProgramFlag<T>::given() const {
+  if (!config_path_.empty()) return true;
+  gflags::CommandLineFlagInfo info;
+  return gflags::GetCommandLineFlagInfo(name_, &info) && !info.is_default;
+}
+
+template <typename T>
+std::string ProgramFlag<T>::source() const {
+  gflags::CommandLineFlagInfo info;
+  if (gflags::GetCommandLineFlagInfo(name_, &info) && !info.is_default) {
+    return "the command line";
+  }
+  return config_path_.empty() ? "its default"
+                              : "the launch configuration " + config_path_;
+}
+
+template class ProgramFlag<int32_t>;
+template class ProgramFlag<bool>;
+template class ProgramFlag<std::string>;
+
+namespace flags {
+
+ProgramFlag<int32_t> num_processes(
+    "num_processes", 1,
+    "Total number of processes (ranks) to run, over all machines.");
+ProgramFlag<int32_t> num_machines("num_machines", 1,
+                                  "Number of machines taking part.");
+ProgramFlag<int32_t> machine_rank("machine_rank", 0,
+                                  "This machine's index in [0, num_machines).");
+ProgramFlag<std::string> main_process_ip(
+    "main_process_ip", "127.0.0.1", "Address of the machine that runs rank 0.");
+ProgramFlag<int32_t> main_process_port(
+    "main_process_port", 29500,
+    "Port of rank 0's rendezvous store; 0 picks a free port.");
+ProgramFlag<int32_t> num_cpu_threads_per_process(
+    "num_cpu_threads_per_process", 1,
+    "Intra-op threads per rank (OMP_NUM_THREADS, unless set).");
+ProgramFlag<int32_t> max_restarts(
+    "max_restarts", 0,
+    "Restart the whole job up to this many times after a rank fails "
+    "(TORCHELASTIC_RESTART_COUNT tells the ranks which try they are).");
+ProgramFlag<int32_t> signal_grace_s(
+    "signal_grace_s", 30,
+    "After a stop signal to the launcher (SIGTERM, SIGINT, SIGHUP, SIGQUIT, "
+    "SIGUSR1, SIGUSR2), how long the ranks get to save and leave before they "
+    "are killed, in seconds (see Accelerator::check_preemption).");
+ProgramFlag<std::string> config_file(
+    "config_file", "",
+    "Launch configuration to read before the command line (written by accel "
+    "config); default: $ACCEL_CONFIG_FILE, else "
+    "~/.config/accel/default_config.flags when it exists. Empty with =: "
+    "none.");
+ProgramFlag<std::string> backend(
+    "backend", "auto",
+    "Communication backend: gloo, nccl, mpi, or auto (nccl when a GPU is "
+    "visible, mpi when started by mpirun or srun with MPI, else gloo).");
+ProgramFlag<std::string> mixed_precision(
+    "mixed_precision", "no",
+    "Mixed precision: no, bf16 (autocast to bfloat16, CPU or GPU) or fp16 "
+    "(float16 with loss scaling).");
+ProgramFlag<int32_t> gradient_accumulation_steps(
+    "gradient_accumulation_steps", 1,
+    "Micro-batches whose gradients are accumulated before each optimizer "
+    "step (inside accelerator.accumulate(model)).");
+ProgramFlag<int32_t> timeout_s(
+    "timeout_s", 300,
+    "Default timeout of each collective, in seconds. Mismatched collectives "
+    "and departed ranks are reported long before it.");
+ProgramFlag<int32_t> rendezvous_timeout_s(
+    "rendezvous_timeout_s", 60,
+    "How long ranks wait for each other (and for rank 0's store) at "
+    "start-up, in seconds.");
+ProgramFlag<int32_t> network_timeout_s(
+    "network_timeout_s", 20,
+    "How long a machine may stop answering on the network before its ranks "
+    "are reported unreachable, in seconds.");
+ProgramFlag<bool> collective_checks(
+    "collective_checks", true,
+    "Compare each collective across ranks and report mismatched calls "
+    "within about a second (ranks that left are reported either way).");
+ProgramFlag<std::string> report_to(
+    "report_to", "",
+    "Experiment trackers for init_trackers/log: a comma-separated list of "
+    "jsonl, tensorboard (or any tracker the program registers), all, or "
+    "none.");
+ProgramFlag<std::string> logging_dir(
+    "logging_dir", "",
+    "Where trackers write: <logging_dir>/<project_name>/ (default: the "
+    "program's project directory, if it has one).");
+ProgramFlag<bool> reuse_host_memory(
+    "reuse_host_memory", true,
+    "Keep memory that tensors free in the process for reuse, rather than "
+    "returning each large block to the system (which costs a page fault per "
+    "4 KiB page the next time; see accel/runtime/base/host_memory.h).");
+
+}  // namespace flags
+
+namespace {
+
+template <typename Fn>
+void ForEachFlag(Fn&& fn) {
+  for (auto* flag :
+       {&flags::num_processes, &flags::num_machines, &flags::machine_rank,
+        &flags::main_process_port, &flags::num_cpu_threads_per_process,
+        &flags::max_restarts, &flags::signal_grace_s,
+        &flags::gradient_accumulation_steps, &flags::timeout_s,
+        &flags::rendezvous_timeout_s, &flags::network_timeout_s}) {
+    fn(*flag);
+  }
+  for (auto* flag :
+       {&flags::main_process_ip, &flags::config_file, &flags::backend,
+        &flags::mixed_precision, &flags::report_to, &flags::logging_dir}) {
+    fn(*flag);
+  }
+  for (auto* flag : {&flags::collective_checks, &flags::reuse_host_memory}) {
+    fn(*flag);
+  }
+}
+
+}  // namespace
+
+void RegisterProgramFlags() {
+  static std::once_flag once;
+  std::call_once(once,
+                 [] { ForEachFlag([](auto& flag) { flag.Register(); }); });
+}
+
+bool NoteLaunchConfigFlag(const std::string& name, const std::string& path) {
+  bool found = false;
+  ForEachFlag([&](auto& flag) {
+    if (name == flag.name()) {
+      flag.SetFromLaunchConfig(path);
+      found = true;
+    }
+  });
+  return found;
+}
+
+}  // namespace accel

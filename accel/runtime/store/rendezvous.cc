@@ -1,0 +1,136 @@
+#include "accel/runtime/store/rendezvous.h"
+
+#include <algorithm>
+#include <set>
+
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/store/tcp_store.h"
+
+namespace accel {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// How often rank 0 looks at the processes its server turned away.
+constexpr auto kRejectionCheck = milliseconds(200);
+
+std::string JoinKey(const DistributedEnvironment& env, int rank) {
+  return "accel_join/" + std::to_string(env.restart_count) + "/" +
+         std::to_string(rank);
+}
+
+// "ranks 2, 3" or "rank 2".
+std::string RankList(const std::vector<int>& ranks) {
+  std::string text = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i > 0) text += ", ";
+    if (i == 8 && ranks.size() > 10) {
+      return text + "... (" + std::to_string(ranks.size()) + " in all)";
+    }
+    text += std::to_string(ranks[i]);
+  }
+  return text;
+}
+
+// "ranks 2, 3 (machine 1) and 6 (machine 3)", assuming every machine runs
+// this machine's number of ranks, as launchers do.
+std::string DescribeMissing(const std::vector<int>& missing,
+                            const DistributedEnvironment& env) {
+  std::set<int> machines;
+  for (int rank : missing) machines.insert(rank / env.local_world_size);
+  std::string text = RankList(missing);
+  if (env.local_world_size < env.world_size) {
+    text += machines.size() == 1 ? " (machine " : " (machines ";
+    bool first = true;
+    for (int machine : machines) {
+      text += (first ? "" : ", ") + std::to_string(machine);
+      first = false;
+    }
+    text +=
+        ", at " + std::to_string(env.local_world_size) + " ranks per machine)";
+  }
+  return text;
+}
+
+// Rank 0 fails at once when its server refused a process that claimed a
+// rank that has not joined: that rank will not come (it got the refusal).
+void CheckRejections(TcpStoreServer& server, const std::vector<bool>& joined,
+                     const DistributedEnvironment& env) {
+  for (const RejectedClient& client : server.rejected()) {
+    if (client.address.empty()) {
+      // Not a client: the server could not accept (file descriptors).
+      throw UsageError(client.reason + ", with " +
+                       std::to_string(env.world_size) +
+                       " ranks to join; raise the limit (ulimit -n) or run "
+                       "fewer processes");
+    }
+    if (client.rank < 0 || client.rank >= env.world_size ||
+        joined[client.rank]) {
+      continue;  // A stranger, or a second claim to a rank that is here.
+    }
+    std::string advice;
+    if (client.reason == "another run secret") {
+      advice = ": export the same ACCEL_RUN_SECRET on every machine";
+    } else if (client.reason.rfind("another job", 0) == 0) {
+      advice =
+          ": is another job using this port? Give each job its own "
+          "--main_process_port (or ACCEL_JOB_ID)";
+    }
+    throw UsageError("a process from " + client.address + " claiming rank " +
+                     std::to_string(client.rank) + " tried to join with " +
+                     client.reason + advice);
+  }
+}
+
+}  // namespace
+
+void MeetAtStore(Store& store, const DistributedEnvironment& env,
+                 const std::string& my_address, Clock::time_point deadline,
+                 TcpStoreServer* hosted) {
+  const auto started = Clock::now();
+  store.set(JoinKey(env, env.rank), my_address);
+  std::vector<bool> joined(env.world_size, false);
+  std::vector<std::string> pending;
+  for (int r = 0; r < env.world_size; ++r) pending.push_back(JoinKey(env, r));
+  while (true) {
+    const auto now = Clock::now();
+    auto slice = std::chrono::duration_cast<milliseconds>(deadline - now);
+    if (hosted != nullptr)
+      slice = std::min(slice, milliseconds(kRejectionCheck));
+    if (slice.count() < 1) slice = milliseconds(1);
+    try {
+      store.wait(pending, slice);
+      return;
+    } catch (const TimeoutError&) {
+      // Who is here so far: rank 0 needs it for the rejections, everyone
+      // for the message.
+      for (int r = 0; r < env.world_size; ++r) {
+        if (!joined[r] && store.try_get(JoinKey(env, r))) joined[r] = true;
+      }
+      pending.clear();
+      std::vector<int> missing;
+      for (int r = 0; r < env.world_size; ++r) {
+        if (!joined[r]) {
+          pending.push_back(JoinKey(env, r));
+          missing.push_back(r);
+        }
+      }
+      if (hosted != nullptr) CheckRejections(*hosted, joined, env);
+      if (pending.empty()) return;
+      if (Clock::now() >= deadline) {
+        const auto waited =
+            std::chrono::duration_cast<milliseconds>(Clock::now() - started);
+        throw TimeoutError(
+            DescribeMissing(missing, env) + " did not join within " +
+            std::to_string(waited.count()) + " ms (--rendezvous_timeout_s): " +
+            (missing.size() == 1 ? "it was" : "they were") +
+            " not started, failed before joining, or cannot reach rank 0's "
+            "store at " +
+            env.master_addr + ":" + std::to_string(env.master_port));
+      }
+    }
+  }
+}
+
+}  // namespace accel

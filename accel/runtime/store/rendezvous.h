@@ -1,0 +1,36 @@
+// The meeting of every rank of a job at the store, before a backend
+// connects its data paths: each rank announces itself and the address its
+// peers will reach it at, then waits for all the others until a deadline
+// that covers the whole join.
+//
+//   accel::MeetAtStore(*store, env, my_address, deadline, hosted_server);
+//
+// Why a separate meeting when a backend's own connection step also waits
+// for every rank: it fails with the ranks (and machines) that never came,
+// within --rendezvous_timeout_s, instead of a backend's "timed out waiting
+// for key 3" after the collective timeout; and rank 0, which hosts the
+// store, sees the processes it turned away (another run secret, another
+// job) and fails at once instead of waiting for ranks that were refused.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "accel/runtime/env/environment.h"
+#include "accel/runtime/store/store.h"
+
+namespace accel {
+
+class TcpStoreServer;
+
+// Throws TimeoutError naming the ranks that did not arrive by `deadline`,
+// or UsageError when `hosted` (rank 0's server, else null) turned away a
+// process claiming a missing rank, or ran out of file descriptors.
+// `my_address` is recorded for diagnostics.
+void MeetAtStore(Store& store, const DistributedEnvironment& env,
+                 const std::string& my_address,
+                 std::chrono::steady_clock::time_point deadline,
+                 TcpStoreServer* hosted);
+
+}  // namespace accel
