@@ -11,18 +11,20 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <random>
 
 #include "accel/runtime/base/error_report.h"
 #include "accel/runtime/base/errors.h"
+#include "accel/runtime/base/excerpt.h"
 #include "accel/runtime/base/folder_lock.h"
 #include "accel/runtime/base/host_memory.h"
 #include "accel/runtime/base/logging.h"
-#include "accel/runtime/comm/process_group.h"
 #include "accel/runtime/base/process_setup.h"
-#include "accel/runtime/launch/program.h"
-#include "accel/runtime/comm/registry.h"
 #include "accel/runtime/base/startup_trace.h"
+#include "accel/runtime/comm/process_group.h"
+#include "accel/runtime/comm/registry.h"
+#include "accel/runtime/launch/program.h"
 #include "accel/tensor_ops.h"
 
 namespace accel {
@@ -52,9 +54,8 @@ void ValidateOptions(const AcceleratorOptions& options) {
   if (mp != "no" && mp != "bf16" && mp != "fp16") {
     throw UsageError(
         "mixed precision (--mixed_precision) must be \"no\", \"bf16\" or "
-        "\"fp16\", "
-        "found \"" +
-        mp + "\"");
+        "\"fp16\", found " +
+        Excerpt(mp));
   }
   if (options.gradient_accumulation_steps < 1) {
     throw UsageError("gradient_accumulation_steps must be at least 1, found " +
@@ -193,6 +194,33 @@ void AdoptGivenFlags(AcceleratorOptions& options, bool is_main_process) {
                         "AcceleratorOptions::FromFlags()";
 }
 
+// The job's process group, shared by every Accelerator of this process (as
+// Accelerate's state is one per process): a second Accelerator, alongside
+// the first or after it, uses the same group instead of joining again. The
+// last one leaves it parked until the process exits, end_training() or an
+// error ends it.
+struct SharedJob {
+  std::mutex mutex;
+  std::weak_ptr<ProcessGroup> group;
+  std::shared_ptr<ProcessGroup> parked;
+  std::string backend;
+  bool left = false;  // end_training() ran: this process is out of the job.
+  int64_t instances = 0;
+};
+
+SharedJob& Job() {
+  static SharedJob job;
+  return job;
+}
+
+void ReleaseParkedGroup() {
+  std::shared_ptr<ProcessGroup> parked;
+  {
+    std::lock_guard<std::mutex> lock(Job().mutex);
+    parked = std::move(Job().parked);
+  }
+}
+
 }  // namespace
 
 const char* DistributedTypeName(DistributedType type) {
@@ -275,22 +303,16 @@ Accelerator::Accelerator(AcceleratorOptions options)
   }
   // Also before joining: every rank finds an unusable folder on its own,
   // rather than some of them finding only that rank 0 left.
-  CheckWritableFolder(options_.project_dir, "project_dir");
   CheckCheckpointPathLength(options_.project_dir, env_.world_size);
+  CheckWritableFolder(options_.project_dir, "project_dir");
   for (const std::string& name : tracker_names_) {
     if (TrackerNeedsLoggingDir(name)) {
       CheckWritableFolder(logging_dir(), "logging_dir");
       break;
     }
   }
-  ProcessGroupOptions group_options;
   backend_ = ResolveBackend(options_.backend);
-  group_options.backend = backend_;
-  group_options.communicator.timeout = options_.timeout;
-  group_options.rendezvous_timeout = options_.rendezvous_timeout;
-  group_options.network_timeout = options_.network_timeout;
-  group_options.communicator.check_collectives = options_.check_collectives;
-  group_ = ProcessGroup::Join(env_, group_options);
+  JoinOrShareTheJob();
   // An MPI launcher gives ranks through MPI rather than the environment.
   env_ = group_->environment();
   const int gpu = group_->communicator().device_index();
@@ -326,17 +348,71 @@ Accelerator::Accelerator(AcceleratorOptions options)
   if (!options_.project_dir.empty()) {
     const std::vector<int64_t> indices =
         CheckpointIndices(options_.project_dir);
+    if (!indices.empty() && indices.back() == kMaxCheckpointNumber) {
+      throw CheckpointError(
+          "'" + CheckpointFolder(options_.project_dir, indices.back()) +
+          "' has the last number accel's checkpoint numbering has: no "
+          "checkpoint can follow it; rename or remove it");
+    }
     if (!indices.empty()) next_checkpoint_ = indices.back() + 1;
   }
+}
+
+void Accelerator::JoinOrShareTheJob() {
+  SharedJob& job = Job();
+  std::lock_guard<std::mutex> lock(job.mutex);
+  if (job.left) {
+    throw UsageError(
+        "an Accelerator was made after end_training(): this process has "
+        "left the job; make every Accelerator before it ends the training");
+  }
+  instance_ = job.instances++;
+  group_ = job.group.lock();
+  if (group_ != nullptr) {
+    if (backend_ != job.backend) {
+      throw UsageError("this process is in the job with backend '" +
+                       job.backend + "'; another Accelerator cannot use '" +
+                       backend_ + "' (accel keeps one job per process)");
+    }
+    return;
+  }
+  ProcessGroupOptions group_options;
+  group_options.backend = backend_;
+  group_options.communicator.timeout = options_.timeout;
+  group_options.rendezvous_timeout = options_.rendezvous_timeout;
+  group_options.network_timeout = options_.network_timeout;
+  group_options.communicator.check_collectives = options_.check_collectives;
+  group_ = ProcessGroup::Join(env_, group_options);
+  job.group = group_;
+  job.backend = backend_;
+  if (job.parked == nullptr) {
+    static const bool kReleasedAtExit = (std::atexit(ReleaseParkedGroup), true);
+    (void)kReleasedAtExit;
+  }
+  job.parked = group_;
+}
+
+void Accelerator::LeaveTheJob() {
+  SharedJob& job = Job();
+  std::shared_ptr<ProcessGroup> last;
+  {
+    std::lock_guard<std::mutex> lock(job.mutex);
+    job.left = true;
+    last = std::move(job.parked);
+  }
+  synchronizers_.clear();
+  group_.reset();
 }
 
 std::string Accelerator::FromMainProcess(const std::string& name,
                                          const std::string& value) {
   // Through the store, not a collective: collective numbers stay those of
-  // the program's own calls.
+  // the program's own calls. The Accelerator's number in this process keeps
+  // a second one's values apart from the first's.
   if (num_processes() == 1) return value;
-  const std::string key =
-      "accelerator/" + name + "/" + std::to_string(env_.restart_count);
+  const std::string key = "accelerator/" + name + "/" +
+                          std::to_string(env_.restart_count) + "/" +
+                          std::to_string(instance_);
   if (is_main_process()) {
     group_->store().set(key, value);
     return value;
@@ -363,7 +439,13 @@ void Accelerator::ClaimProjectDir() {
   if (is_main_process()) {
     std::string holder;
     project_lock_ = FolderLock::TryAcquire(options_.project_dir, &holder);
-    if (project_lock_ == nullptr) {
+    const std::string me = "pid " + std::to_string(getpid()) + " ";
+    if (project_lock_ == nullptr && holder.rfind(me, 0) == 0) {
+      refusal = "project_dir '" + options_.project_dir +
+                "' is in use by another Accelerator of this process: two "
+                "would interleave their checkpoints; give each its own "
+                "project_dir";
+    } else if (project_lock_ == nullptr) {
       refusal = "project_dir '" + options_.project_dir +
                 "' is in use by another job (" + holder +
                 "): two jobs in one folder would interleave their "
@@ -394,7 +476,13 @@ Accelerator::~Accelerator() {
     }
   }
   synchronizers_.clear();
-  group_.reset();
+  // Leaving because of an error: at once, so that the others learn why.
+  // Otherwise the group stays for the next Accelerator, or until exit.
+  if (std::uncaught_exceptions() > 0) {
+    LeaveTheJob();
+  } else {
+    group_.reset();
+  }
 }
 
 Communicator& Accelerator::communicator() {
@@ -636,15 +724,25 @@ void Accelerator::wait_for_everyone(CallSite site) {
 bool Accelerator::check_preemption(CallSite site) {
   StartHandlingPreemption();
   if (preemption_signal_ != 0) return true;
-  int32_t signal_number = PendingPreemptionSignal();
+  // The signal and, below it, which rank got it: the maximum is the
+  // highest signal, at the lowest rank that got it.
+  constexpr int64_t kRanks = int64_t{1} << 32;
+  const int signal_number = PendingPreemptionSignal();
+  int64_t seen = signal_number == 0
+                     ? 0
+                     : signal_number * kRanks + (kRanks - 1 - process_index());
   if (num_processes() > 1) {
-    communicator().allreduce(&signal_number, 1, DType::kInt32, ReduceOp::kMax,
+    communicator().allreduce(&seen, 1, DType::kInt64, ReduceOp::kMax,
                              At(site, "check_preemption"));
   }
-  if (signal_number == 0) return false;
-  preemption_signal_ = signal_number;
+  if (seen == 0) return false;
+  preemption_signal_ = static_cast<int>(seen / kRanks);
+  const int64_t rank = kRanks - 1 - seen % kRanks;
   if (is_main_process()) {
-    ACCEL_LOG(WARNING) << "got " << SignalName(signal_number)
+    ACCEL_LOG(WARNING) << (num_processes() > 1
+                               ? "rank " + std::to_string(rank) + " got "
+                               : std::string("got "))
+                       << SignalName(preemption_signal_)
                        << ": every rank stops at this step (" << site.ToString()
                        << ")";
   }
@@ -900,8 +998,7 @@ void Accelerator::end_training(CallSite site) {
   }
   if (group_ != nullptr) {
     wait_for_everyone(site);
-    synchronizers_.clear();
-    group_.reset();
+    LeaveTheJob();
   }
   if (tracker_error) std::rethrow_exception(tracker_error);
 }

@@ -62,11 +62,11 @@
 #include "accel/grad_scaler.h"
 #include "accel/gradient_sync.h"
 #include "accel/process_control.h"
-#include "accel/runtime/comm/communicator.h"
-#include "accel/runtime/env/environment.h"
 #include "accel/runtime/base/files.h"
-#include "accel/runtime/comm/object_collectives.h"
 #include "accel/runtime/base/preemption.h"
+#include "accel/runtime/comm/communicator.h"
+#include "accel/runtime/comm/object_collectives.h"
+#include "accel/runtime/env/environment.h"
 #include "accel/runtime/launch/program.h"
 #include "accel/safetensors.h"
 #include "accel/scheduler.h"
@@ -126,8 +126,9 @@ struct AcceleratorOptions {
   // Where the trackers write (<logging_dir>/<project_name>); empty: the
   // project_dir.
   std::string logging_dir;
-  // Keep freed memory in the process for reuse (accel/runtime/base/host_memory.h):
-  // large CPU tensors then cost no page faults after the first step.
+  // Keep freed memory in the process for reuse
+  // (accel/runtime/base/host_memory.h): large CPU tensors then cost no page
+  // faults after the first step.
   bool reuse_host_memory = true;
 
   // --backend, --mixed_precision, --gradient_accumulation_steps,
@@ -691,6 +692,10 @@ class Accelerator {
   // Rank 0's `value` on every rank (set once per name and restart).
   std::string FromMainProcess(const std::string& name,
                               const std::string& value);
+  // Joins the job, or shares the group another Accelerator of this process
+  // joined; end_training() (or an error) leaves it for good.
+  void JoinOrShareTheJob();
+  void LeaveTheJob();
   std::string AgreeOnRunId();
   // Refuses, on every rank, a project_dir that another job (or Accelerator)
   // is using: their checkpoint numbers would interleave.
@@ -708,7 +713,9 @@ class Accelerator {
   AcceleratorOptions options_;
   std::string backend_;
   torch::Device device_ = torch::kCPU;
-  std::unique_ptr<ProcessGroup> group_;
+  // Shared by every Accelerator of this process (see JoinOrShareTheJob).
+  std::shared_ptr<ProcessGroup> group_;
+  int64_t instance_ = 0;  // This Accelerator's number in the process.
   std::unique_ptr<FolderLock> project_lock_;  // Main process, project_dir.
   std::vector<std::pair<const torch::nn::Module*,
                         std::unique_ptr<GradientSynchronizer>>>

@@ -369,11 +369,14 @@ void SaveCheckpoint(const std::string& dir, int rank, int world_size,
     written.push_back(Join(dir, kStateFile));
     WriteCheckpointFile(written.back(), id, state);
   } catch (...) {
-    // What this save wrote goes (the file that failed is already gone):
-    // a failed save must not keep a full disk full.
+    // What this rank wrote goes (the file that failed is already gone): a
+    // failed save must not keep a full disk full. The folder goes only when
+    // no other rank may be writing into it; otherwise their files of this
+    // save stay in an incomplete checkpoint, which loading passes over and
+    // pruning removes.
     written.pop_back();
     for (const std::string& path : written) std::remove(path.c_str());
-    if (!existed) rmdir(dir.c_str());
+    if (!existed && world_size == 1) rmdir(dir.c_str());
     throw;
   }
 }
@@ -520,21 +523,23 @@ std::vector<int64_t> CheckpointIndices(const std::string& project_dir) {
         (digits.size() > 1 && digits[0] == '0')) {
       continue;
     }
-    if (digits.size() > kMaxCheckpointDigits) {
+    errno = 0;
+    const long long number = std::strtoll(digits.c_str(), nullptr, 10);
+    if (errno != 0 || number > kMaxCheckpointNumber) {
       too_large = name;
       continue;
     }
-    indices.push_back(std::stoll(digits));
+    indices.push_back(number);
   }
   closedir(dir);
   if (!too_large.empty()) {
     // Skipping it would resume from an older checkpoint and number new
     // ones below it, as if it were not there.
     throw CheckpointError("'" + folder + "/" + too_large +
-                          "' has a number of more than " +
-                          std::to_string(kMaxCheckpointDigits) +
-                          " digits, beyond accel's checkpoint numbering; "
-                          "rename or remove it");
+                          "' has a number beyond accel's checkpoint "
+                          "numbering (at most " +
+                          std::to_string(kMaxCheckpointNumber) +
+                          "); rename or remove it");
   }
   std::sort(indices.begin(), indices.end());
   return indices;
@@ -566,9 +571,11 @@ namespace {
 
 // Removes a checkpoint folder, as far as it holds only what accel writes.
 void RemoveCheckpoint(const std::string& dir) {
-  const std::vector<std::string> kept =
-      RemoveOwnedTree(dir, IsCheckpointFileName);
-  if (kept.empty()) return;
+  const Removal removal = RemoveOwnedTree(dir, IsCheckpointFileName);
+  const std::vector<std::string>& kept = removal.kept;
+  // Said once: the folder is left incomplete, and later prunings find
+  // nothing of accel's in it.
+  if (kept.empty() || removal.removed == 0) return;
   std::string listed;
   for (size_t i = 0; i < kept.size() && i < 5; ++i) {
     listed += (i ? ", " : "") + kept[i];

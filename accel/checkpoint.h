@@ -84,11 +84,12 @@ void LoadCheckpoint(const std::string& dir, int rank, int world_size,
 // once its accelerator_state.pt exists: the main process writes that file
 // last, so a save interrupted at any moment leaves an incomplete folder that
 // is never taken for the latest one.
-// Numbers go up to 18 digits (int64); only names accel writes count (no
-// leading zeros). A folder with a longer number is a CheckpointError rather
-// than skipped: resuming would go back past it, and numbering would reuse
+// Numbers go up to kMaxCheckpointNumber (int64's largest but one, so that
+// the next number exists); only names accel writes count (no leading
+// zeros). A folder with a larger number is a CheckpointError rather than
+// skipped: resuming would go back past it, and numbering would reuse
 // numbers below it.
-inline constexpr size_t kMaxCheckpointDigits = 18;
+inline constexpr int64_t kMaxCheckpointNumber = 9223372036854775806;
 std::string CheckpointFolder(const std::string& project_dir, int64_t index);
 // Indices of the checkpoint folders there (complete or not), ascending.
 std::vector<int64_t> CheckpointIndices(const std::string& project_dir);

@@ -1,5 +1,10 @@
 #include "accel/data_loader.h"
 
+#include <c10/util/Exception.h>
+
+#include <exception>
+#include <string>
+
 namespace accel::data {
 namespace {
 
@@ -17,6 +22,28 @@ at::Generator& SampleGenerator() {
   thread_local at::Generator generator =
       at::make_generator<at::CPUGeneratorImpl>(0);
   return generator;
+}
+
+void RethrowWithContext(const std::string& where) {
+  std::string what = "an exception that is not a std::exception";
+  try {
+    throw;
+  } catch (const c10::Error& e) {
+    what = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+  }
+  std::throw_with_nested(DataError("DataLoader: " + where + ": " + what));
+}
+
+std::string ListSamples(const std::vector<int64_t>& ids) {
+  std::string text;
+  for (size_t i = 0; i < ids.size() && i < 8; ++i) {
+    text += (i ? ", " : "") + std::to_string(ids[i]);
+  }
+  if (ids.size() > 8) text += ", ...";
+  return text;
 }
 
 uint64_t SampleSeed(uint64_t seed, int64_t epoch, int64_t index) {

@@ -145,6 +145,12 @@ at::Generator& SampleGenerator();
 // The seed of sample `index` of `epoch` for a loader seeded `seed`.
 uint64_t SampleSeed(uint64_t seed, int64_t epoch, int64_t index);
 
+// Throws DataError "DataLoader: <where>: <the exception in flight>", with
+// that exception nested. Call from a catch block.
+[[noreturn]] void RethrowWithContext(const std::string& where);
+// "3, 17, 4" (at most the first 8, then "...").
+std::string ListSamples(const std::vector<int64_t>& ids);
+
 // Whether a dataset takes the generator as get(index, generator).
 template <typename Dataset, typename = void>
 struct TakesGenerator : std::false_type {};
@@ -516,17 +522,29 @@ class DataLoader {
       samples.reserve(ids.size());
       for (int64_t i : ids) {
         generator.set_current_seed(data::SampleSeed(seed, epoch, i));
-        samples.push_back(
-            data::GetSample(*dataset, static_cast<size_t>(i), generator));
+        try {
+          samples.push_back(
+              data::GetSample(*dataset, static_cast<size_t>(i), generator));
+        } catch (...) {
+          data::RethrowWithContext("the data set's get(" + std::to_string(i) +
+                                   ") in epoch " + std::to_string(epoch));
+        }
       }
       // Collate's own draws (mixup, ...) follow from the batch's first
       // sample, under another seed than that sample's.
       generator.set_current_seed(
           ~data::SampleSeed(seed, epoch, ids.empty() ? 0 : ids.front()));
-      Batch batch = collate(std::move(samples));
+      std::optional<Batch> batch;
+      try {
+        batch.emplace(collate(std::move(samples)));
+      } catch (...) {
+        data::RethrowWithContext("collating the batch of samples " +
+                                 data::ListSamples(ids) + " in epoch " +
+                                 std::to_string(epoch));
+      }
       generator.set_current_seed(0);
-      data::MoveBatch(batch, device, pin);
-      return batch;
+      data::MoveBatch(*batch, device, pin);
+      return std::move(*batch);
     };
     auto pass = std::make_shared<typename Iterator::PassType>(
         std::move(make), std::move(batches), first, options_.num_workers,
@@ -540,8 +558,25 @@ class DataLoader {
     return Iterator(nullptr, pass ? pass->size() : 0);
   }
 
-  // Batches this rank gets per epoch.
-  size_t size() const { return Plan(dataset_size_).batches_per_rank; }
+  // Batches this rank gets in the pass under way, or else in the next one:
+  // a whole epoch, or what is left of one that load_state or
+  // skip_first_batches resumes (as Accelerate's skipped loader counts).
+  size_t size() const {
+    if (state_->in_pass && state_->position < state_->pass_batches) {
+      return static_cast<size_t>(state_->pass_batches);
+    }
+    if (skip_next_) {
+      return batches_per_epoch() -
+             std::min(batches_per_epoch(), static_cast<size_t>(*skip_next_));
+    }
+    const size_t done = static_cast<size_t>(std::min<int64_t>(
+        state_->resume_samples, static_cast<int64_t>(dataset_size_)));
+    return Plan(dataset_size_ - done).batches_per_rank;
+  }
+  // Batches this rank gets in a whole epoch.
+  size_t batches_per_epoch() const {
+    return Plan(dataset_size_).batches_per_rank;
+  }
   size_t dataset_size() const { return dataset_size_; }
   size_t batch_size() const { return options_.batch_size; }
   // Samples per optimizer step over all ranks.

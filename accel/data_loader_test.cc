@@ -165,10 +165,26 @@ TEST(DataLoaderTest, WorkersReportAFailingSampleAtItsBatch) {
       ++good;
     }
     ADD_FAILURE() << "no error";
-  } catch (const UsageError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("sample 7 is bad"));
+  } catch (const DataError& e) {
+    // Where it happened, and the data set's own exception inside.
+    EXPECT_STREQ(e.what(),
+                 "DataLoader: the data set's get(7) in epoch 0: sample 7 is "
+                 "bad");
+    EXPECT_THROW(std::rethrow_if_nested(e), UsageError);
   }
   EXPECT_EQ(good, 3);  // Batches [0,1] [2,3] [4,5]; [6,7] fails.
+  // A collate function's failure names the batch's samples.
+  DataLoader<Numbers, torch::Tensor> ragged(
+      Numbers(4), Batch(2), [](std::vector<torch::Tensor> samples) {
+        samples.back() = torch::zeros({3});
+        return torch::stack(samples);
+      });
+  EXPECT_THAT([&] { Drain(ragged); },
+              ::testing::ThrowsMessage<DataError>(::testing::AllOf(
+                  HasSubstr("DataLoader: collating the batch of samples 0, 1 "
+                            "in epoch 0: stack expects each tensor to be "
+                            "equal size"),
+                  ::testing::Not(HasSubstr("Exception raised from")))));
 }
 
 TEST(DataLoaderTest, LeavingALoopEarlyStopsTheWorkers) {
@@ -211,7 +227,10 @@ TEST(DataLoaderTest, PositionInsideAnEpochIsRecordedAndResumed) {
 
   DataLoader<Numbers> resumed(Numbers(12), options);
   resumed.state()->Restore(epoch, done);
+  EXPECT_EQ(resumed.size(), 2u);  // What is left of the epoch.
+  EXPECT_EQ(resumed.batches_per_epoch(), 6u);
   const auto rest = Drain(resumed);
+  EXPECT_EQ(resumed.size(), 6u);
   ASSERT_EQ(rest.size(), 2u);
   EXPECT_EQ(rest[0], epoch0[4]);
   EXPECT_EQ(rest[1], epoch0[5]);

@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "accel/runtime/comm/communicator.h"
 #include "accel/runtime/base/dtype.h"
+#include "accel/runtime/comm/communicator.h"
 
 namespace accel {
 

@@ -162,7 +162,7 @@ int Main(int argc, char** argv) {
     resumed = accelerator.load_state();  // "" when there is none yet.
   }
   if (!resumed.empty()) {
-    accelerator.print("Resumed from", resumed, "at epoch", loader.epoch());
+    accelerator.print("Resumed from", resumed, "in epoch", loader.epoch() + 1);
   }
 
   accelerator.init_trackers("train_demo", {{"lr", 3e-4},

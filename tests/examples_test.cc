@@ -94,7 +94,7 @@ TEST(ExamplesTest, ResumedTrainingEqualsUninterruptedTrainingBitForBit) {
                                 "--output_dir=" + dir + "/resumed"});
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_THAT(resumed.output,
-              HasSubstr("Resumed from " + dir + "/first at epoch 2"));
+              HasSubstr("Resumed from " + dir + "/first in epoch 3"));
   EXPECT_EQ(Matches(resumed.output, "Epoch [0-9] - Accuracy").size(), 1u);
   EXPECT_EQ(Fingerprint(resumed), Fingerprint(straight));
   EXPECT_NE(Fingerprint(first), Fingerprint(straight));

@@ -333,5 +333,19 @@ TEST(FaultTest, ASecondJobSharingTheSecretAndPortCannotDisturbTheFirst) {
   EXPECT_THAT(first.output, HasSubstr("no error"));
 }
 
+// Accelerate's state is one per process; so is accel's job: Accelerators
+// made one after another, or side by side, share it (a second one used to
+// join again and fail: "already has a rank 1", or "the listening socket
+// handed over (fd 3) is not a socket").
+TEST(FaultTest, AcceleratorsInTurnShareTheJob) {
+  const ProcessResult r = RunFault("accelerators_in_turn");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("second gathered 2"));
+  EXPECT_THAT(r.output, HasSubstr("third gathered 2"));
+  EXPECT_THAT(r.output,
+              HasSubstr("late: an Accelerator was made after end_training()"));
+  EXPECT_THAT(r.output, ::testing::Not(HasSubstr("error")));
+}
+
 }  // namespace
 }  // namespace accel::testing

@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cstdio>
 #include <thread>
 
 #include "accel/accelerator.h"
@@ -14,15 +15,39 @@
 DEFINE_string(scenario, "main_only_wait",
               "main_only_wait, main_only_wait_then_exit, skip_gather, "
               "late_rank, wrong_device, stop_main, burst_then_stop, "
-              "shape_mismatch, idle_then_save, error_on_rank1 or "
-              "uncaught_on_rank1");
+              "shape_mismatch, idle_then_save, error_on_rank1, "
+              "uncaught_on_rank1 or accelerators_in_turn");
 DEFINE_int32(late_s, 6, "How late rank 1 is in --scenario=late_rank.");
 DEFINE_int32(idle_s, 6, "How long --scenario=idle_then_save idles.");
 DEFINE_string(save_dir, "", "Where --scenario=idle_then_save saves.");
 
 namespace {
 
+// Several Accelerators in one process, as a program that makes one per
+// phase does: they share the job; after end_training none can be made.
+int AcceleratorsInTurn() {
+  const torch::Tensor rank = torch::ones({1});
+  {
+    accel::Accelerator first;
+    first.gather(rank);
+  }
+  {
+    accel::Accelerator second;  // After the first.
+    accel::Accelerator third;   // Beside the second.
+    second.print("second gathered", second.gather(rank).size(0));
+    third.print("third gathered", third.gather(rank).size(0));
+    third.end_training();
+  }
+  try {
+    accel::Accelerator late;
+  } catch (const accel::UsageError& e) {
+    std::printf("late: %s\n", e.what());
+  }
+  return 0;
+}
+
 int Main(int argc, char** argv) {
+  if (FLAGS_scenario == "accelerators_in_turn") return AcceleratorsInTurn();
   accel::Accelerator accelerator;
   const torch::Tensor ones = torch::ones({2});
   accelerator.gather(ones);  // Every scenario starts in step.

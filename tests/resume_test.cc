@@ -31,10 +31,9 @@ std::vector<int64_t> Trained(const ProcessResult& r) {
 }
 
 ProcessResult RunWorker(int processes, std::vector<std::string> args) {
-  args.insert(args.begin(),
-              {Runfile("tests/resume_worker"),
-               "--num_processes=" + std::to_string(processes),
-               "--main_process_port=0"});
+  args.insert(args.begin(), {Runfile("tests/resume_worker"),
+                             "--num_processes=" + std::to_string(processes),
+                             "--main_process_port=0"});
   return RunProcess(args, {}, kTimeout);
 }
 
@@ -83,7 +82,7 @@ TEST(ResumeTest, ASplitBatchThatTheNewCountCannotDivideFailsBeforeAnyStep) {
   const std::string dir = MakeTempDir("indivisible") + "/state";
   const ProcessResult saved =
       RunWorker(2, {"--dir=" + dir, "--split_batches", "--batch_size=8",
-              "--save_after_steps=2"});
+                    "--save_after_steps=2"});
   ASSERT_EQ(saved.exit_code, 0) << saved.output;
   const ProcessResult resumed = RunWorker(
       3, {"--dir=" + dir, "--split_batches", "--batch_size=8", "--resume"});

@@ -86,7 +86,7 @@ has "$out" "$dir/huge.flags is 100000000 bytes; a launch configuration"
 [ "${#out}" -lt 1000 ] || fail "huge file echoed: ${#out} bytes"
 printf -- '--num_processes=2\n\x7fELF\x02\x01\x01\x00\x1b[31m\n' >"$dir/binary.flags"
 if out=$("$demo" --config_file="$dir/binary.flags" 2>&1); then fail "binary accepted"; fi
-has "$out" 'found "\x7fELF\x02\x01\x01\x00\x1b[31m"'
+has "$out" 'binary.flags:2: a control byte in "\x7fELF\x02\x01\x01\x00\x1b[31m"'
 if LC_ALL=C grep -q $'[\x01-\x08\x0b-\x1f\x7f]' <<<"$out"; then
   fail "raw control bytes in: $out"
 fi
@@ -95,5 +95,13 @@ echo "$long_line" >"$dir/long.flags"
 if out=$("$demo" --config_file="$dir/long.flags" 2>&1); then fail "long accepted"; fi
 has "$out" "(the first 60 of 5016 bytes)"
 if out=$("$demo" --config_file="$dir/missing.flags" 2>&1); then fail "missing accepted"; fi
-has "$out" "--config_file=$dir/missing.flags: no such file"
+has "$out" "--config_file=$dir/missing.flags: No such file or directory"
+if out=$("$demo" --config_file="$dir" 2>&1); then fail "a folder accepted"; fi
+has "$out" "--config_file=$dir: not a regular file (a folder)"
+printf -- '--num_processes=2\0--seed=3\n' >"$dir/nul.flags"
+if out=$("$demo" --config_file="$dir/nul.flags" 2>&1); then fail "NUL accepted"; fi
+has "$out" "nul.flags:1: a control byte in \"--num_processes=2\\x00--seed=3\""
+printf -- '\n--num_processes=2junk\n' >"$dir/junk.flags"
+if out=$("$demo" --config_file="$dir/junk.flags" 2>&1); then fail "junk accepted"; fi
+has "$out" "junk.flags:2: --num_processes=2junk: not a valid int32 value"
 echo PASS

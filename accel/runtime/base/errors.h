@@ -51,4 +51,12 @@ class CheckpointError : public Error {
   using Error::Error;
 };
 
+// A data set's get() or a collate function failed: the message says where
+// (data loader, epoch, sample), and the original exception is nested
+// (std::rethrow_if_nested gets it back).
+class DataError : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace accel

@@ -29,7 +29,8 @@ std::string TemporaryName(const std::string& path) {
 void RemoveOwnedIn(int parent, const std::string& name,
                    const std::string& relative,
                    const std::function<bool(const std::string&)>& owned,
-                   std::vector<std::string>* kept) {
+                   Removal* removal) {
+  std::vector<std::string>* kept = &removal->kept;
   const size_t kept_before = kept->size();
   const int fd = openat(parent, name.c_str(),
                         O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -54,13 +55,14 @@ void RemoveOwnedIn(int parent, const std::string& name,
     struct stat info;
     if (fstatat(fd, entry.c_str(), &info, AT_SYMLINK_NOFOLLOW) != 0) {
       kept->push_back(path);
-    } else if (S_ISLNK(info.st_mode)) {
-      if (unlinkat(fd, entry.c_str(), 0) != 0) kept->push_back(path);
     } else if (S_ISDIR(info.st_mode)) {
-      RemoveOwnedIn(fd, entry, path, owned, kept);
-    } else if (!S_ISREG(info.st_mode) || !owned(entry) ||
+      RemoveOwnedIn(fd, entry, path, owned, removal);
+    } else if ((!S_ISLNK(info.st_mode) &&
+                (!S_ISREG(info.st_mode) || !owned(entry))) ||
                unlinkat(fd, entry.c_str(), 0) != 0) {
       kept->push_back(path);
+    } else {
+      ++removal->removed;
     }
   }
   closedir(folder);  // Closes fd.
@@ -224,22 +226,24 @@ std::vector<std::string> ListFolder(const std::string& dir) {
   return names;
 }
 
-std::vector<std::string> RemoveOwnedTree(
+Removal RemoveOwnedTree(
     const std::string& dir,
     const std::function<bool(const std::string& name)>& owned) {
-  std::vector<std::string> kept;
+  Removal removal;
   struct stat info;
-  if (lstat(dir.c_str(), &info) != 0) return kept;
+  if (lstat(dir.c_str(), &info) != 0) return removal;
   if (S_ISLNK(info.st_mode)) {
-    if (unlink(dir.c_str()) != 0) kept.push_back(".");
-    return kept;
+    if (unlink(dir.c_str()) != 0) {
+      removal.kept.push_back(".");
+    } else {
+      ++removal.removed;
+    }
+  } else if (!S_ISDIR(info.st_mode)) {
+    removal.kept.push_back(".");
+  } else {
+    RemoveOwnedIn(AT_FDCWD, dir, "", owned, &removal);
   }
-  if (!S_ISDIR(info.st_mode)) {
-    kept.push_back(".");
-    return kept;
-  }
-  RemoveOwnedIn(AT_FDCWD, dir, "", owned, &kept);
-  return kept;
+  return removal;
 }
 
 }  // namespace accel

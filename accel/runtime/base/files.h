@@ -83,9 +83,14 @@ std::vector<std::string> ListFolder(const std::string& dir);
 // points to is left alone. Inside `dir` and its real subfolders it removes
 // the regular files whose names `owned` accepts; anything else (another
 // kind of file, a file `owned` rejects, one that cannot be removed) stays,
-// and so do the folders that hold it. Returns what stayed, as paths under
-// `dir` ("notes.txt", "data/x"); empty when `dir` is gone or never existed.
-std::vector<std::string> RemoveOwnedTree(
+// and so do the folders that hold it.
+struct Removal {
+  // What stayed, as paths under `dir` ("notes.txt", "data/x"); empty when
+  // `dir` is gone or never existed.
+  std::vector<std::string> kept;
+  size_t removed = 0;  // Files and links removed.
+};
+Removal RemoveOwnedTree(
     const std::string& dir,
     const std::function<bool(const std::string& name)>& owned);
 

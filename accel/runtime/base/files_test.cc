@@ -113,22 +113,23 @@ TEST(FilesTest, RemoveOwnedTreeNeverFollowsALink) {
   const auto owned = [](const std::string& name) {
     return name.size() > 3 && name.compare(name.size() - 3, 3, ".pt") == 0;
   };
-  EXPECT_TRUE(RemoveOwnedTree(dir + "/tree", owned).empty());
+  EXPECT_TRUE(RemoveOwnedTree(dir + "/tree", owned).kept.empty());
   EXPECT_THAT(ListFolder(dir), ::testing::IsEmpty());
   EXPECT_EQ(Read(outside + "/mine.pt"), "keep");
   // A link as the folder itself goes as a link.
   symlink(outside.c_str(), (dir + "/linked").c_str());
-  EXPECT_TRUE(RemoveOwnedTree(dir + "/linked", owned).empty());
+  EXPECT_EQ(RemoveOwnedTree(dir + "/linked", owned).removed, 1u);
   EXPECT_THAT(ListFolder(dir), ::testing::IsEmpty());
   EXPECT_THAT(ListFolder(outside), ElementsAre("mine.pt"));
   // What `owned` rejects stays, with the folders that hold it.
   MakeDirectories(dir + "/mixed/notes");
   WriteFileAtomically(dir + "/mixed/x.pt", "");
   WriteFileAtomically(dir + "/mixed/notes/todo.txt", "");
-  EXPECT_THAT(RemoveOwnedTree(dir + "/mixed", owned),
-              ElementsAre("notes/todo.txt"));
+  const Removal mixed = RemoveOwnedTree(dir + "/mixed", owned);
+  EXPECT_THAT(mixed.kept, ElementsAre("notes/todo.txt"));
+  EXPECT_EQ(mixed.removed, 1u);
   EXPECT_THAT(ListFolder(dir + "/mixed"), ElementsAre("notes"));
-  EXPECT_TRUE(RemoveOwnedTree(dir + "/missing", owned).empty());
+  EXPECT_TRUE(RemoveOwnedTree(dir + "/missing", owned).kept.empty());
 }
 
 }  // namespace

@@ -13,8 +13,8 @@
 #include <regex>
 #include <sstream>
 
-#include "accel/runtime/comm/communicator.h"
 #include "accel/runtime/base/dtype.h"
+#include "accel/runtime/comm/communicator.h"
 #include "tests/thread_ranks.h"
 
 namespace accel {

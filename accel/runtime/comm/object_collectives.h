@@ -64,8 +64,8 @@
 #include <utility>
 #include <vector>
 
-#include "accel/runtime/comm/communicator.h"
 #include "accel/runtime/base/errors.h"
+#include "accel/runtime/comm/communicator.h"
 
 namespace accel {
 

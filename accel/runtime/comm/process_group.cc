@@ -8,14 +8,14 @@
 #include <mutex>
 #include <thread>
 
-#include "accel/runtime/env/env_value.h"
 #include "accel/runtime/base/error_report.h"
 #include "accel/runtime/base/errors.h"
 #include "accel/runtime/base/logging.h"
 #include "accel/runtime/base/net.h"
-#include "accel/runtime/comm/registry.h"
-#include "accel/runtime/store/rendezvous.h"
 #include "accel/runtime/base/startup_trace.h"
+#include "accel/runtime/comm/registry.h"
+#include "accel/runtime/env/env_value.h"
+#include "accel/runtime/store/rendezvous.h"
 #include "accel/runtime/store/tcp_store.h"
 
 namespace accel {

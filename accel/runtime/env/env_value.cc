@@ -50,6 +50,18 @@ std::optional<bool> EnvSwitch(const char* name) {
                    Excerpt(text));
 }
 
+void CheckOmpNumThreads(const char* value) {
+  if (value == nullptr) return;
+  const std::string text = value;
+  if (text.empty() ||
+      text.find_first_not_of("0123456789,") != std::string::npos) {
+    throw UsageError(
+        "environment variable OMP_NUM_THREADS must be a number of threads (or "
+        "a comma-separated list of them), found " +
+        Excerpt(text));
+  }
+}
+
 void CheckEnvLength(const char* name, const std::string& value,
                     size_t max_bytes) {
   if (value.size() <= max_bytes) return;

@@ -33,4 +33,8 @@ std::optional<bool> EnvSwitch(const char* name);
 void CheckEnvLength(const char* name, const std::string& value,
                     size_t max_bytes);
 
+// UsageError unless OMP_NUM_THREADS's value (null: unset) is what OpenMP
+// takes: a number of threads, or one per nesting level ("4,2").
+void CheckOmpNumThreads(const char* value);
+
 }  // namespace accel

@@ -2,8 +2,8 @@
 
 #include <cstdlib>
 
-#include "accel/runtime/env/env_value.h"
 #include "accel/runtime/base/errors.h"
+#include "accel/runtime/env/env_value.h"
 #include "accel/runtime/env/readers.h"
 #include "accel/runtime/env/variables.h"
 
@@ -42,6 +42,13 @@ void Validate(const launch_env::Reader& reader,
 
 DistributedEnvironment DistributedEnvironment::Parse(const Lookup& getenv) {
   DistributedEnvironment env;
+  // Checked alone as in a job: the same variables give the same errors at
+  // any number of processes.
+  if (const char* secret = getenv("ACCEL_RUN_SECRET")) env.run_secret = secret;
+  CheckEnvLength("ACCEL_RUN_SECRET", env.run_secret, kMaxRunSecretBytes);
+  if (const char* job = getenv("ACCEL_JOB_ID")) env.job_id = job;
+  CheckEnvLength("ACCEL_JOB_ID", env.job_id, kMaxJobIdBytes);
+  CheckOmpNumThreads(getenv("OMP_NUM_THREADS"));
   const launch_env::Reader* matched = nullptr;
   for (const auto& reader : launch_env::Readers()) {
     if (reader.read(getenv, &env)) {
@@ -75,10 +82,6 @@ DistributedEnvironment DistributedEnvironment::Parse(const Lookup& getenv) {
     throw UsageError("MASTER_PORT must be in [1, 65535], found " +
                      std::to_string(env.master_port));
   }
-  if (const char* secret = getenv("ACCEL_RUN_SECRET")) env.run_secret = secret;
-  CheckEnvLength("ACCEL_RUN_SECRET", env.run_secret, kMaxRunSecretBytes);
-  if (const char* job = getenv("ACCEL_JOB_ID")) env.job_id = job;
-  CheckEnvLength("ACCEL_JOB_ID", env.job_id, kMaxJobIdBytes);
   if (const char* fd = getenv("ACCEL_STORE_LISTEN_FD")) {
     env.store_listen_fd = launch_env::ParseInt("ACCEL_STORE_LISTEN_FD", fd);
     if (env.store_listen_fd < 0) {

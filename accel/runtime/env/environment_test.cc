@@ -74,6 +74,12 @@ TEST(EnvironmentTest, ASecretOrJobIdTooLongForTheStoreIsRefusedAtOnce) {
             "most 1024 are allowed");
   EXPECT_THAT(with("ACCEL_JOB_ID", std::string(300, 'j')),
               HasSubstr("ACCEL_JOB_ID is 300 bytes long; at most 256"));
+  // Alone (no launch variables) as in a job.
+  EXPECT_THAT(ErrorFrom({{"ACCEL_RUN_SECRET", std::string(5000, 's')}}),
+              HasSubstr("ACCEL_RUN_SECRET is 5000 bytes long"));
+  EXPECT_THAT(ErrorFrom({{"OMP_NUM_THREADS", "abc"}}),
+              HasSubstr("OMP_NUM_THREADS must be a number of threads"));
+  EXPECT_EQ(ErrorFrom({{"OMP_NUM_THREADS", "4,2"}}), "no error");
   EXPECT_THAT(with("ACCEL_STORE_LISTEN_FD", "-3"),
               HasSubstr("ACCEL_STORE_LISTEN_FD must not be negative"));
   EXPECT_THAT(with("ACCEL_STORE_LISTEN_FD", "three"),

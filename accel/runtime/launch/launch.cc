@@ -19,15 +19,14 @@
 #include <optional>
 #include <thread>
 
-#include "accel/runtime/env/env_value.h"
 #include "accel/runtime/base/errors.h"
-#include "accel/runtime/base/excerpt.h"
 #include "accel/runtime/base/logging.h"
-#include "accel/runtime/launch/mpirun.h"
 #include "accel/runtime/base/net.h"
 #include "accel/runtime/base/preemption.h"
 #include "accel/runtime/base/process_setup.h"
 #include "accel/runtime/base/random_hex.h"
+#include "accel/runtime/env/env_value.h"
+#include "accel/runtime/launch/mpirun.h"
 #include "accel/runtime/launch/rank_output.h"
 
 namespace accel {
@@ -123,6 +122,10 @@ void Validate(const LaunchOptions& o) {
     throw UsageError("--machine_rank must be in [0, " +
                      std::to_string(o.num_machines) + "), found " +
                      std::to_string(o.machine_rank));
+  }
+  if (o.main_process_ip.empty()) {
+    throw UsageError(
+        "--main_process_ip is empty; give the address of rank 0's machine");
   }
   if (o.main_process_port < 0 || o.main_process_port > 65535) {
     throw UsageError("--main_process_port must be in [0, 65535], found " +
@@ -404,9 +407,10 @@ class RankSet {
   // directly (srun --signal, torchrun's agent, kill): the others are doing
   // the same, so they get the grace period rather than SIGTERM.
   Attempt Preempted(const Rank& first) {
-    report_("rank " + std::to_string(first.rank) +
-            " saved and left after a stop signal (exit code " +
-            std::to_string(kPreemptedExitCode) + ")" +
+    report_("rank " + std::to_string(first.rank) + " exited with code " +
+            std::to_string(kPreemptedExitCode) +
+            ", accel's code for a rank that saved and left after a stop "
+            "signal" +
             (running_ > 0
                  ? "; the other " + std::to_string(running_) + " rank(s) get " +
                        std::to_string(options_.signal_grace.count() / 1000) +
@@ -596,17 +600,7 @@ int Launch(const LaunchOptions& options,
   if (const char* job = std::getenv("ACCEL_JOB_ID")) {
     CheckEnvLength("ACCEL_JOB_ID", job, kMaxJobIdBytes);
   }
-  if (const char* threads = std::getenv("OMP_NUM_THREADS")) {
-    // What OpenMP takes: a count, or counts per nesting level ("4,2").
-    const std::string text = threads;
-    if (text.empty() ||
-        text.find_first_not_of("0123456789,") != std::string::npos) {
-      throw UsageError(
-          "environment variable OMP_NUM_THREADS must be a number of threads "
-          "(or a comma-separated list of them), found " +
-          Excerpt(text));
-    }
-  }
+  CheckOmpNumThreads(std::getenv("OMP_NUM_THREADS"));
   if (secret.empty()) {
     if (options.num_machines > 1) {
       throw UsageError(

@@ -1,9 +1,12 @@
 #include "accel/runtime/launch/launch_config.h"
 
 #include <gflags/gflags.h>
+#include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 
 #include "accel/runtime/base/errors.h"
@@ -72,6 +75,29 @@ const std::vector<std::string>& ConfigurableFlags() {
   return names;
 }
 
+namespace {
+
+// UsageError unless `path` is a regular file, naming why not.
+void RequireConfigFile(const std::string& shown, const std::string& path) {
+  struct stat info;
+  if (stat(path.c_str(), &info) != 0) {
+    throw UsageError(shown + ": " + std::strerror(errno) +
+                     (errno == ENOENT ? " (write one with accel config, or "
+                                        "leave the flag out)"
+                                      : ""));
+  }
+  if (!S_ISREG(info.st_mode)) {
+    throw UsageError(shown + ": not a regular file (" +
+                     (S_ISDIR(info.st_mode)    ? "a folder"
+                      : S_ISFIFO(info.st_mode) ? "a FIFO"
+                      : S_ISCHR(info.st_mode)  ? "a device"
+                                               : "not a file") +
+                     "); give a launch configuration file");
+  }
+}
+
+}  // namespace
+
 std::string LaunchConfigPath(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -79,19 +105,13 @@ std::string LaunchConfigPath(int argc, char** argv) {
     for (const char* prefix : {"--config_file=", "-config_file="}) {
       if (arg.rfind(prefix, 0) == 0) {
         const std::string path = arg.substr(std::string(prefix).size());
-        if (!path.empty() && !IsFile(path)) {
-          throw UsageError("--config_file=" + path +
-                           ": no such file (write one with accel config, or "
-                           "leave the flag out)");
-        }
+        if (!path.empty()) RequireConfigFile("--config_file=" + path, path);
         return path;
       }
     }
     if ((arg == "--config_file" || arg == "-config_file") && i + 1 < argc) {
       const std::string path = argv[i + 1];
-      if (!IsFile(path)) {
-        throw UsageError("--config_file " + path + ": no such file");
-      }
+      RequireConfigFile("--config_file " + path, path);
       return path;
     }
   }
@@ -102,8 +122,15 @@ std::string LaunchConfigPath(int argc, char** argv) {
   return !path.empty() && IsFile(path) ? path : "";
 }
 
-std::vector<std::pair<std::string, std::string>> ReadLaunchConfig(
-    const std::string& path) {
+namespace {
+
+struct ConfigLine {
+  std::string name;
+  std::string value;
+  int number;  // 1 for the file's first line.
+};
+
+std::vector<ConfigLine> ReadNumberedLines(const std::string& path) {
   std::ifstream file(path, std::ios::binary | std::ios::ate);
   if (!file) throw UsageError("cannot read the configuration file " + path);
   // A configuration is a few lines; anything this big is another file.
@@ -116,13 +143,22 @@ std::vector<std::pair<std::string, std::string>> ReadLaunchConfig(
         std::to_string(kMaxConfigBytes) + ": is it the right file?");
   }
   file.seekg(0);
-  std::vector<std::pair<std::string, std::string>> flags;
+  std::vector<ConfigLine> flags;
   int number = 0;
   for (std::string raw; std::getline(file, raw);) {
     ++number;
     const std::string line = Trimmed(raw);
     if (line.empty() || line[0] == '#') continue;
     const std::string where = path + ":" + std::to_string(number) + ": ";
+    // A NUL would end the value where gflags reads it, silently.
+    for (const char c : line) {
+      const auto byte = static_cast<unsigned char>(c);
+      if ((byte < 0x20 && c != '\t') || byte == 0x7f) {
+        throw UsageError(where + "a control byte in " + Excerpt(line) +
+                         "; a configuration holds --flag=value lines of "
+                         "text");
+      }
+    }
     const size_t equals = line.find('=');
     if (line.rfind("--", 0) != 0 || equals == std::string::npos) {
       throw UsageError(where + "expected --flag=value, found " + Excerpt(line));
@@ -134,7 +170,18 @@ std::vector<std::pair<std::string, std::string>> ReadLaunchConfig(
                        " cannot be set in a configuration file; it takes " +
                        Listed());
     }
-    flags.emplace_back(name, value);
+    flags.push_back({name, value, number});
+  }
+  return flags;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> ReadLaunchConfig(
+    const std::string& path) {
+  std::vector<std::pair<std::string, std::string>> flags;
+  for (const ConfigLine& line : ReadNumberedLines(path)) {
+    flags.emplace_back(line.name, line.value);
   }
   return flags;
 }
@@ -143,7 +190,7 @@ std::vector<std::pair<std::string, std::string>> ApplyLaunchConfig(
     const std::string& path) {
   std::vector<std::pair<std::string, std::string>> applied;
   if (path.empty()) return applied;
-  for (const auto& [name, value] : ReadLaunchConfig(path)) {
+  for (const auto& [name, value, number] : ReadNumberedLines(path)) {
     gflags::CommandLineFlagInfo info;
     if (!gflags::GetCommandLineFlagInfo(name.c_str(), &info)) {
       continue;  // A program that does not link that part of accel.
@@ -151,8 +198,9 @@ std::vector<std::pair<std::string, std::string>> ApplyLaunchConfig(
     if (gflags::SetCommandLineOptionWithMode(name.c_str(), value.c_str(),
                                              gflags::SET_FLAGS_DEFAULT)
             .empty()) {
-      throw UsageError(path + ": " + Shown("--" + name + "=" + value) +
-                       ": not a valid " + info.type + " value");
+      throw UsageError(path + ":" + std::to_string(number) + ": " +
+                       Shown("--" + name + "=" + value) + ": not a valid " +
+                       info.type + " value");
     }
     applied.emplace_back(name, value);
   }

@@ -7,14 +7,14 @@
 #include <string>
 #include <vector>
 
-#include "accel/runtime/env/environment.h"
 #include "accel/runtime/base/error_report.h"
 #include "accel/runtime/base/errors.h"
+#include "accel/runtime/base/process_setup.h"
+#include "accel/runtime/base/startup_trace.h"
+#include "accel/runtime/env/environment.h"
 #include "accel/runtime/launch/help.h"
 #include "accel/runtime/launch/launch_config.h"
-#include "accel/runtime/base/process_setup.h"
 #include "accel/runtime/launch/self_launch.h"
-#include "accel/runtime/base/startup_trace.h"
 
 namespace accel {
 

@@ -9,11 +9,11 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/base/logging.h"
 #include "accel/runtime/env/env_value.h"
 #include "accel/runtime/env/environment.h"
-#include "accel/runtime/base/errors.h"
 #include "accel/runtime/launch/launch.h"
-#include "accel/runtime/base/logging.h"
 #include "accel/runtime/launch/program.h"
 
 namespace accel {
