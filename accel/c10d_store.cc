@@ -3,6 +3,7 @@
 #include <thread>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "accel/libtorch_compat.h"
 #include "accel/runtime/base/errors.h"
 #include "accel/runtime/comm/process_group.h"
 
@@ -56,6 +57,7 @@ C10dStore::C10dStore(const std::string& host, int port, int rank,
   options.isServer = false;
   options.waitWorkers = false;
   options.timeout = timeout;
+  compat::UseTcpStoreWithoutLibuv(options);
   try {
     store_ = std::make_unique<c10d::TCPStore>(host, options);
   } catch (const std::exception& e) {

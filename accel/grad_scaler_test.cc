@@ -14,6 +14,7 @@
 #include <limits>
 #include <sstream>
 
+#include "accel/libtorch_compat.h"
 #include "accel/runtime/base/errors.h"
 #include "accel/state_archive.h"
 
@@ -52,8 +53,7 @@ struct Training {
   std::vector<torch::Tensor> OptimizerState() const {
     std::vector<torch::Tensor> state;
     for (const auto& p : model->parameters()) {
-      auto it = optimizer->state().find(
-          c10::guts::to_string(p.unsafeGetTensorImpl()));
+      auto it = optimizer->state().find(compat::StateKey(p));
       if (it == optimizer->state().end()) continue;
       auto& adam = static_cast<torch::optim::AdamParamState&>(*it->second);
       state.push_back(adam.exp_avg().clone());
