@@ -39,13 +39,17 @@ TEST(PrefixStoreTest, SeparatesNamespaces) {
 }
 
 // A hello frame as the wire format has it: length, request id, op 1,
-// secret "" (length only), rank, job id "".
-std::string RawHello(int rank) {
+// secret "" (length only), rank, job id "", protocol version (none before
+// version 2).
+std::string RawHello(int rank, uint64_t version = 2) {
   std::string body(8, '\0');
   body += '\1';
   body += std::string(8, '\0');
   for (int i = 0; i < 8; ++i) body += static_cast<char>(rank >> (8 * i));
   body += std::string(8, '\0');
+  if (version >= 2) {
+    for (int i = 0; i < 8; ++i) body += static_cast<char>(version >> (8 * i));
+  }
   std::string frame(4, '\0');
   frame[0] = static_cast<char>(body.size());
   return frame + body;
@@ -108,6 +112,27 @@ TEST(TcpStoreTest, DeparturesNameCrashedAndExitedRanks) {
   }
   EXPECT_EQ(departed[1], "exited");
   EXPECT_EQ(departed[2], "crashed");
+}
+
+// Another accel's client (an older protocol) is refused and named, rather
+// than misread.
+TEST(TcpStoreTest, AnotherProtocolVersionIsRefusedAndSaid) {
+  TcpStoreServer server(ServerOptions(""));
+  for (const uint64_t version : {uint64_t{1}, uint64_t{3}}) {
+    const int raw =
+        net::Connect("127.0.0.1", server.port(), milliseconds(1000), "test");
+    const std::string hello = RawHello(0, version);
+    net::SendAll(raw, hello.data(), hello.size(), "test");
+    char reply[13];
+    ASSERT_EQ(net::RecvAll(raw, reply, sizeof(reply),
+                           net::Clock::now() + std::chrono::seconds(2)),
+              net::RecvStatus::kOk);
+    EXPECT_EQ(reply[12], 6) << "status kOtherVersion";
+    close(raw);
+  }
+  ASSERT_EQ(server.rejected().size(), 2u);
+  EXPECT_EQ(server.rejected()[0].reason,
+            "another accel (store protocol version 1, this one speaks 2)");
 }
 
 TEST(TcpStoreTest, GarbageAndOversizedMessagesCostOnlyTheSender) {
