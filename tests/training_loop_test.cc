@@ -358,7 +358,9 @@ TEST_F(TrainingLoopTest, APreparedScheduleWithAnEndNeverStepsPastIt) {
     asked += N();
     optimizer.zero_grad();
   }
-  if (N() > 1) EXPECT_GT(asked, total);  // What torch would refuse.
+  if (N() > 1) {
+    EXPECT_GT(asked, total);  // What torch would refuse.
+  }
   EXPECT_EQ(scheduler->last_epoch(), total);
 }
 
