@@ -118,11 +118,13 @@ int64_t C10dStore::add(const std::string& key, int64_t delta) {
   return Translate(where_, [&] { return store_->add(Key(key), delta); });
 }
 
-std::map<int, std::string> C10dStore::departures() {
-  std::map<int, std::string> departed;
+std::map<int, Departure> C10dStore::departures() {
+  std::map<int, Departure> departed;
   if (add(kDepartedCount, 0) == 0) return departed;
   for (int r = 0; r < world_size_; ++r) {
-    if (auto how = try_get(DepartedKey(r))) departed[r] = *how;
+    if (auto how = try_get(DepartedKey(r))) {
+      departed[r] = Departure::FromString(*how);
+    }
   }
   return departed;
 }

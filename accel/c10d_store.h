@@ -47,7 +47,7 @@ class C10dStore : public Store {
   void wait(const std::vector<std::string>& keys,
             std::chrono::milliseconds timeout) override;
   int64_t add(const std::string& key, int64_t delta) override;
-  std::map<int, std::string> departures() override;
+  std::map<int, Departure> departures() override;
 
  private:
   std::string Key(const std::string& key) const { return prefix_ + key; }

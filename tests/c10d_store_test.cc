@@ -8,6 +8,7 @@
 #include <thread>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "accel/libtorch_compat.h"
 #include "accel/runtime/base/errors.h"
 #include "accel/runtime/comm/process_group.h"
 #include "tests/store_semantics.h"
@@ -24,6 +25,7 @@ std::unique_ptr<c10d::TCPStore> AgentStore() {
   options.port = 0;
   options.isServer = true;
   options.waitWorkers = false;
+  compat::UseTcpStoreWithoutLibuv(options);
   return std::make_unique<c10d::TCPStore>("127.0.0.1", options);
 }
 
@@ -41,7 +43,8 @@ TEST(C10dStoreTest, RanksThatExitAreDepartures) {
   C10dStore staying("127.0.0.1", agent->getPort(), 0, 3, "p/", seconds(10));
   EXPECT_TRUE(staying.departures().empty());
   { C10dStore leaving("127.0.0.1", agent->getPort(), 2, 3, "p/", seconds(10)); }
-  EXPECT_EQ(staying.departures(), (std::map<int, std::string>{{2, "exited"}}));
+  EXPECT_EQ(staying.departures(),
+            (std::map<int, Departure>{{2, {Departure::Kind::kExited, ""}}}));
   // Another attempt (prefix) starts clean.
   C10dStore next("127.0.0.1", agent->getPort(), 0, 3, "q/", seconds(10));
   EXPECT_TRUE(next.departures().empty());

@@ -625,8 +625,9 @@ TEST(ExamplesTest, NcclWithoutGpuFailsFastOnEveryRankAndAutoPicksGloo) {
   if (nccl.exit_code == 0) GTEST_SKIP() << "a GPU is visible here";
   const auto errors = Matches(
       nccl.output,
-      "error: \\[nccl\\] rank [01]/2: creating the communicator: (no CUDA GPU "
-      "is visible|.*built without CUDA)[^\\n]*--backend=gloo");
+      "error: (\\[nccl\\] rank [01]/2: creating the communicator: |\\[rank "
+      "[01]/2\\] the nccl backend is unavailable: )(no CUDA GPU is "
+      "visible|.*built without CUDA)[^\\n]*--backend=gloo");
   EXPECT_EQ(errors.size(), 2u) << nccl.output;
   EXPECT_THAT(nccl.output, HasSubstr("accel launch: rank"));
   EXPECT_LT(nccl.elapsed, kFailFast) << nccl.output;

@@ -15,7 +15,9 @@ expect() {
 }
 expect "Copy-and-paste the text below in your GitHub issue"
 expect "- accel version: 0.1.0"
-expect "- LibTorch version: 1.13"
+# The LibTorch this system has (1.13 on bookworm, 2.6 on trixie).
+libtorch=$(dpkg-query -W -f='${Version}' libtorch-dev | cut -d. -f1,2)
+expect "- LibTorch version: $libtorch"
 expect "- Gloo version: 0.5.0"
 expect "- MPI version: "
 expect "- CUDA: "

@@ -82,6 +82,24 @@ mount_all() {
     mount --bind "$CHECKOUT" "$ROOT/accel"
     MOUNTED=("$ROOT/accel" "${MOUNTED[@]}")
   fi
+  # The CUDA toolkit with NCCL, read-only: the nccl backend compiles against
+  # LibTorch 2.6 as against 1.13.
+  local cuda
+  cuda=$(readlink -f /usr/local/cuda 2>/dev/null || true)
+  if [ -n "$cuda" ] && [ -d "$cuda" ]; then
+    mkdir -p "$ROOT$cuda"
+    ln -sfn "$cuda" "$ROOT/usr/local/cuda"
+    if ! mountpoint -q "$ROOT$cuda"; then
+      mount --bind -o ro "$cuda" "$ROOT$cuda"
+      MOUNTED=("$ROOT$cuda" "${MOUNTED[@]}")
+    fi
+    # Its libraries, found as on this machine (ld.so.conf.d).
+    local conf
+    for conf in /etc/ld.so.conf.d/*cuda*; do
+      [ -f "$conf" ] && cp "$conf" "$ROOT/etc/ld.so.conf.d/"
+    done
+    chroot "$ROOT" ldconfig
+  fi
 }
 
 unmount_all() {

@@ -4,7 +4,7 @@
 // between them), and shared memory with tiny slots (every buffer in many
 // chunks, parts of every shape).
 #include "accel/runtime/comm/registry.h"
-#include "backends/gloo/gloo_communicator.h"
+#include "backends/gloo/gloo_transport.h"
 #include "tests/conformance.h"
 
 namespace accel::testing {
@@ -15,7 +15,7 @@ BackendFactory Variant(Configure configure) {
   return [configure](const BackendContext& context) {
     GlooOptions options;
     configure(options);
-    return std::make_unique<GlooCommunicator>(context, options);
+    return std::make_unique<GlooTransport>(context, options);
   };
 }
 

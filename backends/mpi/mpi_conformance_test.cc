@@ -5,7 +5,7 @@
 // test, which passes when every rank passed the suite.
 //
 // The suite's failure tests are skipped here: a failed MPI collective ends
-// the job (see mpi_communicator.h); mpi_failure_test checks those paths with
+// the job (see mpi_transport.h); mpi_failure_test checks those paths with
 // real jobs.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -15,8 +15,8 @@
 #include <regex>
 
 #include "accel/runtime/base/errors.h"
-#include "accel/runtime/launch/mpirun.h"
 #include "accel/runtime/comm/process_group.h"
+#include "accel/runtime/launch/mpirun.h"
 #include "backends/mpi/mpi_test_jobs.h"
 #include "tests/conformance.h"
 #include "tests/subprocess.h"

@@ -50,7 +50,7 @@ TEST(MpiJobTest, PlainMpirunNeedsNoSetUpAndAutoPicksMpi) {
   EXPECT_THAT(r.output, HasSubstr("rank 1 of 2 (mpi): sum 3"));
 }
 
-TEST(MpiJobTest, ACommunicatorOnTheProgramsOwnMpiCommunicator) {
+TEST(MpiJobTest, ACommunicatorOnTheProgramsOwnMpiTransport) {
   const ProcessResult r = RunJob("caller_comm");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("rank 0 is rank 1 of the reversed "

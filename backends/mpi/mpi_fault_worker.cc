@@ -13,7 +13,7 @@
 #include "accel/runtime/base/errors.h"
 #include "accel/runtime/comm/process_group.h"
 #include "accel/runtime/launch/program.h"
-#include "backends/mpi/mpi_communicator.h"
+#include "backends/mpi/mpi_transport.h"
 
 DEFINE_string(
     scenario, "sum",
@@ -50,16 +50,18 @@ int Main(int argc, char** argv) {
     accel::BackendContext context;
     context.rank = comm.size() - 1 - rank;
     context.size = comm.size();
-    accel::MpiCommunicator mine(context, reversed);
-    std::vector<int32_t> world_ranks(mine.size());
+    std::unique_ptr<accel::Communicator> mine =
+        accel::MakeMpiCommunicator(context, reversed);
+    std::vector<int32_t> world_ranks(mine->size());
     const int32_t world_rank = rank;
-    mine.allgather(&world_rank, world_ranks.data(), 1, accel::DType::kInt32);
+    mine->allgather(&world_rank, world_ranks.data(), 1, accel::DType::kInt32);
     std::string order;
     for (int32_t r : world_ranks) order += " " + std::to_string(r);
     std::printf(
         "rank %d is rank %d of the reversed communicator, which holds "
         "world ranks%s\n",
-        rank, mine.rank(), order.c_str());
+        rank, mine->rank(), order.c_str());
+    mine.reset();
     MPI_Comm_free(&reversed);
   } else if (FLAGS_scenario == "mismatch") {
     float values[4] = {};

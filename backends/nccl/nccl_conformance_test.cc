@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "backends/nccl/nccl_communicator.h"
+#include "backends/nccl/nccl_transport.h"
 #include "tests/conformance.h"
 
 namespace accel::testing {

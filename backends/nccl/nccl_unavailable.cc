@@ -8,7 +8,7 @@ namespace {
 
 const BackendRegistration kRegistration(
     "nccl",
-    [](const BackendContext&) -> std::unique_ptr<Communicator> {
+    [](const BackendContext&) -> std::unique_ptr<Transport> {
       throw UsageError(
           "the nccl backend is unavailable: accel was built without CUDA (no "
           "CUDA toolkit with NCCL was found at $CUDA_HOME or /usr/local/cuda "

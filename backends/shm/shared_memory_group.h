@@ -1,6 +1,6 @@
 // Collectives among the ranks of one host, through shared memory: accel's
 // own intra-host transport, under the Gloo backend (which adds Gloo between
-// hosts, backends/gloo/gloo_communicator.h).
+// hosts, backends/gloo/gloo_transport.h).
 //
 //   accel::SharedMemoryGroup group(local_rank, local_size, global_ranks,
 //                                  store, std::chrono::seconds(30));

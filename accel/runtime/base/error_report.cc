@@ -1,5 +1,8 @@
 #include "accel/runtime/base/error_report.h"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -92,9 +95,18 @@ std::string DescribeException(std::exception_ptr error) {
 void ReportException(std::exception_ptr error) {
   const std::string message = DescribeException(error);
   std::fflush(stdout);
-  std::fprintf(stderr, "error: %s%s\n", RankPrefix(message).c_str(),
-               message.c_str());
   std::fflush(stderr);
+  // One write: ranks that fail together share a console, and stdio may
+  // write a long line in pieces that interleave with another rank's.
+  const std::string line = "error: " + RankPrefix(message) + message + "\n";
+  size_t written = 0;
+  while (written < line.size()) {
+    const ssize_t n =
+        write(STDERR_FILENO, line.data() + written, line.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // A closed console: nothing more to do.
+    written += static_cast<size_t>(n);
+  }
 }
 
 int AddFatalErrorHook(std::function<void(const std::string& message)> hook) {

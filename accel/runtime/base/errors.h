@@ -45,6 +45,13 @@ class PeerError : public Error {
   int failed_rank_;
 };
 
+// A peer's machine stopped answering on the network (its connections time
+// out instead of closing): the rank is cut off, not known to be gone.
+class UnreachableError : public PeerError {
+ public:
+  using PeerError::PeerError;
+};
+
 // A checkpoint is missing, partial, corrupt or does not match the model.
 class CheckpointError : public Error {
  public:
@@ -58,5 +65,33 @@ class DataError : public Error {
  public:
   using Error::Error;
 };
+
+// Rethrows the exception in flight with `prefix` before its message,
+// keeping its accel type and, for a PeerError, its failed rank (anything
+// else becomes an Error); call it in a catch block. Every backend rethrows
+// through it, so a peer's failure keeps its rank whichever backend ran.
+//
+//   } catch (const Error& e) {
+//     RethrowWithPrefix(Where() + "connecting to the other ranks failed: ");
+//   }
+[[noreturn]] inline void RethrowWithPrefix(const std::string& prefix) {
+  try {
+    throw;
+  } catch (const UsageError& e) {
+    throw UsageError(prefix + e.what());
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(prefix + e.what());
+  } catch (const UnreachableError& e) {
+    throw UnreachableError(prefix + e.what(), e.failed_rank());
+  } catch (const PeerError& e) {
+    throw PeerError(prefix + e.what(), e.failed_rank());
+  } catch (const CheckpointError& e) {
+    throw CheckpointError(prefix + e.what());
+  } catch (const DataError& e) {
+    throw DataError(prefix + e.what());
+  } catch (const std::exception& e) {
+    throw Error(prefix + e.what());
+  }
+}
 
 }  // namespace accel

@@ -2,20 +2,22 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <map>
 #include <string_view>
-#include <thread>
 
 #include "accel/runtime/base/errors.h"
 #include "accel/runtime/base/logging.h"
 #include "accel/runtime/base/startup_trace.h"
+#include "accel/runtime/comm/watchdog.h"
 
 namespace accel {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Bound on each diagnostic store request: a rank 0 that stopped answering
+// must not delay a timeout's message (nor hold up the watchdog) for long.
+constexpr auto kDiagnosticRequestTimeout = std::chrono::milliseconds(2000);
 
 // "0.123": milliseconds with microseconds, for --v=2.
 std::string MillisecondsSince(Clock::time_point start) {
@@ -24,42 +26,6 @@ std::string MillisecondsSince(Clock::time_point start) {
       text, sizeof(text), "%.3f",
       std::chrono::duration<double, std::milli>(Clock::now() - start).count());
   return text;
-}
-
-// How long a rank that saw a broken connection waits for the store to notice
-// which process went away: the data path usually fails first.
-constexpr auto kDepartureGrace = std::chrono::milliseconds(2000);
-
-// Bound on each diagnostic store request: a rank 0 that stopped answering
-// must not delay a timeout's message (nor hold up the watchdog) for long.
-constexpr auto kDiagnosticRequestTimeout = std::chrono::milliseconds(2000);
-
-// A rank whose heartbeat has not changed for this many intervals is silent.
-constexpr int kSilentAfterBeats = 4;
-
-// Collectives that cannot complete on one rank before every rank called
-// them (a broadcast completes on a rank once the root has sent).
-bool NeedsEveryRank(const char* name) {
-  return std::strcmp(name, "broadcast") != 0;
-}
-
-std::string Seconds(Clock::duration d) {
-  const auto tenths =
-      std::chrono::duration_cast<std::chrono::milliseconds>(d).count() / 100;
-  return std::to_string(tenths / 10) + "." + std::to_string(tenths % 10) + " s";
-}
-
-// "rank 2 crashed (its process left the job)" from Store::departures().
-std::string DescribeDeparture(int rank, const std::string& how) {
-  const std::string unreachable = "unreachable";
-  if (how.rfind(unreachable, 0) == 0) {
-    std::string machine = how.substr(unreachable.size());
-    if (machine.rfind(" at ", 0) == 0) machine = " " + machine.substr(4);
-    return "rank " + std::to_string(rank) + " is unreachable (its machine" +
-           machine + " stopped answering on the network)";
-  }
-  return "rank " + std::to_string(rank) + " " + how +
-         " (its process left the job)";
 }
 
 // Concatenates with one allocation: signatures are built on every call.
@@ -74,31 +40,28 @@ std::string Concat(std::initializer_list<std::string_view> parts) {
 
 }  // namespace
 
-std::string CallSite::ToString() const {
-  if (file == nullptr) return "unknown";
-  const char* base = std::strrchr(file, '/');
-  return std::string(base ? base + 1 : file) + ":" + std::to_string(line);
-}
-
-Communicator::Communicator(const BackendContext& context)
+Communicator::Communicator(std::unique_ptr<Transport> transport,
+                           const BackendContext& context)
     : rank_(context.rank),
       size_(context.size),
-      local_size_(std::max(1, context.local_size)),
       timeout_(context.options.timeout),
-      store_(context.store
-                 ? context.store->WithRequestTimeout(kDiagnosticRequestTimeout)
-                 : nullptr),
-      options_(context.options),
-      observations_(context.size) {
-  worker_ = std::thread([this] { WorkerLoop(); });
-  if (store_ != nullptr && size_ > 1) {
-    watchdog_ = std::thread([this] { WatchdogLoop(); });
+      checks_enabled_(context.options.check_collectives),
+      transport_(std::move(transport)) {
+  if (transport_ == nullptr) {
+    throw UsageError("Communicator: the backend made no transport");
   }
+  watchdog_ = std::make_unique<Watchdog>(
+      context,
+      context.store
+          ? context.store->WithRequestTimeout(kDiagnosticRequestTimeout)
+          : nullptr,
+      [this] { transport_->Abort(); });
+  worker_ = std::thread([this] { WorkerLoop(); });
 }
 
-Communicator::~Communicator() { StopWorker(); }
+Communicator::~Communicator() { Stop(); }
 
-void Communicator::StopWorker() {
+void Communicator::Stop() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) return;
@@ -106,12 +69,7 @@ void Communicator::StopWorker() {
   }
   work_available_.notify_all();
   if (worker_.joinable()) worker_.join();
-  {
-    std::lock_guard<std::mutex> lock(status_mutex_);
-    watchdog_stopping_ = true;
-  }
-  status_changed_.notify_all();
-  if (watchdog_.joinable()) watchdog_.join();
+  watchdog_.reset();
 }
 
 std::string Communicator::Where() const {
@@ -149,7 +107,9 @@ Communicator::Started Communicator::StartAllgather(
   return Start(
       "allgather", options,
       Concat({"allgather ", DTypeName(dtype), " x ", std::to_string(count)}),
-      [=](const Op& op) { RunAllgather(op, input, output, count, dtype); },
+      [=](const Op& op) {
+        transport_->RunAllgather(op, input, output, count, dtype);
+      },
       mode, count * ElementSize(dtype));
 }
 
@@ -191,7 +151,7 @@ Communicator::Started Communicator::StartAllgatherv(
   return Start(
       "allgatherv", options, signature + "]",
       [=, counts = std::move(counts)](const Op& op) {
-        RunAllgatherv(op, input, output, counts, dtype);
+        transport_->RunAllgatherv(op, input, output, counts, dtype);
       },
       mode, my_bytes);
 }
@@ -228,7 +188,9 @@ Communicator::Started Communicator::StartAllreduce(
       "allreduce", options,
       Concat({"allreduce ", ReduceOpName(reduce_op), " ", DTypeName(dtype),
               " x ", std::to_string(count)}),
-      [=](const Op& op) { RunAllreduce(op, buffer, count, dtype, reduce_op); },
+      [=](const Op& op) {
+        transport_->RunAllreduce(op, buffer, count, dtype, reduce_op);
+      },
       mode, count * ElementSize(dtype));
 }
 
@@ -261,22 +223,24 @@ Communicator::Started Communicator::StartBroadcast(
       "broadcast", options,
       Concat({"broadcast ", DTypeName(dtype), " x ", std::to_string(count),
               " from rank ", std::to_string(root)}),
-      [=](const Op& op) { RunBroadcast(op, buffer, count, dtype, root); }, mode,
-      count * ElementSize(dtype));
+      [=](const Op& op) {
+        transport_->RunBroadcast(op, buffer, count, dtype, root);
+      },
+      mode, count * ElementSize(dtype));
 }
 
 std::shared_ptr<Work> Communicator::barrier_async(
     const CollectiveOptions& options) {
   return Start(
              "barrier", options, "barrier",
-             [=](const Op& op) { RunBarrier(op); }, Mode::kAsync)
+             [=](const Op& op) { transport_->RunBarrier(op); }, Mode::kAsync)
       .work;
 }
 
 uint64_t Communicator::barrier(const CollectiveOptions& options) {
   return Finish(Start(
-      "barrier", options, "barrier", [=](const Op& op) { RunBarrier(op); },
-      Mode::kBlocking));
+      "barrier", options, "barrier",
+      [=](const Op& op) { transport_->RunBarrier(op); }, Mode::kBlocking));
 }
 
 uint64_t Communicator::Finish(const Started& started) {
@@ -380,358 +344,24 @@ void Communicator::WorkerLoop() {
   }
 }
 
-std::string Communicator::AwaitDepartures(int* failed_rank) {
-  if (store_ == nullptr) return "";
-  const auto deadline = Clock::now() + kDepartureGrace;
-  try {
-    while (true) {
-      std::map<int, std::string> departed = store_->departures();
-      departed.erase(rank_);
-      if (!departed.empty()) {
-        std::string text;
-        for (const auto& [rank, how] : departed) {
-          if (*failed_rank < 0 || how != "exited") *failed_rank = rank;
-          text += (text.empty() ? "" : ", ") + DescribeDeparture(rank, how);
-        }
-        return text;
-      }
-      if (Clock::now() >= deadline) return "";
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-  } catch (const PeerError& e) {
-    *failed_rank = 0;
-    return e.what();
-  } catch (const Error&) {
-    return "";  // Not answering: the timeout's message says so.
-  }
-}
-
-void Communicator::SetStatus(const Op& op, bool running, bool succeeded) {
-  std::lock_guard<std::mutex> lock(status_mutex_);
-  status_.known = true;
-  status_.sequence = op.sequence;
-  status_.running = running;
-  // Assignments reuse the strings' storage: nothing allocates per call.
-  status_.api.assign(op.api);
-  status_.signature.assign(op.signature);
-  if (op.site.file != status_site_.file || op.site.line != status_site_.line) {
-    status_site_ = op.site;
-    status_.site = op.site.ToString();
-  }
-  ++status_version_;
-  if (running) {
-    running_since_ = Clock::now();
-  } else if (succeeded && NeedsEveryRank(op.name)) {
-    last_completed_.sequence = op.sequence;
-    last_completed_.api.assign(op.api);
-    last_completed_.site.assign(status_.site);
-  }
-}
-
-Communicator::Status Communicator::CurrentStatus() {
-  std::lock_guard<std::mutex> lock(status_mutex_);
-  return status_;
-}
-
-std::string Communicator::Encode(const Status& status) {
-  return std::to_string(status.sequence) + "\t" + (status.running ? "1" : "0") +
-         "\t" + status.api + "\t" + status.signature + "\t" + status.site +
-         "\t" + std::to_string(status.beat);
-}
-
-Communicator::Status Communicator::Decode(const std::string& text) {
-  Status status;
-  std::vector<std::string> fields;
-  size_t start = 0;
-  while (true) {
-    const size_t tab = text.find('\t', start);
-    fields.push_back(text.substr(start, tab - start));
-    if (tab == std::string::npos) break;
-    start = tab + 1;
-  }
-  if (fields.size() != 6) return status;
-  status.published = true;
-  status.sequence = std::strtoull(fields[0].c_str(), nullptr, 10);
-  status.running = fields[1] == "1";
-  status.api = fields[2];
-  status.signature = fields[3];
-  status.site = fields[4];
-  status.beat = std::strtoull(fields[5].c_str(), nullptr, 10);
-  // Heartbeats come before the first collective too.
-  status.known = status.sequence > 0;
-  return status;
-}
-
-bool Communicator::Differs(const Status& other, const Status& mine) {
-  // A finished call counts too: the other rank may have failed already, and
-  // left since (the mismatch is still the cause to report).
-  return other.known && other.sequence == mine.sequence &&
-         other.signature != mine.signature;
-}
-
-std::vector<Communicator::Status> Communicator::ReadStatuses(
-    const Status& mine) {
-  std::vector<Status> statuses(size_);
-  statuses[rank_] = mine;
-  if (store_ == nullptr) return statuses;
-  std::map<int, std::string> departed = store_->departures();
-  for (int r = 0; r < size_; ++r) {
-    if (r == rank_) continue;
-    if (auto text = store_->try_get("accel_status/" + std::to_string(r))) {
-      statuses[r] = Decode(*text);
-    }
-    auto it = departed.find(r);
-    if (it != departed.end()) statuses[r].departed = it->second;
-  }
-  // A rank whose heartbeat stands still is stopped, overloaded or cut off.
-  const auto now = Clock::now();
-  const auto silent_after = kSilentAfterBeats * options_.heartbeat_interval;
-  std::lock_guard<std::mutex> lock(status_mutex_);
-  for (int r = 0; r < size_; ++r) {
-    Status& s = statuses[r];
-    if (r == rank_ || !s.published) continue;
-    Observation& seen = observations_[r];
-    if (!seen.seen || seen.beat != s.beat) {
-      seen = {s.beat, now, true};
-    } else if (now - seen.since >= silent_after) {
-      s.silent = true;
-      s.silent_for = now - seen.since;
-    }
-  }
-  return statuses;
-}
-
-Communicator::Picture Communicator::TakePicture(const Status& mine) {
-  Picture picture;
-  try {
-    picture.statuses = ReadStatuses(mine);
-    return picture;
-  } catch (const PeerError& e) {
-    picture.store_problem = e.what();
-    picture.store_lost = true;
-  } catch (const std::exception& e) {
-    picture.store_problem = e.what();
-  }
-  picture.statuses.assign(size_, Status());
-  picture.statuses[rank_] = mine;
-  return picture;
-}
-
-std::string Communicator::RanksWithRank0() const {
-  if (local_size_ >= size_ || local_size_ <= 1) return "";
-  std::string text = "; ranks 0";
-  for (int r = 1; r < local_size_; ++r) text += ", " + std::to_string(r);
-  return text + " run on rank 0's machine (" + std::to_string(local_size_) +
-         " ranks per machine)";
-}
-
-std::string Communicator::DescribeRanks(const std::vector<Status>& statuses,
-                                        const Status& mine,
-                                        bool only_differing) const {
-  auto call = [](const Status& s) {
-    return s.api + " #" + std::to_string(s.sequence) + " (" + s.site + ")";
-  };
-  Completed completed;
-  {
-    std::lock_guard<std::mutex> lock(status_mutex_);
-    completed = last_completed_;
-  }
-  std::string others;
-  for (int r = 0; r < size_; ++r) {
-    if (r == rank_) continue;
-    const Status& s = statuses[r];
-    const bool same = s.known && s.running && s.departed.empty() && !s.silent &&
-                      s.sequence == mine.sequence &&
-                      s.signature == mine.signature;
-    if (only_differing && same) continue;
-    // Every rank called the last collective that needed all of them, even
-    // one stopped before it could publish that.
-    Status last = s;
-    if (completed.sequence > 0 &&
-        (!s.known || s.sequence < completed.sequence)) {
-      last.known = true;
-      last.running = false;
-      last.sequence = completed.sequence;
-      last.api = completed.api;
-      last.site = completed.site;
-    }
-    std::string text = "rank " + std::to_string(r) + " ";
-    if (!s.departed.empty() && Differs(s, mine)) {
-      text += "is in " + call(s) + " [" + s.signature +
-              "]; it has left the job since (" + s.departed + ")";
-    } else if (!s.departed.empty()) {
-      text = DescribeDeparture(r, s.departed);
-    } else if (s.silent) {
-      text += "is not responding (its status has not changed for " +
-              Seconds(s.silent_for) +
-              ": stopped, overloaded, or its machine is unreachable); " +
-              (last.known ? "its last call was " + call(last)
-                          : std::string("it has not called a collective"));
-    } else if (!last.known) {
-      text += "has not called a collective yet";
-    } else if (last.running) {
-      text += "is in " + call(last) + " [" + last.signature + "]";
-    } else if (last.sequence == mine.sequence) {
-      // It left this very call (it failed first): say what it called.
-      text += "left " + call(last) + " [" + last.signature + "]";
-    } else {
-      text += "is not in a collective (its last was " + call(last) + ")";
-    }
-    others += (others.empty() ? "" : ", ") + text;
-  }
-  if (others.empty()) return "";
-  return others + " while rank " + std::to_string(rank_) + " waits in " +
-         call(mine) + " [" + mine.signature + "]";
-}
-
-void Communicator::WatchdogLoop() {
-  uint64_t published = 0;
-  uint64_t beat = 0;
-  Clock::time_point last_publish;
-  uint64_t checked_sequence = 0;
-  auto next_check = Clock::time_point::max();
-  const auto wake_every =
-      std::min(options_.status_interval, options_.heartbeat_interval);
-  std::unique_lock<std::mutex> lock(status_mutex_);
-  while (!watchdog_stopping_) {
-    status_changed_.wait_for(lock, wake_every);
-    if (watchdog_stopping_) break;
-    Status mine = status_;
-    const uint64_t version = status_version_;
-    const auto since = running_since_;
-    // No lock is held across a store request: one that waits on a stopped
-    // rank 0 delays only this thread, and only by its own short timeout.
-    lock.unlock();
-    const auto now = Clock::now();
-    if ((options_.check_collectives && version != published) ||
-        now - last_publish >= options_.heartbeat_interval) {
-      mine.beat = ++beat;
-      try {
-        store_->set("accel_status/" + std::to_string(rank_), Encode(mine));
-        published = version;
-        last_publish = now;
-      } catch (const std::exception&) {
-        // The checks below report what matters about the store.
-      }
-    }
-    if (mine.running && mine.sequence != checked_sequence) {
-      checked_sequence = mine.sequence;
-      next_check = since + options_.check_after;
-    }
-    if (mine.running && mine.sequence == checked_sequence &&
-        now >= next_check) {
-      next_check = now + options_.check_after;
-      const Picture picture = TakePicture(mine);
-      std::string reason;
-      bool mismatch = false;
-      int departed = -1;
-      if (picture.store_lost) {
-        // The store's host (rank 0) is gone: nothing can complete.
-        departed = 0;
-        reason =
-            picture.store_problem +
-            (picture.store_problem.find("on the network") != std::string::npos
-                 ? RanksWithRank0()
-                 : "");
-      } else if (picture.store_problem.empty()) {
-        for (int r = 0; r < size_; ++r) {
-          const Status& s = picture.statuses[r];
-          if (!s.departed.empty() && departed < 0) departed = r;
-          mismatch |= Differs(s, mine);
-        }
-        if (mismatch || departed >= 0) {
-          reason = (mismatch ? "ranks called different collectives: "
-                             : std::string()) +
-                   DescribeRanks(picture.statuses, mine,
-                                 /*only_differing=*/true);
-        }
-      }
-      if (!reason.empty()) {
-        {
-          std::lock_guard<std::mutex> relock(status_mutex_);
-          if (status_.sequence == mine.sequence && status_.running) {
-            abort_is_usage_ = mismatch;
-            abort_rank_ = departed;
-            abort_reason_ = reason;
-          }
-        }
-        Abort();
-      }
-    }
-    lock.lock();
-  }
-}
-
-std::exception_ptr Communicator::Diagnose(const std::string& what, const Op& op,
-                                          const std::exception& e) {
-  const bool timed_out = dynamic_cast<const TimeoutError*>(&e) != nullptr;
-  const auto* peer = dynamic_cast<const PeerError*>(&e);
-  Status mine = CurrentStatus();
-  mine.running = true;
-  const Picture picture =
-      store_ != nullptr && size_ > 1 ? TakePicture(mine) : Picture{};
-  if (picture.store_problem.empty()) {
-    for (const Status& s : picture.statuses) {
-      // A peer that found the mismatch first aborted, which is what failed
-      // here: report the cause, not the closed connection.
-      if (Differs(s, mine)) {
-        return std::make_exception_ptr(UsageError(
-            what + "ranks called different collectives: " +
-            DescribeRanks(picture.statuses, mine, /*only_differing=*/true)));
-      }
-    }
-  }
-  if (!timed_out && peer == nullptr) {
-    return std::make_exception_ptr(Error(what + e.what()));
-  }
-  int failed_rank = peer != nullptr ? peer->failed_rank() : -1;
-  std::string departed;
-  if (picture.store_lost) {
-    departed = picture.store_problem;
-    failed_rank = 0;
-  } else if (picture.store_problem.empty()) {
-    for (int r = 0; r < static_cast<int>(picture.statuses.size()); ++r) {
-      const std::string& how = picture.statuses[r].departed;
-      if (how.empty()) continue;
-      if (failed_rank < 0 || how != "exited") failed_rank = r;
-      departed += (departed.empty() ? "" : ", ") + DescribeDeparture(r, how);
-    }
-    if (departed.empty() && peer != nullptr) {
-      departed = AwaitDepartures(&failed_rank);
-    }
-  }
-  if (timed_out && departed.empty()) {
-    const std::string ranks =
-        picture.store_problem.empty()
-            ? DescribeRanks(picture.statuses, mine, /*only_differing=*/false)
-            : picture.store_problem;
-    return std::make_exception_ptr(TimeoutError(
-        what + "timed out after " + std::to_string(op.timeout.count()) + " ms" +
-        (ranks.empty() ? "" : ": " + ranks) + " (" + e.what() + ")"));
-  }
-  return std::make_exception_ptr(PeerError(
-      what + (departed.empty() ? "a peer failed" : departed) + ": " + e.what(),
-      failed_rank));
-}
-
 template <typename Fn>
 std::exception_ptr Communicator::Execute(const Op& op, Fn& task) {
   if (broken_) return Failed(op, nullptr);
-  SetStatus(op, /*running=*/true);
+  watchdog_->Running(op);
   const bool traced = VLOG_IS_ON(2);
   const auto started = traced ? Clock::now() : Clock::time_point();
   try {
     task(op);
   } catch (const std::exception& e) {
-    SetStatus(op, /*running=*/false);
+    watchdog_->Finished(op, /*succeeded=*/false);
     ACCEL_VLOG(2) << Traced(op) << "failed after " << MillisecondsSince(started)
                   << " ms: " << e.what();
     return Failed(op, std::current_exception());
   } catch (...) {
-    SetStatus(op, /*running=*/false);
+    watchdog_->Finished(op, /*succeeded=*/false);
     return Failed(op, std::current_exception());
   }
-  SetStatus(op, /*running=*/false, /*succeeded=*/true);
+  watchdog_->Finished(op, /*succeeded=*/true);
   if (op.sequence == 1) TraceStartup("first_collective");
   if (traced) {
     ACCEL_VLOG(2) << Traced(op) << MillisecondsSince(started) << " ms";
@@ -765,22 +395,15 @@ std::exception_ptr Communicator::Failed(const Op& op,
   } catch (const UsageError& e) {
     return std::make_exception_ptr(UsageError(what + e.what()));
   } catch (const std::exception& e) {
-    std::string reason;
-    bool usage = false;
-    int aborted_for = -1;
-    {
-      std::lock_guard<std::mutex> lock(status_mutex_);
-      reason = std::move(abort_reason_);
-      abort_reason_.clear();
-      usage = abort_is_usage_;
-      aborted_for = abort_rank_;
-    }
-    if (!reason.empty() && usage) {
-      broken_ = std::make_exception_ptr(UsageError(what + reason));
-    } else if (!reason.empty()) {
-      broken_ = std::make_exception_ptr(PeerError(what + reason, aborted_for));
+    // The watchdog's verdict, when it aborted the call, is the cause.
+    if (std::optional<Watchdog::Verdict> verdict = watchdog_->TakeVerdict()) {
+      broken_ =
+          verdict->kind == Watchdog::Verdict::Kind::kMismatch
+              ? std::make_exception_ptr(UsageError(what + verdict->reason))
+              : std::make_exception_ptr(
+                    PeerError(what + verdict->reason, verdict->rank));
     } else {
-      broken_ = Diagnose(what, op, e);
+      broken_ = watchdog_->Diagnose(what, op, e);
     }
   } catch (...) {
     broken_ = std::make_exception_ptr(
@@ -789,7 +412,7 @@ std::exception_ptr Communicator::Failed(const Op& op,
   try {
     std::rethrow_exception(broken_);
   } catch (const std::exception& e) {
-    OnBroken(e.what());
+    transport_->OnBroken(e.what());
   }
   return broken_;
 }

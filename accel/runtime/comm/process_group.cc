@@ -44,7 +44,7 @@ void AwaitDepartures(Store& store, int others, milliseconds grace) {
   const auto deadline = Clock::now() + grace;
   try {
     while (Clock::now() < deadline) {
-      std::map<int, std::string> departed = store.departures();
+      std::map<int, Departure> departed = store.departures();
       departed.erase(0);
       if (static_cast<int>(departed.size()) >= others) return;
       std::this_thread::sleep_for(milliseconds(20));
@@ -252,17 +252,18 @@ std::unique_ptr<ProcessGroup> ProcessGroup::Join(
     std::weak_ptr<Store> store = group->store_;
     const bool hosts = group->hosts_store_;
     const int others = env.world_size - 1;
-    group->fatal_hook_ = AddFatalErrorHook([store, hosts, others](
-                                               const std::string& message) {
-      auto alive = store.lock();
-      if (!alive) return;
-      alive->WithRequestTimeout(kLeavingTimeout)->leave("failed: " + message);
-      // The store dies with this process: let the others read the job's
-      // state first (what each rank called), so that they report the cause
-      // rather than only that rank 0 is gone. Bounded; they leave once they
-      // have failed too.
-      if (hosts) AwaitDepartures(*alive, others, kFatalGrace);
-    });
+    group->fatal_hook_ =
+        AddFatalErrorHook([store, hosts, others](const std::string& message) {
+          auto alive = store.lock();
+          if (!alive) return;
+          alive->WithRequestTimeout(kLeavingTimeout)
+              ->leave({Departure::Kind::kFailed, message});
+          // The store dies with this process: let the others read the job's
+          // state first (what each rank called), so that they report the cause
+          // rather than only that rank 0 is gone. Bounded; they leave once they
+          // have failed too.
+          if (hosts) AwaitDepartures(*alive, others, kFatalGrace);
+        });
   }
   TraceStartup("rendezvous");
   return group;
@@ -283,7 +284,7 @@ ProcessGroup::~ProcessGroup() {
     // failed" (the message itself is this rank's to print).
     try {
       store_->WithRequestTimeout(kLeavingTimeout)
-          ->leave("exited with an error");
+          ->leave({Departure::Kind::kExitedWithError, ""});
     } catch (const std::exception&) {
       // The store may be gone already.
     }

@@ -104,7 +104,7 @@ std::unique_ptr<Communicator> CreateCommunicator(
     throw UsageError("unknown backend '" + name + "'; available backends: " +
                      (available.empty() ? "(none linked)" : available));
   }
-  return factory(context);
+  return std::make_unique<Communicator>(factory(context), context);
 }
 
 }  // namespace accel

@@ -1,10 +1,12 @@
 // Creates communicators by backend name, so that accel never names a backend
-// and programs choose one at run time (--backend=gloo|nccl|mpi).
+// and programs choose one at run time (--backend=gloo|nccl|mpi). A backend
+// registers a factory of its Transport (transport.h); CreateCommunicator
+// puts the Communicator around it.
 //
 //   // In a backend's .cc (its cc_library has alwayslink = 1):
 //   static const accel::BackendRegistration kRegistration(
 //       "gloo", [](const accel::BackendContext& c) {
-//         return std::make_unique<GlooCommunicator>(c);
+//         return std::make_unique<GlooTransport>(c);
 //       });
 //
 //   // In a program:
@@ -22,7 +24,7 @@
 namespace accel {
 
 using BackendFactory =
-    std::function<std::unique_ptr<Communicator>(const BackendContext&)>;
+    std::function<std::unique_ptr<Transport>(const BackendContext&)>;
 // Whether the backend can run on this machine (e.g. a GPU is visible).
 using BackendProbe = std::function<bool()>;
 

@@ -95,11 +95,44 @@ int64_t PrefixStore::add(const std::string& key, int64_t delta) {
   return base_->add(Key(key), delta);
 }
 
-std::map<int, std::string> PrefixStore::departures() {
+std::map<int, Departure> PrefixStore::departures() {
   return base_->departures();
 }
 
-void PrefixStore::leave(const std::string& how) { base_->leave(how); }
+void PrefixStore::leave(const Departure& how) { base_->leave(how); }
+
+std::string Departure::ToString() const {
+  switch (kind) {
+    case Kind::kExited:
+      return "exited";
+    case Kind::kExitedWithError:
+      return "exited with an error";
+    case Kind::kFailed:
+      return "failed: " + detail;
+    case Kind::kCrashed:
+      return "crashed";
+    case Kind::kUnreachable:
+      return "unreachable" + (detail.empty() ? "" : " at " + detail);
+  }
+  return "left";
+}
+
+Departure Departure::FromString(const std::string& text) {
+  const std::string failed = "failed: ";
+  const std::string unreachable = "unreachable";
+  if (text == "exited") return {Kind::kExited, ""};
+  if (text == "exited with an error") return {Kind::kExitedWithError, ""};
+  if (text == "crashed") return {Kind::kCrashed, ""};
+  if (text.rfind(failed, 0) == 0) {
+    return {Kind::kFailed, text.substr(failed.size())};
+  }
+  if (text.rfind(unreachable, 0) == 0) {
+    std::string where = text.substr(unreachable.size());
+    if (where.rfind(" at ", 0) == 0) where = where.substr(4);
+    return {Kind::kUnreachable, where};
+  }
+  return {Kind::kFailed, text};
+}
 
 std::shared_ptr<Store> PrefixStore::WithRequestTimeout(
     std::chrono::milliseconds timeout) {

@@ -20,6 +20,32 @@
 
 namespace accel {
 
+// How a rank's process left the job, as a store observed or was told.
+struct Departure {
+  enum class Kind {
+    kExited,           // Said goodbye: its program ended.
+    kExitedWithError,  // An exception ended its program.
+    kFailed,           // std::terminate ended it; `detail` is the message.
+    kCrashed,          // Its connection dropped without a goodbye.
+    kUnreachable,      // Its machine stopped answering; `detail`: where.
+  };
+  Kind kind = Kind::kExited;
+  std::string detail;
+
+  // "exited", "exited with an error", "failed: <message>", "crashed",
+  // "unreachable at 10.0.0.2:4000": what follows "rank 1 " in a message.
+  std::string ToString() const;
+  // Reads ToString()'s text back (the TCP store sends it); unknown text is
+  // kFailed with the text as detail.
+  static Departure FromString(const std::string& text);
+  // Whether the rank left because something went wrong (anything but a
+  // plain exit): the rank to blame when several left.
+  bool failure() const { return kind != Kind::kExited; }
+  bool operator==(const Departure& other) const {
+    return kind == other.kind && detail == other.detail;
+  }
+};
+
 class Store : public std::enable_shared_from_this<Store> {
  public:
   virtual ~Store() = default;
@@ -36,21 +62,18 @@ class Store : public std::enable_shared_from_this<Store> {
   // Atomically adds `delta` to the integer at `key` (0 when unset).
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
 
-  // Ranks whose processes left the job, with how they left: "exited" (said
-  // goodbye), "crashed" (the connection dropped without one) or
-  // "unreachable" (its machine stopped answering on the network). Stores
-  // that cannot observe processes return an empty map.
-  virtual std::map<int, std::string> departures() { return {}; }
+  // Ranks whose processes left the job, with how they left. Stores that
+  // cannot observe processes return an empty map.
+  virtual std::map<int, Departure> departures() { return {}; }
 
   // The same store, for callers that must not wait long on a host that
   // stopped answering (diagnostics): requests that do not wait for keys give
   // up with a TimeoutError after `timeout`. Stores whose requests cannot
   // block return themselves. The store must be owned by a shared_ptr.
-  // Records in departures() how this rank is leaving ("exited with an
-  // error", "failed: <message>") before its process ends, so that the
-  // others' errors can say it. Stores that cannot observe processes ignore
-  // it.
-  virtual void leave(const std::string& how) {}
+  // Records in departures() how this rank is leaving (kExitedWithError,
+  // kFailed) before its process ends, so that the others' errors can say
+  // it. Stores that cannot observe processes ignore it.
+  virtual void leave(const Departure& how) {}
 
   virtual std::shared_ptr<Store> WithRequestTimeout(
       std::chrono::milliseconds timeout) {
@@ -86,8 +109,8 @@ class PrefixStore : public Store {
   void wait(const std::vector<std::string>& keys,
             std::chrono::milliseconds timeout) override;
   int64_t add(const std::string& key, int64_t delta) override;
-  std::map<int, std::string> departures() override;
-  void leave(const std::string& how) override;
+  std::map<int, Departure> departures() override;
+  void leave(const Departure& how) override;
   std::shared_ptr<Store> WithRequestTimeout(
       std::chrono::milliseconds timeout) override;
 

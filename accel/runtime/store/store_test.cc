@@ -105,13 +105,13 @@ TEST(TcpStoreTest, DeparturesNameCrashedAndExitedRanks) {
                          net::Clock::now() + std::chrono::seconds(2)),
             net::RecvStatus::kOk);
   close(raw);
-  std::map<int, std::string> departed;
+  std::map<int, Departure> departed;
   for (int i = 0; i < 100 && departed.size() < 2; ++i) {
     departed = observer.departures();
     std::this_thread::sleep_for(milliseconds(10));
   }
-  EXPECT_EQ(departed[1], "exited");
-  EXPECT_EQ(departed[2], "crashed");
+  EXPECT_EQ(departed[1].kind, Departure::Kind::kExited);
+  EXPECT_EQ(departed[2].kind, Departure::Kind::kCrashed);
 }
 
 // Another accel's client (an older protocol) is refused and named, rather

@@ -114,8 +114,8 @@ class TcpStore : public Store {
   void wait(const std::vector<std::string>& keys,
             std::chrono::milliseconds timeout) override;
   int64_t add(const std::string& key, int64_t delta) override;
-  std::map<int, std::string> departures() override;
-  void leave(const std::string& how) override;
+  std::map<int, Departure> departures() override;
+  void leave(const Departure& how) override;
   std::shared_ptr<Store> WithRequestTimeout(
       std::chrono::milliseconds timeout) override;
 

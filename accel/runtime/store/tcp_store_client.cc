@@ -295,7 +295,7 @@ class TcpStore::Connection {
                          " was given up earlier: rank 0 stopped answering");
     }
     if (net::IsUnreachableError(error_)) {
-      throw PeerError(
+      throw UnreachableError(
           "lost the connection to the " + Describe() +
               ": rank 0's machine stopped answering on the network for " +
               std::to_string(network_timeout_.count() / 1000) + " s (" +
@@ -359,9 +359,9 @@ std::string TcpStore::Call(const std::string& request,
   return connection_->Call(request, request_timeout_ + extra_wait);
 }
 
-void TcpStore::leave(const std::string& how) {
-  Call(Writer().U8(static_cast<uint8_t>(Op::kLeaving)).Str(how).bytes(),
-       milliseconds(0));
+void TcpStore::leave(const Departure& how) {
+  // The server keeps the text: the wire carries it as every store's.
+  Call(Writer().U8(Op::kLeaving).Str(how.ToString()).bytes(), milliseconds(0));
 }
 
 void TcpStore::set(const std::string& key, const std::string& value) {
@@ -406,17 +406,17 @@ int64_t TcpStore::add(const std::string& key, int64_t delta) {
   return static_cast<int64_t>(reader.U64());
 }
 
-std::map<int, std::string> TcpStore::departures() {
+std::map<int, Departure> TcpStore::departures() {
   const std::string reply =
       Call(Writer().U8(static_cast<uint8_t>(Op::kDepartures)).bytes(),
            milliseconds(0));
   Reader reader(reply);
   reader.U8();
-  std::map<int, std::string> result;
+  std::map<int, Departure> result;
   const uint64_t count = reader.U64();
   for (uint64_t i = 0; i < count; ++i) {
     const int rank = static_cast<int>(static_cast<int64_t>(reader.U64()));
-    result[rank] = reader.Str();
+    result[rank] = Departure::FromString(reader.Str());
   }
   return result;
 }

@@ -294,10 +294,12 @@ struct TcpStoreServer::State {
       if (owner != rank_fds.end() && owner->second == fd) {
         rank_fds.erase(owner);
         if (!conn.left) {
-          departures[conn.rank] = conn.said_goodbye ? "exited"
-                                  : unreachable
-                                      ? "unreachable at " + conn.address
-                                      : "crashed";
+          departures[conn.rank] =
+              (conn.said_goodbye ? Departure{Departure::Kind::kExited, ""}
+               : unreachable
+                   ? Departure{Departure::Kind::kUnreachable, conn.address}
+                   : Departure{Departure::Kind::kCrashed, ""})
+                  .ToString();
         }
         ACCEL_VLOG(1) << "store: rank " << conn.rank << " disconnected ("
                       << departures[conn.rank] << ")";

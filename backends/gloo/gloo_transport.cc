@@ -1,4 +1,4 @@
-#include "backends/gloo/gloo_communicator.h"
+#include "backends/gloo/gloo_transport.h"
 
 #include <dirent.h>
 #include <gloo/allgather.h>
@@ -21,9 +21,9 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "accel/runtime/env/env_value.h"
 #include "accel/runtime/base/errors.h"
 #include "accel/runtime/comm/registry.h"
+#include "accel/runtime/env/env_value.h"
 #include "backends/shm/host_layout.h"
 
 namespace accel {
@@ -119,8 +119,8 @@ constexpr size_t kSmallAllreduceBytes = 64 << 10;
 uint32_t Tag(uint64_t sequence) { return static_cast<uint32_t>(sequence); }
 
 const BackendRegistration kRegistration(
-    "gloo", [](const BackendContext& context) -> std::unique_ptr<Communicator> {
-      return std::make_unique<GlooCommunicator>(context);
+    "gloo", [](const BackendContext& context) -> std::unique_ptr<Transport> {
+      return std::make_unique<GlooTransport>(context);
     });
 
 }  // namespace
@@ -132,9 +132,8 @@ GlooOptions GlooOptions::FromEnvironment() {
   return options;
 }
 
-GlooCommunicator::GlooCommunicator(const BackendContext& context,
-                                   GlooOptions options)
-    : Communicator(context) {
+GlooTransport::GlooTransport(const BackendContext& context, GlooOptions options)
+    : Transport(context) {
   try {
     // Connecting is part of the rendezvous, bounded by what is left of its
     // timeout; collectives then pass their own timeouts.
@@ -219,7 +218,6 @@ GlooCommunicator::GlooCommunicator(const BackendContext& context,
       });
     }
   } catch (const Error& e) {
-    StopWorker();
     const std::string what = e.what();
     // Gloo names the peer it could not reach as "[address]:port".
     const size_t open = what.find("Connect timeout [");
@@ -234,21 +232,17 @@ GlooCommunicator::GlooCommunicator(const BackendContext& context,
           "a firewall blocking the ports Gloo listens on? (" +
           what + ")");
     }
-    const std::string message =
-        Where() + "connecting to the other ranks failed: " + what;
-    if (dynamic_cast<const UsageError*>(&e)) throw UsageError(message);
-    if (dynamic_cast<const TimeoutError*>(&e)) throw TimeoutError(message);
-    throw PeerError(message);
+    RethrowWithPrefix(Where() + "connecting to the other ranks failed: ");
   }
 }
 
-GlooCommunicator::~GlooCommunicator() { StopWorker(); }
+GlooTransport::~GlooTransport() = default;
 
-int GlooCommunicator::local_size() const {
+int GlooTransport::local_size() const {
   return static_cast<int>(hosts_[host_].size());
 }
 
-void GlooCommunicator::Abort() {
+void GlooTransport::Abort() {
   if (local_) local_->Abort("its watchdog stopped the collective");
   if (listen_ports_.empty()) return;
   // Gloo's own close() unregisters a socket before closing it, so the
@@ -273,7 +267,7 @@ void GlooCommunicator::Abort() {
 }
 
 template <typename Body>
-void GlooCommunicator::Run(const Op& op, Body&& body) {
+void GlooTransport::Run(const Op& op, Body&& body) {
   deadline_ = std::chrono::steady_clock::now() + op.timeout;
   try {
     body();
@@ -283,15 +277,15 @@ void GlooCommunicator::Run(const Op& op, Body&& body) {
   }
 }
 
-SharedMemoryGroup::Call GlooCommunicator::LocalCall(const Op& op,
-                                                    int phase) const {
+SharedMemoryGroup::Call GlooTransport::LocalCall(const Op& op,
+                                                 int phase) const {
   // Up to two shared memory steps per collective.
   return {op.sequence * 2 + static_cast<uint64_t>(phase), deadline_,
           op.overlapped};
 }
 
-void GlooCommunicator::RunAllgather(const Op& op, const void* input,
-                                    void* output, size_t count, DType dtype) {
+void GlooTransport::RunAllgather(const Op& op, const void* input, void* output,
+                                 size_t count, DType dtype) {
   if (count == 0) return;
   const size_t bytes = count * ElementSize(dtype);
   if (size() == 1) {
@@ -301,10 +295,9 @@ void GlooCommunicator::RunAllgather(const Op& op, const void* input,
   RunAllgatherBytes(op, input, output, std::vector<size_t>(size(), bytes));
 }
 
-void GlooCommunicator::RunAllgatherv(const Op& op, const void* input,
-                                     void* output,
-                                     const std::vector<size_t>& counts,
-                                     DType dtype) {
+void GlooTransport::RunAllgatherv(const Op& op, const void* input, void* output,
+                                  const std::vector<size_t>& counts,
+                                  DType dtype) {
   const size_t element = ElementSize(dtype);
   std::vector<size_t> bytes(counts.size());
   size_t total = 0;
@@ -320,9 +313,9 @@ void GlooCommunicator::RunAllgatherv(const Op& op, const void* input,
   RunAllgatherBytes(op, input, output, bytes);
 }
 
-void GlooCommunicator::RunAllgatherBytes(const Op& op, const void* input,
-                                         void* output,
-                                         const std::vector<size_t>& bytes) {
+void GlooTransport::RunAllgatherBytes(const Op& op, const void* input,
+                                      void* output,
+                                      const std::vector<size_t>& bytes) {
   std::vector<size_t> offsets(size());
   size_t total = 0;
   for (int r = 0; r < size(); ++r) {
@@ -374,8 +367,8 @@ void GlooCommunicator::RunAllgatherBytes(const Op& op, const void* input,
   });
 }
 
-void GlooCommunicator::RunAllreduce(const Op& op, void* buffer, size_t count,
-                                    DType dtype, ReduceOp reduce_op) {
+void GlooTransport::RunAllreduce(const Op& op, void* buffer, size_t count,
+                                 DType dtype, ReduceOp reduce_op) {
   if (count == 0 || size() == 1) return;
   Run(op, [&] {
     if (local_) {
@@ -392,8 +385,8 @@ void GlooCommunicator::RunAllreduce(const Op& op, void* buffer, size_t count,
   });
 }
 
-void GlooCommunicator::RunBroadcast(const Op& op, void* buffer, size_t count,
-                                    DType dtype, int root) {
+void GlooTransport::RunBroadcast(const Op& op, void* buffer, size_t count,
+                                 DType dtype, int root) {
   if (count == 0 || size() == 1) return;
   const size_t bytes = count * ElementSize(dtype);
   const int root_host = host_of_[root];
@@ -409,7 +402,7 @@ void GlooCommunicator::RunBroadcast(const Op& op, void* buffer, size_t count,
   });
 }
 
-void GlooCommunicator::RunBarrier(const Op& op) {
+void GlooTransport::RunBarrier(const Op& op) {
   if (size() == 1) return;
   Run(op, [&] {
     if (local_) local_->Barrier(LocalCall(op, 0));
@@ -420,9 +413,9 @@ void GlooCommunicator::RunBarrier(const Op& op) {
   });
 }
 
-void GlooCommunicator::HostsAllgatherv(const Op& op, const void* input,
-                                       void* output,
-                                       const std::vector<size_t>& bytes) {
+void GlooTransport::HostsAllgatherv(const Op& op, const void* input,
+                                    void* output,
+                                    const std::vector<size_t>& bytes) {
   const bool equal = std::all_of(bytes.begin(), bytes.end(),
                                  [&](size_t b) { return b == bytes.front(); });
   Translate([&] {
@@ -450,8 +443,8 @@ void GlooCommunicator::HostsAllgatherv(const Op& op, const void* input,
   });
 }
 
-void GlooCommunicator::HostsAllreduce(const Op& op, void* buffer, size_t count,
-                                      DType dtype, ReduceOp reduce_op) {
+void GlooTransport::HostsAllreduce(const Op& op, void* buffer, size_t count,
+                                   DType dtype, ReduceOp reduce_op) {
   const size_t bytes = count * ElementSize(dtype);
   const int hosts = host_count();
   if (count >= static_cast<size_t>(hosts) &&
@@ -486,8 +479,8 @@ void GlooCommunicator::HostsAllreduce(const Op& op, void* buffer, size_t count,
   });
 }
 
-void GlooCommunicator::HostsBroadcast(const Op& op, void* buffer, size_t bytes,
-                                      int root_host) {
+void GlooTransport::HostsBroadcast(const Op& op, void* buffer, size_t bytes,
+                                   int root_host) {
   Translate([&] {
     gloo::BroadcastOptions options(context_);
     options.setOutput(static_cast<uint8_t*>(buffer), bytes);
@@ -498,7 +491,7 @@ void GlooCommunicator::HostsBroadcast(const Op& op, void* buffer, size_t bytes,
   });
 }
 
-void GlooCommunicator::HostsBarrier(const Op& op) {
+void GlooTransport::HostsBarrier(const Op& op) {
   Translate([&] {
     gloo::BarrierOptions options(context_);
     options.setTag(Tag(op.sequence));

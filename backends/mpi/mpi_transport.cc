@@ -1,4 +1,4 @@
-#include "backends/mpi/mpi_communicator.h"
+#include "backends/mpi/mpi_transport.h"
 
 #include <climits>
 #include <cstdio>
@@ -7,8 +7,8 @@
 #include <thread>
 
 #include "accel/runtime/base/errors.h"
-#include "accel/runtime/launch/mpirun.h"
 #include "accel/runtime/comm/registry.h"
+#include "accel/runtime/launch/mpirun.h"
 #include "backends/mpi/mpi_runtime.h"
 
 namespace accel {
@@ -94,8 +94,8 @@ bool Finalized() {
 
 const BackendRegistration kRegistration(
     "mpi",
-    [](const BackendContext& context) -> std::unique_ptr<Communicator> {
-      return std::make_unique<MpiCommunicator>(context);
+    [](const BackendContext& context) -> std::unique_ptr<Transport> {
+      return std::make_unique<MpiTransport>(context);
     },
     /*usable=*/[] { return StartedByMpiLauncher(); });
 
@@ -104,11 +104,11 @@ const BackendRegistration kRegistration(
 
 }  // namespace
 
-MpiCommunicator::MpiCommunicator(const BackendContext& context)
-    : MpiCommunicator(context, MPI_COMM_WORLD) {}
+MpiTransport::MpiTransport(const BackendContext& context)
+    : MpiTransport(context, MPI_COMM_WORLD) {}
 
-MpiCommunicator::MpiCommunicator(const BackendContext& context, MPI_Comm comm)
-    : Communicator(context),
+MpiTransport::MpiTransport(const BackendContext& context, MPI_Comm comm)
+    : Transport(context),
       store_(context.store),
       check_after_(context.options.check_after),
       compare_calls_(context.options.check_collectives && size() > 1) {
@@ -130,17 +130,18 @@ MpiCommunicator::MpiCommunicator(const BackendContext& context, MPI_Comm comm)
           "the program --num_processes=N --backend=mpi and it runs mpirun "
           "itself)");
     }
-  } catch (const Error& e) {
-    StopWorker();
-    const std::string message =
-        Where() + "creating the communicator: " + e.what();
-    if (dynamic_cast<const UsageError*>(&e)) throw UsageError(message);
-    throw Error(message);
+  } catch (const Error&) {
+    RethrowWithPrefix(Where() + "creating the communicator: ");
   }
 }
 
-MpiCommunicator::~MpiCommunicator() {
-  StopWorker();
+std::unique_ptr<Communicator> MakeMpiCommunicator(const BackendContext& context,
+                                                  MPI_Comm comm) {
+  return std::make_unique<Communicator>(
+      std::make_unique<MpiTransport>(context, comm), context);
+}
+
+MpiTransport::~MpiTransport() {
   if (Finalized()) return;
   auto lock = MpiRuntime::Get().Lock();
   for (auto* ops : {&half_ops_, &bfloat16_ops_}) {
@@ -149,9 +150,9 @@ MpiCommunicator::~MpiCommunicator() {
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
-void MpiCommunicator::Abort() { aborted_ = true; }
+void MpiTransport::Abort() { aborted_ = true; }
 
-void MpiCommunicator::OnBroken(const std::string& message) {
+void MpiTransport::OnBroken(const std::string& message) {
   std::fflush(stdout);
   std::fprintf(stderr,
                "error: %s\n%sending the job with MPI_Abort: MPI cannot "
@@ -185,14 +186,14 @@ void MpiCommunicator::OnBroken(const std::string& message) {
 }
 
 template <typename StartCall>
-void MpiCommunicator::Run(const Op& op, StartCall&& start) {
+void MpiTransport::Run(const Op& op, StartCall&& start) {
   const auto deadline = Clock::now() + op.timeout;
   if (compare_calls_) CheckSameCall(op, deadline);
   Poll(deadline, start);
 }
 
 template <typename StartCall>
-void MpiCommunicator::Poll(Clock::time_point deadline, StartCall&& start) {
+void MpiTransport::Poll(Clock::time_point deadline, StartCall&& start) {
   MpiRuntime& mpi = MpiRuntime::Get();
   MPI_Request request = MPI_REQUEST_NULL;
   {
@@ -226,7 +227,7 @@ void MpiCommunicator::Poll(Clock::time_point deadline, StartCall&& start) {
   }
 }
 
-void MpiCommunicator::CheckSameCall(const Op& op, Clock::time_point deadline) {
+void MpiTransport::CheckSameCall(const Op& op, Clock::time_point deadline) {
   // Every rank's call (sequence number and arguments) as one number; the
   // maxima of it and of its complement equal ours only when all agree.
   uint64_t call = 0xcbf29ce484222325ull ^ op.sequence;
@@ -250,7 +251,7 @@ void MpiCommunicator::CheckSameCall(const Op& op, Clock::time_point deadline) {
   throw PeerError("the watchdog stopped the MPI collective");
 }
 
-MPI_Datatype MpiCommunicator::ElementType(DType dtype) const {
+MPI_Datatype MpiTransport::ElementType(DType dtype) const {
   switch (dtype) {
     case DType::kFloat32:
       return MPI_FLOAT;
@@ -273,7 +274,7 @@ MPI_Datatype MpiCommunicator::ElementType(DType dtype) const {
                    std::to_string(static_cast<int>(dtype)));
 }
 
-MPI_Op MpiCommunicator::Operation(DType dtype, ReduceOp op) const {
+MPI_Op MpiTransport::Operation(DType dtype, ReduceOp op) const {
   const size_t index = static_cast<size_t>(op);
   if (dtype == DType::kFloat16) return half_ops_.at(index);
   if (dtype == DType::kBFloat16) return bfloat16_ops_.at(index);
@@ -290,7 +291,7 @@ MPI_Op MpiCommunicator::Operation(DType dtype, ReduceOp op) const {
   throw UsageError("unknown reduction");
 }
 
-int MpiCommunicator::Count(size_t count) const {
+int MpiTransport::Count(size_t count) const {
   if (count > static_cast<size_t>(INT_MAX)) {
     // The base adds the backend, rank and call to the message.
     throw UsageError("MPI counts are int: at most " + std::to_string(INT_MAX) +
@@ -300,8 +301,8 @@ int MpiCommunicator::Count(size_t count) const {
   return static_cast<int>(count);
 }
 
-void MpiCommunicator::RunAllgather(const Op& op, const void* input,
-                                   void* output, size_t count, DType dtype) {
+void MpiTransport::RunAllgather(const Op& op, const void* input, void* output,
+                                size_t count, DType dtype) {
   if (count == 0) return;
   const int n = Count(count);
   const size_t bytes = count * ElementSize(dtype);
@@ -314,10 +315,9 @@ void MpiCommunicator::RunAllgather(const Op& op, const void* input,
   });
 }
 
-void MpiCommunicator::RunAllgatherv(const Op& op, const void* input,
-                                    void* output,
-                                    const std::vector<size_t>& counts,
-                                    DType dtype) {
+void MpiTransport::RunAllgatherv(const Op& op, const void* input, void* output,
+                                 const std::vector<size_t>& counts,
+                                 DType dtype) {
   std::vector<int> sizes(counts.size()), offsets(counts.size());
   size_t total = 0;
   for (size_t r = 0; r < counts.size(); ++r) {
@@ -339,8 +339,8 @@ void MpiCommunicator::RunAllgatherv(const Op& op, const void* input,
   });
 }
 
-void MpiCommunicator::RunAllreduce(const Op& op, void* buffer, size_t count,
-                                   DType dtype, ReduceOp reduce_op) {
+void MpiTransport::RunAllreduce(const Op& op, void* buffer, size_t count,
+                                DType dtype, ReduceOp reduce_op) {
   if (count == 0 || size() == 1) return;
   const int n = Count(count);
   const MPI_Datatype type = ElementType(dtype);
@@ -351,8 +351,8 @@ void MpiCommunicator::RunAllreduce(const Op& op, void* buffer, size_t count,
   });
 }
 
-void MpiCommunicator::RunBroadcast(const Op& op, void* buffer, size_t count,
-                                   DType dtype, int root) {
+void MpiTransport::RunBroadcast(const Op& op, void* buffer, size_t count,
+                                DType dtype, int root) {
   if (count == 0 || size() == 1) return;
   const int n = Count(count);
   const MPI_Datatype type = ElementType(dtype);
@@ -361,7 +361,7 @@ void MpiCommunicator::RunBroadcast(const Op& op, void* buffer, size_t count,
   });
 }
 
-void MpiCommunicator::RunBarrier(const Op& op) {
+void MpiTransport::RunBarrier(const Op& op) {
   if (size() == 1) return;
   Run(op, [&](MPI_Request* request) { return MPI_Ibarrier(comm_, request); });
 }

@@ -2,8 +2,8 @@
 // of each host and Gloo's TCP transport between hosts.
 //
 //   accel::BackendContext context;  // rank, size, store, host
-//   accel::GlooCommunicator comm(context);
-//   comm.allreduce(data, n, accel::DType::kFloat32, accel::ReduceOp::kSum);
+//   auto comm = accel::CreateCommunicator("gloo", context);
+//   comm->allreduce(data, n, accel::DType::kFloat32, accel::ReduceOp::kSum);
 //
 // Registered as "gloo": programs normally get it through
 // accel::CreateCommunicator("gloo", ...) or --backend=gloo.
@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "accel/runtime/comm/communicator.h"
+#include "accel/runtime/comm/transport.h"
 #include "backends/shm/shared_memory_group.h"
 
 namespace gloo {
@@ -47,12 +47,11 @@ struct GlooOptions {
   static GlooOptions FromEnvironment();
 };
 
-class GlooCommunicator : public Communicator {
+class GlooTransport : public Transport {
  public:
-  explicit GlooCommunicator(
-      const BackendContext& context,
-      GlooOptions options = GlooOptions::FromEnvironment());
-  ~GlooCommunicator() override;
+  explicit GlooTransport(const BackendContext& context,
+                         GlooOptions options = GlooOptions::FromEnvironment());
+  ~GlooTransport() override;
 
   std::string backend_name() const override { return "gloo"; }
 

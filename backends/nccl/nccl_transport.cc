@@ -1,4 +1,4 @@
-#include "backends/nccl/nccl_communicator.h"
+#include "backends/nccl/nccl_transport.h"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -73,8 +73,8 @@ int DeviceCount() {
 
 const BackendRegistration kRegistration(
     "nccl",
-    [](const BackendContext& context) -> std::unique_ptr<Communicator> {
-      return std::make_unique<NcclCommunicator>(context);
+    [](const BackendContext& context) -> std::unique_ptr<Transport> {
+      return std::make_unique<NcclTransport>(context);
     },
     [] { return DeviceCount() > 0; });
 
@@ -91,7 +91,7 @@ int VisibleCudaDevices(std::string* error) {
   return count;
 }
 
-struct NcclCommunicator::State {
+struct NcclTransport::State {
   int device = 0;
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
@@ -102,12 +102,12 @@ struct NcclCommunicator::State {
   std::atomic<bool> abort_requested{false};  // Set by the watchdog.
 };
 
-int NcclCommunicator::device_index() const { return state_->device; }
+int NcclTransport::device_index() const { return state_->device; }
 
-void NcclCommunicator::Abort() { state_->abort_requested = true; }
+void NcclTransport::Abort() { state_->abort_requested = true; }
 
-NcclCommunicator::NcclCommunicator(const BackendContext& context)
-    : Communicator(context), state_(std::make_unique<State>()) {
+NcclTransport::NcclTransport(const BackendContext& context)
+    : Transport(context), state_(std::make_unique<State>()) {
   try {
     std::string error;
     const int devices = VisibleCudaDevices(&error);
@@ -188,20 +188,14 @@ NcclCommunicator::NcclCommunicator(const BackendContext& context)
       throw Error(std::string("ncclCommInitRankConfig failed: ") +
                   ncclGetErrorString(result));
     }
-  } catch (const Error& e) {
-    StopWorker();
-    const std::string message =
-        Where() + "creating the communicator: " + e.what();
+  } catch (const Error&) {
     if (state_->comm != nullptr) ncclCommAbort(state_->comm);
     state_->comm = nullptr;
-    if (dynamic_cast<const UsageError*>(&e)) throw UsageError(message);
-    if (dynamic_cast<const TimeoutError*>(&e)) throw TimeoutError(message);
-    throw Error(message);
+    RethrowWithPrefix(Where() + "creating the communicator: ");
   }
 }
 
-NcclCommunicator::~NcclCommunicator() {
-  StopWorker();
+NcclTransport::~NcclTransport() {
   if (state_->comm != nullptr) {
     if (state_->aborted) {
       ncclCommAbort(state_->comm);
@@ -216,7 +210,7 @@ NcclCommunicator::~NcclCommunicator() {
 }
 
 template <typename Launch>
-void NcclCommunicator::Run(const Op& op, Launch&& launch) {
+void NcclTransport::Run(const Op& op, Launch&& launch) {
   State& s = *state_;
   if (s.aborted) throw PeerError("the NCCL communicator was aborted earlier");
   CheckCuda(cudaSetDevice(s.device), "cudaSetDevice");
@@ -263,8 +257,8 @@ void NcclCommunicator::Run(const Op& op, Launch&& launch) {
   }
 }
 
-void NcclCommunicator::RunAllgather(const Op& op, const void* input,
-                                    void* output, size_t count, DType dtype) {
+void NcclTransport::RunAllgather(const Op& op, const void* input, void* output,
+                                 size_t count, DType dtype) {
   if (count == 0) return;
   const size_t bytes = count * ElementSize(dtype);
   Run(op, [&](State& s) {
@@ -272,10 +266,9 @@ void NcclCommunicator::RunAllgather(const Op& op, const void* input,
   });
 }
 
-void NcclCommunicator::RunAllgatherv(const Op& op, const void* input,
-                                     void* output,
-                                     const std::vector<size_t>& counts,
-                                     DType dtype) {
+void NcclTransport::RunAllgatherv(const Op& op, const void* input, void* output,
+                                  const std::vector<size_t>& counts,
+                                  DType dtype) {
   const size_t element = ElementSize(dtype);
   size_t total = 0;
   for (size_t c : counts) total += c;
@@ -297,8 +290,8 @@ void NcclCommunicator::RunAllgatherv(const Op& op, const void* input,
   });
 }
 
-void NcclCommunicator::RunAllreduce(const Op& op, void* buffer, size_t count,
-                                    DType dtype, ReduceOp reduce_op) {
+void NcclTransport::RunAllreduce(const Op& op, void* buffer, size_t count,
+                                 DType dtype, ReduceOp reduce_op) {
   if (count == 0) return;
   Run(op, [&](State& s) {
     return ncclAllReduce(buffer, buffer, count, NcclType(dtype),
@@ -306,8 +299,8 @@ void NcclCommunicator::RunAllreduce(const Op& op, void* buffer, size_t count,
   });
 }
 
-void NcclCommunicator::RunBroadcast(const Op& op, void* buffer, size_t count,
-                                    DType dtype, int root) {
+void NcclTransport::RunBroadcast(const Op& op, void* buffer, size_t count,
+                                 DType dtype, int root) {
   if (count == 0) return;
   Run(op, [&](State& s) {
     return ncclBroadcast(buffer, buffer, count * ElementSize(dtype), ncclUint8,
@@ -315,7 +308,7 @@ void NcclCommunicator::RunBroadcast(const Op& op, void* buffer, size_t count,
   });
 }
 
-void NcclCommunicator::RunBarrier(const Op& op) {
+void NcclTransport::RunBarrier(const Op& op) {
   Run(op, [&](State& s) {
     return ncclAllReduce(s.scratch, s.scratch, 1, ncclInt32, ncclSum, s.comm,
                          s.stream);

@@ -5,9 +5,9 @@
 //   $ srun -n 4 --mpi=pmix ./train --backend=mpi
 //   $ ./train --num_processes=4 --backend=mpi  # accel's launcher runs mpirun
 //
-//   accel::MpiCommunicator comm(context);        // a copy of MPI_COMM_WORLD
-//   accel::MpiCommunicator mine(context, comm);  // a copy of the caller's
-//   comm.allreduce(data, n, accel::DType::kFloat32, accel::ReduceOp::kSum);
+//   auto comm = accel::CreateCommunicator("mpi", context);  // MPI_COMM_WORLD
+//   auto mine = accel::MakeMpiCommunicator(context, comm);  // the caller's
+//   mine->allreduce(data, n, accel::DType::kFloat32, accel::ReduceOp::kSum);
 //
 // Registered as "mpi". Programs that let accel set up the job need nothing
 // else: ranks come from MPI and rank 0 tells the others where its store is
@@ -47,17 +47,23 @@
 #include <vector>
 
 #include "accel/runtime/comm/communicator.h"
+#include "accel/runtime/comm/transport.h"
 #include "accel/runtime/store/store.h"
 
 namespace accel {
 
-class MpiCommunicator : public Communicator {
+// A Communicator over a copy of the caller's MPI communicator, whose rank
+// and size must match the context's.
+std::unique_ptr<Communicator> MakeMpiCommunicator(const BackendContext& context,
+                                                  MPI_Comm comm);
+
+class MpiTransport : public Transport {
  public:
   // Over a copy of MPI_COMM_WORLD.
-  explicit MpiCommunicator(const BackendContext& context);
+  explicit MpiTransport(const BackendContext& context);
   // Over a copy of `comm`, whose rank and size must match the context's.
-  MpiCommunicator(const BackendContext& context, MPI_Comm comm);
-  ~MpiCommunicator() override;
+  MpiTransport(const BackendContext& context, MPI_Comm comm);
+  ~MpiTransport() override;
 
   std::string backend_name() const override { return "mpi"; }
 

@@ -1,7 +1,7 @@
 // The GPU backend: accel's Communicator over NCCL, one rank per GPU.
 //
 //   accel::BackendContext context;  // rank, size, store, local_rank
-//   accel::NcclCommunicator comm(context);       // device = LOCAL_RANK
+//   accel::NcclTransport comm(context);       // device = LOCAL_RANK
 //   comm.allreduce(device_ptr, n, accel::DType::kFloat32,
 //                  accel::ReduceOp::kSum);       // device memory
 //
@@ -17,14 +17,14 @@
 #include <memory>
 #include <string>
 
-#include "accel/runtime/comm/communicator.h"
+#include "accel/runtime/comm/transport.h"
 
 namespace accel {
 
-class NcclCommunicator : public Communicator {
+class NcclTransport : public Transport {
  public:
-  explicit NcclCommunicator(const BackendContext& context);
-  ~NcclCommunicator() override;
+  explicit NcclTransport(const BackendContext& context);
+  ~NcclTransport() override;
 
   std::string backend_name() const override { return "nccl"; }
   int device_index() const override;

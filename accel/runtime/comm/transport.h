@@ -1,0 +1,153 @@
+// What a backend implements: the collectives themselves, on typed buffers,
+// one at a time, with arguments the Communicator has already checked. The
+// Communicator (communicator.h) owns a Transport and adds everything that
+// is the same for every backend: the queue and sequence numbers, the
+// inline path, the watchdog, the cross-rank checks, and the messages.
+//
+//   class MyTransport : public accel::Transport {
+//    public:
+//     explicit MyTransport(const accel::BackendContext& c) : Transport(c) {}
+//     std::string backend_name() const override { return "mine"; }
+//     void RunAllreduce(const Op& op, void* buffer, size_t count,
+//                       accel::DType dtype, accel::ReduceOp reduce) override;
+//     ...
+//   };
+//   static const accel::BackendRegistration kRegistration(
+//       "mine", [](const accel::BackendContext& c) {
+//         return std::make_unique<MyTransport>(c);
+//       });
+//
+// Run* throw TimeoutError or PeerError for those failures (the Communicator
+// adds backend, operation, rank and call site to the message, and finds out
+// why a peer failed). Abort() is called from another thread (the watchdog
+// found that the running operation cannot complete) and must make it fail
+// soon; OnBroken() is told the message of the failure that broke the
+// communicator (MPI cannot cancel a collective and ends the job there).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "accel/runtime/base/dtype.h"
+#include "accel/runtime/store/store.h"
+
+namespace accel {
+
+// Where a collective was called from, for diagnostics. The default member
+// initializer below captures the caller's file and line.
+struct CallSite {
+  const char* file = nullptr;
+  int line = 0;
+  static constexpr CallSite Here(const char* file = __builtin_FILE(),
+                                 int line = __builtin_LINE()) {
+    return {file, line};
+  }
+  std::string ToString() const;  // "train.cc:75"
+};
+
+// Per-call options.
+struct CollectiveOptions {
+  // Zero means the communicator's default (CommunicatorOptions::timeout).
+  std::chrono::milliseconds timeout{0};
+  // The name diagnostics use for the call ("gather", "wait_for_everyone");
+  // null means the operation's own name.
+  const char* api = nullptr;
+  CallSite site = CallSite::Here();
+};
+
+struct CommunicatorOptions {
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  // Every rank republishes its status at least this often; a rank whose
+  // status stays unchanged for four intervals is reported as not
+  // responding (stopped, overloaded or unreachable) when a collective
+  // times out.
+  std::chrono::milliseconds heartbeat_interval = std::chrono::milliseconds(500);
+  // Once a collective has waited check_after, a watchdog looks at the other
+  // ranks: one that left the job fails the collective at once instead of at
+  // the timeout. With check_collectives, every rank also publishes what it
+  // is doing (at most every status_interval), and different collectives on
+  // different ranks fail the same way.
+  bool check_collectives = true;
+  std::chrono::milliseconds status_interval = std::chrono::milliseconds(100);
+  std::chrono::milliseconds check_after = std::chrono::milliseconds(1000);
+};
+
+// What a backend needs to join a job. Built by rendezvous.h or by tests.
+struct BackendContext {
+  int rank = 0;
+  int size = 1;
+  // Shared by all ranks; the backend may use it under its own prefix.
+  std::shared_ptr<Store> store;
+  // Address this process's data connections listen on, reachable by peers.
+  std::string host = "127.0.0.1";
+  // Local device index (GPU backends), and the ranks on this machine.
+  int local_rank = 0;
+  int local_size = 1;
+  CommunicatorOptions options;
+  // Bound on connecting to the other ranks; zero means options.timeout.
+  // ProcessGroup passes what is left of the rendezvous timeout.
+  std::chrono::milliseconds connect_timeout{0};
+};
+
+class Transport {
+ public:
+  // What a Run* call knows about the operation it runs.
+  struct Op {
+    const char* name;
+    uint64_t sequence;  // 1 for the first collective, same on every rank.
+    std::chrono::milliseconds timeout;
+    const char* api;        // Name for diagnostics.
+    CallSite site;          // Where the caller called it.
+    std::string signature;  // What must match on every rank.
+    size_t bytes = 0;       // This rank's payload (--v=2 logs it).
+    // Started with *_async: the caller computes meanwhile, so a transport
+    // that polls while it waits takes CPU from that computation.
+    bool overlapped = false;
+  };
+
+  virtual ~Transport();
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  virtual std::string backend_name() const = 0;
+  // The GPU whose memory buffers must be in, or -1 for host memory.
+  virtual int device_index() const { return -1; }
+
+  // output[r * count ...] = input of rank r.
+  virtual void RunAllgather(const Op& op, const void* input, void* output,
+                            size_t count, DType dtype) = 0;
+  // counts[r] elements from rank r, concatenated in rank order.
+  virtual void RunAllgatherv(const Op& op, const void* input, void* output,
+                             const std::vector<size_t>& counts,
+                             DType dtype) = 0;
+  virtual void RunAllreduce(const Op& op, void* buffer, size_t count,
+                            DType dtype, ReduceOp reduce_op) = 0;
+  virtual void RunBroadcast(const Op& op, void* buffer, size_t count,
+                            DType dtype, int root) = 0;
+  virtual void RunBarrier(const Op& op) = 0;
+
+  // From another thread: make the running operation fail soon.
+  virtual void Abort() {}
+  virtual void OnBroken(const std::string& message) {}
+
+ protected:
+  explicit Transport(const BackendContext& context);
+
+  // "[gloo] rank 1/2: ", the prefix of every message about this rank.
+  std::string Where() const;
+  // Throws UsageError "<where><operation>: <message>".
+  [[noreturn]] void FailUsage(const char* operation,
+                              const std::string& message) const;
+
+ private:
+  const int rank_;
+  const int size_;
+};
+
+}  // namespace accel
