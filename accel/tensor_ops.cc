@@ -1,8 +1,12 @@
 #include "accel/tensor_ops.h"
 
+#include <torch/utils.h>
+
+#include <algorithm>
 #include <sstream>
 
 #include "accel/runtime/base/errors.h"
+#include "accel/runtime/comm/object_collectives.h"
 
 namespace accel {
 namespace {
@@ -102,7 +106,7 @@ Exchange ExchangeMeta(Communicator& comm, const torch::Tensor& tensor,
     same &= std::equal(all.begin(), all.begin() + kMetaWords,
                        all.begin() + r * kMetaWords);
   }
-  if (!same) {
+  if (!same && comm.checks_enabled()) {
     std::ostringstream message;
     message << comm.DescribeCall(options, operation, sequence)
             << "tensors differ across ranks (";
@@ -217,8 +221,11 @@ torch::Tensor ReduceTensor(Communicator& comm, const torch::Tensor& tensor,
   }
   // clone(): the input is never modified, as in Accelerate.
   torch::Tensor result = ForComm(comm, tensor, "reduce").clone();
-  ExchangeMeta(comm, result, "reduce",
-               "reduce needs the same shape and dtype on every rank", options);
+  if (comm.checks_enabled()) {
+    ExchangeMeta(comm, result, "reduce",
+                 "reduce needs the same shape and dtype on every rank",
+                 options);
+  }
   comm.allreduce(result.data_ptr(), static_cast<size_t>(result.numel()), dtype,
                  op, options);
   if (reduction == "mean") result.div_(comm.size());
@@ -236,13 +243,165 @@ torch::Tensor BroadcastTensor(Communicator& comm, const torch::Tensor& tensor,
   }
   const DType dtype = ToDType(tensor.scalar_type());
   torch::Tensor result = ForComm(comm, tensor, "broadcast").clone();
-  ExchangeMeta(comm, result, "broadcast",
-               "every rank must pass a tensor of the sender's shape and "
-               "dtype",
-               options);
+  if (comm.checks_enabled()) {
+    ExchangeMeta(comm, result, "broadcast",
+                 "every rank must pass a tensor of the sender's shape and "
+                 "dtype",
+                 options);
+  }
   comm.broadcast(result.data_ptr(), static_cast<size_t>(result.numel()), dtype,
                  from_process, options);
   return OnDeviceOf(result, tensor);
+}
+
+namespace {
+
+// "'fc.weight' shape [4, 8] float32", how a rank's tensor is compared.
+std::string DescribeNamed(const std::string& name,
+                          const torch::Tensor& tensor) {
+  return "'" + name + "' " + DescribeMeta(Meta(tensor, "broadcast").data());
+}
+
+uint64_t Fingerprint(const std::vector<std::string>& descriptions) {
+  uint64_t hash = 14695981039346656037ull;  // FNV-1a.
+  for (const std::string& text : descriptions) {
+    for (unsigned char c : text + '\n') hash = (hash ^ c) * 1099511628211ull;
+  }
+  return hash;
+}
+
+// Throws the same UsageError on every rank when their lists differ: one
+// allgather of (count, fingerprint); only when they differ, the lists.
+void CheckSameTensors(Communicator& comm,
+                      const std::vector<std::string>& descriptions,
+                      const CollectiveOptions& options) {
+  int64_t mine[2] = {static_cast<int64_t>(descriptions.size()),
+                     static_cast<int64_t>(Fingerprint(descriptions))};
+  std::vector<int64_t> all(2 * static_cast<size_t>(comm.size()));
+  const uint64_t sequence =
+      comm.allgather(mine, all.data(), 2, DType::kInt64, options);
+  bool same = true;
+  for (int r = 1; r < comm.size(); ++r) {
+    same &= all[2 * r] == all[0] && all[2 * r + 1] == all[1];
+  }
+  if (same) return;
+  const std::vector<std::string> lists =
+      GatherObject(comm, std::vector<std::string>{[&] {
+                     std::string joined;
+                     for (const std::string& d : descriptions)
+                       joined += d + '\n';
+                     return joined;
+                   }()},
+                   options);
+  std::vector<std::vector<std::string>> split(lists.size());
+  for (size_t r = 0; r < lists.size(); ++r) {
+    std::istringstream lines(lists[r]);
+    for (std::string line; std::getline(lines, line);) {
+      split[r].push_back(line);
+    }
+  }
+  std::ostringstream message;
+  message << comm.DescribeCall(options, "broadcast", sequence)
+          << "the ranks' tensors differ: ";
+  for (size_t r = 1; r < split.size(); ++r) {
+    size_t i = 0;
+    while (i < split[0].size() && i < split[r].size() &&
+           split[0][i] == split[r][i]) {
+      ++i;
+    }
+    if (i == split[0].size() && i == split[r].size()) continue;
+    auto at = [&](size_t rank) {
+      return i < split[rank].size()
+                 ? split[rank][i]
+                 : "nothing (it passed " + std::to_string(split[rank].size()) +
+                       ")";
+    };
+    message << "tensor " << i << " is " << at(0) << " on rank 0 and " << at(r)
+            << " on rank " << r << "; ";
+    break;
+  }
+  message << "every rank must pass the same tensors (prepare the same model "
+             "on every rank)";
+  throw UsageError(message.str());
+}
+
+// One broadcast of `members`, flattened into one buffer.
+void BroadcastBucket(Communicator& comm,
+                     const std::vector<torch::Tensor>& members,
+                     int from_process, const CollectiveOptions& options) {
+  std::vector<torch::Tensor> parts;
+  for (const torch::Tensor& t : members) {
+    parts.push_back(ForComm(comm, t, "broadcast").reshape({-1}));
+  }
+  torch::Tensor flat = torch::cat(parts);
+  comm.broadcast(flat.data_ptr(), static_cast<size_t>(flat.numel()),
+                 ToDType(flat.scalar_type()), from_process, options);
+  if (comm.rank() == from_process) return;
+  int64_t offset = 0;
+  for (torch::Tensor t : members) {
+    t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+    offset += t.numel();
+  }
+}
+
+}  // namespace
+
+void BroadcastCoalesced(Communicator& comm,
+                        const std::vector<std::string>& names,
+                        const std::vector<torch::Tensor>& tensors,
+                        int from_process, const CollectiveOptions& given,
+                        int64_t bucket_bytes) {
+  const CollectiveOptions options = Named(given, "broadcast");
+  if (names.size() != tensors.size()) {
+    throw UsageError("BroadcastCoalesced: " + std::to_string(names.size()) +
+                     " names for " + std::to_string(tensors.size()) +
+                     " tensors");
+  }
+  if (from_process < 0 || from_process >= comm.size()) {
+    throw UsageError("broadcast: from_process must be in [0, " +
+                     std::to_string(comm.size()) + "), found " +
+                     std::to_string(from_process));
+  }
+  std::vector<torch::Tensor> live;
+  std::vector<std::string> descriptions;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!tensors[i].defined()) continue;
+    ToDType(tensors[i].scalar_type());  // Unsupported dtypes fail here.
+    descriptions.push_back(DescribeNamed(names[i], tensors[i]));
+    if (tensors[i].numel() > 0) live.push_back(tensors[i]);
+  }
+  if (comm.checks_enabled()) CheckSameTensors(comm, descriptions, options);
+  // Buckets: the tensors of one dtype and device in list order, cut at
+  // bucket_bytes, so that every rank builds the same ones.
+  std::vector<std::vector<torch::Tensor>> groups;
+  for (const torch::Tensor& t : live) {
+    auto group = std::find_if(groups.begin(), groups.end(), [&](auto& g) {
+      return g.front().scalar_type() == t.scalar_type() &&
+             g.front().device() == t.device();
+    });
+    if (group == groups.end()) {
+      groups.push_back({t});
+    } else {
+      group->push_back(t);
+    }
+  }
+  torch::NoGradGuard no_grad;
+  for (const std::vector<torch::Tensor>& group : groups) {
+    size_t begin = 0;
+    while (begin < group.size()) {
+      size_t end = begin;
+      int64_t bytes = 0;
+      while (end < group.size()) {
+        const int64_t size = group[end].numel() * group[end].element_size();
+        if (end > begin && bytes + size > bucket_bytes) break;
+        bytes += size;
+        ++end;
+      }
+      BroadcastBucket(comm, {group.begin() + begin, group.begin() + end},
+                      from_process, options);
+      begin = end;
+    }
+  }
 }
 
 torch::Tensor PadAcrossProcesses(Communicator& comm,

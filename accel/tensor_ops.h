@@ -44,6 +44,22 @@ torch::Tensor BroadcastTensor(Communicator& comm, const torch::Tensor& tensor,
                               int from_process,
                               const CollectiveOptions& options = {});
 
+// c10d's default bucket for broadcasting module state.
+inline constexpr int64_t kBroadcastBucketBytes = int64_t{256} << 20;
+
+// Overwrites `tensors` on every rank with `from_process`'s, in buckets of at
+// most `bucket_bytes` per dtype and device (c10d's broadcast_coalesced): one
+// collective per bucket instead of one per tensor, plus one small one that
+// checks that every rank passes the same list. When the lists differ (names,
+// shapes or dtypes, with check_collectives on), every rank throws the same
+// UsageError naming the first tensor that differs and each rank's version
+// of it. `names[i]` labels `tensors[i]` ("model_0.fc.weight").
+void BroadcastCoalesced(Communicator& comm,
+                        const std::vector<std::string>& names,
+                        const std::vector<torch::Tensor>& tensors,
+                        int from_process, const CollectiveOptions& options = {},
+                        int64_t bucket_bytes = kBroadcastBucketBytes);
+
 // Pads `dim` up to the largest size over all ranks with `pad_index`; data
 // first unless `pad_first`. A dim beyond the tensor's rank returns it as is.
 torch::Tensor PadAcrossProcesses(Communicator& comm,

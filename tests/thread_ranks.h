@@ -18,6 +18,7 @@ namespace accel::testing {
 
 struct RankOptions {
   std::chrono::milliseconds timeout = std::chrono::seconds(30);
+  bool check_collectives = true;  // CommunicatorOptions::check_collectives.
 };
 
 void RunRanks(const std::string& backend, int world_size,
