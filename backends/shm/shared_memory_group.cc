@@ -5,108 +5,30 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
-
 #include <algorithm>
 #include <climits>
 #include <cstring>
 #include <thread>
 
 #include "accel/runtime/base/errors.h"
+#include "backends/shm/shared_memory_layout.h"
 
 namespace accel {
+
+using shm_internal::kAborted;
+using shm_internal::kLongestSleep;
+using shm_internal::kMagic;
+using shm_internal::kOverlappedSpin;
+using shm_internal::kPageBytes;
+using shm_internal::kReasonBytes;
+using shm_internal::kRunning;
+using shm_internal::kWriting;
+using shm_internal::Pause;
+using shm_internal::RoundUp;
 
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-constexpr uint64_t kMagic = 0x6163636c73686d31;  // "acclshm1"
-constexpr size_t kPageBytes = 4096;
-// The longest a sleeping waiter goes without looking at the clock.
-constexpr auto kLongestSleep = std::chrono::milliseconds(100);
-// How long an overlapped call polls (see Call::overlapped): about what a
-// futex wake-up costs.
-constexpr auto kOverlappedSpin = std::chrono::microseconds(20);
-constexpr size_t kReasonBytes = 512;
-
-enum AbortState : uint32_t { kRunning = 0, kWriting = 1, kAborted = 2 };
-
-// What a call's chunks are tagged with: the call's sequence number and
-// arguments, so that different collectives never accept each other's data.
-class CallId {
- public:
-  explicit CallId(uint64_t sequence) { Add(sequence); }
-  CallId& Add(uint64_t value) {
-    // FNV-1a over the value's bytes.
-    for (int i = 0; i < 8; ++i) {
-      hash_ ^= (value >> (8 * i)) & 0xff;
-      hash_ *= 0x100000001b3ull;
-    }
-    return *this;
-  }
-  // Zero is the value of a slot that holds no chunk yet.
-  uint64_t value() const { return hash_ == 0 ? 1 : hash_; }
-
- private:
-  uint64_t hash_ = 0xcbf29ce484222325ull;
-};
-
-enum class Kind : uint64_t {
-  kAllreduce = 1,
-  kAllgatherv,
-  kBroadcast,
-  kBarrier
-};
-
-size_t RoundUp(size_t value, size_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
-
-void Pause() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
-
-// Copies n bytes between buffers that do not overlap. glibc's memcpy (rep
-// movsb, for 4 KiB to 256 KiB on this machine's AMD EPYC) runs 13 times
-// slower when the destination lies 1 to 31 bytes past the source modulo
-// 4096 (3 GB/s instead of 40-50, measured): exactly where a malloc'd buffer,
-// 16 bytes past a page, lands against our page-aligned slots. A plain vector
-// loop has no such case.
-void Copy(void* destination, const void* source, size_t n) {
-  const uintptr_t distance = (reinterpret_cast<uintptr_t>(destination) -
-                              reinterpret_cast<uintptr_t>(source)) %
-                             4096;
-  if (n < 2048 || distance == 0 || distance >= 64) {
-    std::memcpy(destination, source, n);
-    return;
-  }
-#if defined(__SSE2__)
-  auto* to = static_cast<char*>(destination);
-  const auto* from = static_cast<const char*>(source);
-  size_t i = 0;
-  for (; i + 64 <= n; i += 64) {
-    const __m128i a =
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i));
-    const __m128i b =
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i + 16));
-    const __m128i c =
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i + 32));
-    const __m128i d =
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i + 48));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(to + i), a);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(to + i + 16), b);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(to + i + 32), c);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(to + i + 48), d);
-  }
-  std::memcpy(to + i, from + i, n - i);
-#else
-  std::memcpy(destination, source, n);
-#endif
-}
 
 int UsableCpus() {
   cpu_set_t set;
@@ -114,44 +36,7 @@ int UsableCpus() {
   return static_cast<int>(std::thread::hardware_concurrency());
 }
 
-// The part of an n-element chunk that local rank q reduces: equal shares,
-// each starting on a cache line.
-struct Part {
-  size_t begin;
-  size_t count;
-};
-Part PartOf(size_t n, int parts, int q, size_t element) {
-  const size_t align = std::max<size_t>(1, 64 / element);
-  const size_t share = RoundUp((n + parts - 1) / parts, align);
-  const size_t begin = std::min(n, share * q);
-  return {begin, std::min(n, begin + share) - begin};
-}
-
 }  // namespace
-
-struct alignas(128) SharedMemoryGroup::Header {
-  uint64_t magic;
-  uint64_t local_size;
-  uint64_t slot_bytes;
-  alignas(64) std::atomic<uint32_t> wake;  // futex word, bumped to wake all
-  std::atomic<uint32_t> sleepers;
-  alignas(64) std::atomic<uint32_t> abort_state;
-  int32_t aborted_by;
-  char reason[kReasonBytes];
-};
-
-// Written only by its rank; read by the others.
-struct alignas(128) SharedMemoryGroup::RankState {
-  std::atomic<uint64_t> posted;    // chunks posted (chunk t: posted > t)
-  std::atomic<uint64_t> reduced;   // chunks whose part this rank reduced
-  std::atomic<uint64_t> consumed;  // chunks this rank is done reading
-  std::atomic<uint64_t> call[2];   // the CallId of the chunk in each slot
-  std::atomic<int32_t> cpu;        // where this rank last ran (sched_getcpu)
-};
-
-static_assert(std::atomic<uint64_t>::is_always_lock_free &&
-                  std::atomic<uint32_t>::is_always_lock_free,
-              "shared memory counters must be lock-free");
 
 SharedMemoryGroup::SharedMemoryGroup(int local_rank,
                                      std::vector<int> global_ranks,
@@ -452,198 +337,6 @@ void SharedMemoryGroup::WaitReduced(const Call& call, uint64_t chunk) {
 
 void SharedMemoryGroup::Consume(uint64_t chunk) {
   Publish(Counter::kConsumed, chunk + 1);
-}
-
-template <typename Body>
-void SharedMemoryGroup::Guarded(Body&& body) {
-  if (header_->abort_state.load(std::memory_order_relaxed) != kRunning) {
-    ThrowAborted();
-  }
-  try {
-    body();
-  } catch (const std::exception& e) {
-    // Our counters are now out of step with the others': nobody may go on.
-    Abort(e.what());
-    throw;
-  }
-}
-
-void SharedMemoryGroup::Barrier(const Call& call) {
-  Guarded([&] {
-    const uint64_t id = CallId(call.sequence)
-                            .Add(static_cast<uint64_t>(Kind::kBarrier))
-                            .value();
-    const uint64_t chunk = BeginChunk(call);
-    Post(chunk, id);
-    WaitPosted(call, chunk, id);
-    Consume(chunk);
-  });
-}
-
-void SharedMemoryGroup::Broadcast(const Call& call, void* buffer, size_t bytes,
-                                  int root) {
-  Guarded([&] {
-    const uint64_t id = CallId(call.sequence)
-                            .Add(static_cast<uint64_t>(Kind::kBroadcast))
-                            .Add(bytes)
-                            .Add(static_cast<uint64_t>(root))
-                            .value();
-    char* data = static_cast<char*>(buffer);
-    for (size_t offset = 0; offset < bytes; offset += options_.slot_bytes) {
-      const size_t n = std::min(options_.slot_bytes, bytes - offset);
-      const uint64_t chunk = BeginChunk(call);
-      if (local_rank_ == root) Copy(Slot(root, chunk), data + offset, n);
-      Post(chunk, id);
-      // Waiting for every rank, not only the root, checks that all of them
-      // are in this call before anyone moves on.
-      WaitPosted(call, chunk, id);
-      if (local_rank_ != root) Copy(data + offset, Slot(root, chunk), n);
-      Consume(chunk);
-    }
-  });
-}
-
-void SharedMemoryGroup::Allgatherv(const Call& call, const void* input,
-                                   void* output,
-                                   const std::vector<size_t>& bytes,
-                                   const std::vector<size_t>& offsets,
-                                   int receiver) {
-  Guarded([&] {
-    CallId call_id(call.sequence);
-    call_id.Add(static_cast<uint64_t>(Kind::kAllgatherv))
-        .Add(static_cast<uint64_t>(receiver));
-    size_t largest = 0;
-    for (size_t b : bytes) {
-      call_id.Add(b);
-      largest = std::max(largest, b);
-    }
-    const uint64_t id = call_id.value();
-    const bool receive = receiver == kEveryRank || receiver == local_rank_;
-    char* out = static_cast<char*>(output);
-    const char* in = static_cast<const char*>(input);
-    const size_t mine = bytes[local_rank_];
-    // Our input inside the output anywhere but at our own place would be
-    // overwritten by the others' data before we have sent all of it.
-    std::vector<char> copy;
-    if (receive && mine > 0 && in != out + offsets[local_rank_]) {
-      size_t out_bytes = 0;
-      for (int r = 0; r < local_size_; ++r) {
-        out_bytes = std::max(out_bytes, offsets[r] + bytes[r]);
-      }
-      const auto in_at = reinterpret_cast<uintptr_t>(in);
-      const auto out_at = reinterpret_cast<uintptr_t>(out);
-      if (in_at < out_at + out_bytes && out_at < in_at + mine) {
-        copy.assign(in, in + mine);
-        in = copy.data();
-      }
-    }
-    for (size_t offset = 0; offset < largest; offset += options_.slot_bytes) {
-      auto piece = [&](int r) {
-        return bytes[r] > offset
-                   ? std::min(options_.slot_bytes, bytes[r] - offset)
-                   : size_t{0};
-      };
-      const uint64_t chunk = BeginChunk(call);
-      Copy(Slot(local_rank_, chunk), in + offset, piece(local_rank_));
-      Post(chunk, id);
-      WaitPosted(call, chunk, id);
-      if (receive) {
-        for (int r = 0; r < local_size_; ++r) {
-          const size_t n = piece(r);
-          if (n == 0) continue;
-          char* destination = out + offsets[r] + offset;
-          const char* source = r == local_rank_ ? in + offset : Slot(r, chunk);
-          if (destination != source) Copy(destination, source, n);
-        }
-      }
-      Consume(chunk);
-    }
-  });
-}
-
-void SharedMemoryGroup::Allreduce(const Call& call, void* buffer, size_t count,
-                                  DType dtype, ReduceOp op, int receiver) {
-  Guarded([&] {
-    if (local_size_ == 1) return;
-    const size_t element = ElementSize(dtype);
-    const uint64_t id = CallId(call.sequence)
-                            .Add(static_cast<uint64_t>(Kind::kAllreduce))
-                            .Add(static_cast<uint64_t>(dtype))
-                            .Add(static_cast<uint64_t>(op))
-                            .Add(count)
-                            .Add(static_cast<uint64_t>(receiver))
-                            .value();
-    const bool receive = receiver == kEveryRank || receiver == local_rank_;
-    char* data = static_cast<char*>(buffer);
-    const size_t bytes = count * element;
-    // Two ranks: reducing the whole chunk from the other's slot costs about
-    // the memory traffic of reducing half and copying the other half back,
-    // with one exchange per chunk instead of two.
-    if (local_size_ == 2 || bytes <= options_.small_allreduce_bytes ||
-        count < static_cast<size_t>(local_size_)) {
-      // Every rank reduces every slot in rank order: one exchange per chunk.
-      const size_t step = options_.slot_bytes / element;
-      for (size_t begin = 0; begin < count; begin += step) {
-        const size_t n = std::min(step, count - begin);
-        char* own = data + begin * element;
-        const uint64_t chunk = BeginChunk(call);
-        Copy(Slot(local_rank_, chunk), own, n * element);
-        Post(chunk, id);
-        WaitPosted(call, chunk, id);
-        if (receive) {
-          Reduce(dtype, op, own, Slot(0, chunk), Slot(1, chunk), n);
-          for (int r = 2; r < local_size_; ++r) {
-            Reduce(dtype, op, own, own, Slot(r, chunk), n);
-          }
-        }
-        Consume(chunk);
-      }
-      return;
-    }
-    // Reduce-scatter then allgather, one chunk at a time.
-    const size_t step = options_.slot_bytes / element;
-    for (size_t begin = 0; begin < count; begin += step) {
-      const size_t n = std::min(step, count - begin);
-      char* base = data + begin * element;
-      const uint64_t chunk = BeginChunk(call);
-      char* slot = Slot(local_rank_, chunk);
-      // The others need every part of ours but our own.
-      for (int q = 0; q < local_size_; ++q) {
-        const Part part = PartOf(n, local_size_, q, element);
-        if (q != local_rank_ && part.count > 0) {
-          Copy(slot + part.begin * element, base + part.begin * element,
-               part.count * element);
-        }
-      }
-      Post(chunk, id);
-      WaitPosted(call, chunk, id);
-      const Part mine = PartOf(n, local_size_, local_rank_, element);
-      if (mine.count > 0) {
-        const size_t at = mine.begin * element;
-        auto source = [&](int r) -> const char* {
-          return r == local_rank_ ? base + at : Slot(r, chunk) + at;
-        };
-        // The sum lands in our slot, where the others copy it from.
-        Reduce(dtype, op, slot + at, source(0), source(1), mine.count);
-        for (int r = 2; r < local_size_; ++r) {
-          Reduce(dtype, op, slot + at, slot + at, source(r), mine.count);
-        }
-        if (receive) Copy(base + at, slot + at, mine.count * element);
-      }
-      MarkReduced(chunk);
-      if (receive) {
-        WaitReduced(call, chunk);
-        for (int q = 0; q < local_size_; ++q) {
-          const Part part = PartOf(n, local_size_, q, element);
-          if (q != local_rank_ && part.count > 0) {
-            Copy(base + part.begin * element,
-                 Slot(q, chunk) + part.begin * element, part.count * element);
-          }
-        }
-      }
-      Consume(chunk);
-    }
-  });
 }
 
 }  // namespace accel
