@@ -28,6 +28,7 @@
 #include "accel/runtime/env/env_value.h"
 #include "accel/runtime/launch/mpirun.h"
 #include "accel/runtime/launch/rank_output.h"
+#include "accel/runtime/launch/rank_processes.h"
 
 namespace accel {
 namespace {
@@ -38,13 +39,6 @@ void RecordSignal(int signal) { g_forwarded_signal = signal; }
 
 // The rank number of the one child when mpirun starts the ranks.
 constexpr int kMpirun = -1;
-
-struct Rank {
-  int rank;
-  pid_t pid;
-  bool running = true;
-  int status = 0;  // waitpid's, once it has exited.
-};
 
 // The signals the launcher passes on to the ranks, and as what: SIGTERM for
 // those whose sender means "stop" (SIGHUP: the console went away; SIGQUIT),
@@ -82,30 +76,6 @@ std::string JobId(const LaunchOptions& options, const std::string& secret) {
   return "launch-" + StableHash(secret + "\n" + options.main_process_ip + "\n" +
                                 std::to_string(options.main_process_port) +
                                 "\n" + std::to_string(options.num_processes));
-}
-
-std::string DescribeStatus(int status) {
-  if (WIFEXITED(status)) {
-    return "exited with code " + std::to_string(WEXITSTATUS(status));
-  }
-  if (WIFSIGNALED(status)) {
-    std::string text = "was killed by signal " +
-                       std::to_string(WTERMSIG(status)) + " (" +
-                       strsignal(WTERMSIG(status)) + ")";
-    if (WTERMSIG(status) == SIGKILL) {
-      text +=
-          "; if nobody sent it, the kernel may have run out of memory "
-          "(see dmesg)";
-    }
-    return text;
-  }
-  return "stopped with status " + std::to_string(status);
-}
-
-int ExitCodeOf(int status) {
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return 1;
 }
 
 void Validate(const LaunchOptions& o) {
@@ -172,13 +142,6 @@ void RaiseOpenFileLimit() {
   }
 }
 
-std::string ProcessLimit() {
-  rlimit limit{};
-  if (getrlimit(RLIMIT_NPROC, &limit) != 0) return "unknown";
-  if (limit.rlim_cur == RLIM_INFINITY) return "unlimited";
-  return std::to_string(limit.rlim_cur);
-}
-
 // Where launcher messages go: through the output relay when there is one
 // (it knows whether the console's line is finished), else straight to
 // stderr, on a fresh line since a rank's progress bar may not have ended
@@ -200,116 +163,6 @@ class Reporter {
   RankOutput* output_ = nullptr;
 };
 
-// What a rank's child process does before exec.
-struct ChildSetup {
-  std::map<std::string, std::string> env;
-  int keep_fd = -1;  // Inherited across exec (rank 0's store socket).
-  RankOutput::Pipes pipes;
-};
-
-// Forks one rank. Exec failures come back through a close-on-exec pipe so
-// that "no such program" is reported once, by the launcher, clearly.
-pid_t StartRank(const std::vector<std::string>& command,
-                const ChildSetup& setup, int rank, int world) {
-  int report[2];
-  if (pipe2(report, O_CLOEXEC) != 0) {
-    throw Error(std::string("launch: pipe failed: ") + std::strerror(errno));
-  }
-  std::vector<char*> argv;
-  for (const auto& arg : command)
-    argv.push_back(const_cast<char*>(arg.c_str()));
-  argv.push_back(nullptr);
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid < 0) {
-    const int error = errno;
-    close(report[0]);
-    close(report[1]);
-    throw Error(
-        "launch: cannot start rank " + std::to_string(rank) + " of " +
-        std::to_string(world) + ": fork failed: " + std::strerror(error) +
-        (error == EAGAIN
-             ? " (too many processes: ulimit -u is " + ProcessLimit() + ")"
-             : std::string()));
-  }
-  if (pid == 0) {
-    setpgid(0, 0);
-    // If the launcher dies (even by SIGKILL), the rank goes too.
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(1);
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
-    for (const auto& [key, value] : setup.env) {
-      setenv(key.c_str(), value.c_str(), 1);
-    }
-    if (setup.keep_fd >= 0) fcntl(setup.keep_fd, F_SETFD, 0);
-    if (setup.pipes.out >= 0) dup2(setup.pipes.out, 1);
-    if (setup.pipes.err >= 0) dup2(setup.pipes.err, 2);
-    execvp(argv[0], argv.data());
-    const int error = errno;
-    ssize_t ignored = write(report[1], &error, sizeof(error));
-    (void)ignored;
-    _exit(127);
-  }
-  setpgid(pid, pid);
-  close(report[1]);
-  int error = 0;
-  const ssize_t n = read(report[0], &error, sizeof(error));
-  close(report[0]);
-  if (n == sizeof(error)) {
-    waitpid(pid, nullptr, 0);
-    throw UsageError("cannot run '" + command[0] +
-                     "': " + std::strerror(error));
-  }
-  ACCEL_VLOG(1) << "launch: started rank " << rank << "/" << world << " as pid "
-                << pid;
-  return pid;
-}
-
-void SignalAll(const std::vector<Rank>& ranks, int signal) {
-  // The whole process group: a rank's own children must not outlive it
-  // (also those of a rank that has exited).
-  for (const auto& r : ranks) kill(-r.pid, signal);
-}
-
-// Reaps the ranks that have exited; true if some are still running.
-bool ReapAndCheckRunning(std::vector<Rank>& ranks) {
-  bool running = false;
-  for (auto& r : ranks) {
-    if (r.running && waitpid(r.pid, &r.status, WNOHANG) == r.pid) {
-      r.running = false;
-    }
-    running |= r.running;
-  }
-  return running;
-}
-
-// Reaps ranks that exit within `timeout`; true if some are still running.
-// `interrupt` (optional) ends the wait early when it returns true.
-bool WaitForExit(std::vector<Rank>& ranks, std::chrono::milliseconds timeout,
-                 const std::function<bool()>& interrupt = {}) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (ReapAndCheckRunning(ranks)) {
-    if (std::chrono::steady_clock::now() >= deadline) return true;
-    if (interrupt && interrupt()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return false;
-}
-
-// Sends `first_signal` to every rank's group, then SIGKILL to whatever is
-// left after the grace period; reaps the ranks.
-void StopAll(std::vector<Rank>& ranks, std::chrono::milliseconds grace,
-             int first_signal) {
-  SignalAll(ranks, first_signal);
-  WaitForExit(ranks, grace);
-  SignalAll(ranks, SIGKILL);
-  for (auto& r : ranks) {
-    if (r.running) waitpid(r.pid, &r.status, 0);
-    r.running = false;
-  }
-}
-
 struct Attempt {
   int exit_code = 0;
   bool interrupted = false;  // Stopped by a signal to the launcher.
@@ -330,7 +183,7 @@ class RankSet {
       : options_(options), report_(report) {}
 
   // Reaps ranks that exited; returns the first failure's status, if any.
-  bool ReapExited(const Rank** failed, int* status) {
+  bool ReapExited(const RankProcess** failed, int* status) {
     while (true) {
       int s = 0;
       const pid_t pid = waitpid(-1, &s, WNOHANG);
@@ -354,7 +207,7 @@ class RankSet {
   }
 
   // After a failure: lets the others report it, then stops them.
-  Attempt FailWith(const Rank& failed, int status, const char* when) {
+  Attempt FailWith(const RankProcess& failed, int status, const char* when) {
     if (WIFEXITED(status) && WEXITSTATUS(status) == kPreemptedExitCode) {
       return Preempted(failed);
     }
@@ -406,7 +259,7 @@ class RankSet {
   // A rank saved and left after a stop signal that reached the ranks
   // directly (srun --signal, torchrun's agent, kill): the others are doing
   // the same, so they get the grace period rather than SIGTERM.
-  Attempt Preempted(const Rank& first) {
+  Attempt Preempted(const RankProcess& first) {
     report_("rank " + std::to_string(first.rank) + " exited with code " +
             std::to_string(kPreemptedExitCode) +
             ", accel's code for a rank that saved and left after a stop "
@@ -429,7 +282,7 @@ class RankSet {
   Attempt Stopped(int otherwise) {
     running_ = 0;
     size_t saved = 0;
-    for (const Rank& r : ranks_) {
+    for (const RankProcess& r : ranks_) {
       saved +=
           WIFEXITED(r.status) && WEXITSTATUS(r.status) == kPreemptedExitCode;
     }
@@ -454,7 +307,7 @@ class RankSet {
  private:
   const LaunchOptions& options_;
   const Reporter& report_;
-  std::vector<Rank> ranks_;
+  std::vector<RankProcess> ranks_;
   size_t running_ = 0;
 };
 
@@ -537,7 +390,7 @@ Attempt RunRanks(const LaunchOptions& options,
         held.fd = -1;
       }
       // A rank that fails while others start need not wait for all of them.
-      const Rank* failed = nullptr;
+      const RankProcess* failed = nullptr;
       int status = 0;
       if (ranks.ReapExited(&failed, &status)) {
         const std::string when = " while ranks were starting (" +
@@ -563,7 +416,7 @@ Attempt RunRanks(const LaunchOptions& options,
       attempt = *stopped;
       break;
     }
-    const Rank* failed = nullptr;
+    const RankProcess* failed = nullptr;
     int status = 0;
     if (ranks.ReapExited(&failed, &status)) {
       attempt = ranks.FailWith(*failed, status, "");
