@@ -33,7 +33,7 @@ class AcceleratedScheduler {
 
   void step() {
     if (!state_->gradients.sync_gradients()) return;
-    for (const auto& prepared : state_->optimizers) {
+    for (const auto& prepared : state_->prepared.optimizers()) {
       if (prepared->optimizer == &scheduler_->optimizer() &&
           prepared->step_was_skipped) {
         return;

@@ -33,15 +33,12 @@
 // modules have no forward hooks to wrap). The README lists every name.
 #pragma once
 
-#include <torch/data/example.h>
 #include <torch/nn/module.h>
-#include <torch/nn/pimpl.h>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize.h>
 #include <torch/types.h>
 
 #include <array>
-#include <chrono>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -56,101 +53,36 @@
 
 #include "accel/accelerated_optimizer.h"
 #include "accel/accelerated_scheduler.h"
+#include "accel/accelerator_options.h"
 #include "accel/autocast.h"
 #include "accel/checkpoint.h"
 #include "accel/data_loader.h"
 #include "accel/grad_scaler.h"
 #include "accel/gradient_sync.h"
+#include "accel/model_weights.h"
+#include "accel/prepare_traits.h"
 #include "accel/process_control.h"
 #include "accel/runtime/base/files.h"
 #include "accel/runtime/base/preemption.h"
 #include "accel/runtime/comm/communicator.h"
 #include "accel/runtime/comm/object_collectives.h"
 #include "accel/runtime/env/environment.h"
-#include "accel/runtime/launch/program.h"
-#include "accel/safetensors.h"
+#include "accel/runtime/launch/program.h"  // InitProgram, for main().
 #include "accel/scheduler.h"
-#include "accel/tensor_format.h"
+#include "accel/state_dict.h"
 #include "accel/tracking/tracker.h"
 #include "accel/training_state.h"
 
 namespace accel {
 
-class FolderLock;
+class CheckpointManager;
 class ProcessGroup;
+class TrackerSet;
 
 // Accelerate's DistributedType, for the backends accel has.
 enum class DistributedType { kNo, kMultiCpu, kMultiGpu };
 // "NO", "MULTI_CPU", "MULTI_GPU", as Accelerate prints them.
 const char* DistributedTypeName(DistributedType type);
-
-struct AcceleratorOptions {
-  // "gloo", "nccl", or "auto": nccl when it is linked and a GPU is visible.
-  std::string backend = "auto";
-  // "no", "bf16" (autocast to bfloat16, CPU or GPU) or "fp16" (autocast to
-  // float16 on a GPU, with loss scaling; LibTorch 1.13's CPU autocast has no
-  // float16, so on a CPU only the loss scaling runs).
-  std::string mixed_precision = "no";
-  GradScalerOptions scaler;  // fp16's loss scaler.
-  // Micro-batches per optimizer step inside accumulate(); backward divides
-  // the loss by it.
-  int gradient_accumulation_steps = 1;
-  // The last batch of a data loader always ends an accumulation cycle.
-  bool sync_with_dataloader = true;
-  // Prepared data loaders split each batch across processes, whatever their
-  // own DataLoaderOptions::split_batches says.
-  bool split_batches = false;
-  // When false, prepared data loaders do not pad the last batches to the
-  // same count on every process, whatever their own options say.
-  bool even_batches = true;
-  // Default timeout of every collective (per call: CollectiveOptions).
-  std::chrono::milliseconds timeout = std::chrono::minutes(5);
-  // How long ranks wait for each other to start.
-  std::chrono::milliseconds rendezvous_timeout = std::chrono::minutes(1);
-  // How long a machine may stop answering before its ranks count as gone.
-  std::chrono::milliseconds network_timeout = std::chrono::seconds(20);
-  // When set, set_seed(*seed) at construction.
-  std::optional<uint64_t> seed;
-  GradientSyncOptions gradient_sync;
-  // Automatic checkpoint naming: save_state() with no folder writes
-  // <project_dir>/checkpoints/checkpoint_<n>, keeping the newest
-  // `total_limit` complete ones (0 keeps all).
-  std::string project_dir;
-  int total_limit = 0;
-  // Compare every collective across ranks (see CommunicatorOptions).
-  bool check_collectives = true;
-  // Experiment trackers that init_trackers starts (Accelerate's log_with):
-  // "jsonl", "tensorboard", any registered tracker, or "all" of them.
-  // Checked at construction.
-  std::vector<std::string> log_with;
-  // Where the trackers write (<logging_dir>/<project_name>); empty: the
-  // project_dir.
-  std::string logging_dir;
-  // Keep freed memory in the process for reuse
-  // (accel/runtime/base/host_memory.h): large CPU tensors then cost no page
-  // faults after the first step.
-  bool reuse_host_memory = true;
-
-  // --backend, --mixed_precision, --gradient_accumulation_steps,
-  // --timeout_s, --rendezvous_timeout_s, --collective_checks, --report_to,
-  // --logging_dir and --reuse_host_memory (see accel/runtime/launch/program.h).
-  static AcceleratorOptions FromFlags();
-};
-
-// Gradient synchronization of some models turned off for a scope
-// (no_sync, accumulate); restores what was there before.
-class [[nodiscard]] NoSyncScope {
- public:
-  NoSyncScope() = default;
-  NoSyncScope(NoSyncScope&&) = default;
-  NoSyncScope& operator=(NoSyncScope&&) = default;
-  ~NoSyncScope();
-  // Sets the synchronizer's sync to `enabled` until the scope ends.
-  void Add(GradientSynchronizer* synchronizer, bool enabled = false);
-
- private:
-  std::vector<std::pair<GradientSynchronizer*, bool>> restore_;
-};
 
 class Accelerator {
  public:
@@ -179,6 +111,7 @@ class Accelerator {
   bool even_batches() const { return options_.even_batches; }
   // The communication backend in use ("gloo", "nccl").
   const std::string& backend() const { return backend_; }
+  // "no", "bf16" or "fp16", as Accelerate's state prints it.
   const std::string& mixed_precision() const {
     return options_.mixed_precision;
   }
@@ -247,7 +180,8 @@ class Accelerator {
     state_->gradients.Advance();
     NoSyncScope scope;
     if (!state_->gradients.sync_gradients()) {
-      (scope.Add(SynchronizerOf(ModulePointer(models), "accumulate")), ...);
+      (scope.Add(SynchronizerOf(detail::ModulePointer(models), "accumulate")),
+       ...);
     }
     return scope;
   }
@@ -256,7 +190,7 @@ class Accelerator {
   template <typename Model>
   NoSyncScope no_sync(Model& model) {
     NoSyncScope scope;
-    scope.Add(SynchronizerOf(ModulePointer(model), "no_sync"));
+    scope.Add(SynchronizerOf(detail::ModulePointer(model), "no_sync"));
     return scope;
   }
   // Syncs gradients in the scope's backward even inside no_sync (for a
@@ -264,9 +198,9 @@ class Accelerator {
   template <typename... Models>
   NoSyncScope trigger_sync_in_backward(Models&... models) {
     NoSyncScope scope;
-    (scope.Add(
-         SynchronizerOf(ModulePointer(models), "trigger_sync_in_backward"),
-         /*enabled=*/true),
+    (scope.Add(SynchronizerOf(detail::ModulePointer(models),
+                              "trigger_sync_in_backward"),
+               /*enabled=*/true),
      ...);
     return scope;
   }
@@ -295,55 +229,50 @@ class Accelerator {
   // --- Collectives (every rank must call them, in the same order) -----------
   // The trailing CallSite records the caller's file and line for
   // diagnostics ("rank 1 is in gather #12 (train.cc:75)"); leave it out.
-  torch::Tensor gather(const torch::Tensor& tensor,
-                       CallSite site = CallSite::Here());
-  std::vector<torch::Tensor> gather(const std::vector<torch::Tensor>& tensors,
-                                    CallSite site = CallSite::Here());
-  std::map<std::string, torch::Tensor> gather(
-      const std::map<std::string, torch::Tensor>& tensors,
-      CallSite site = CallSite::Here());
-  // auto [a, b] = accelerator.gather({x, y});
+  // gather, gather_for_metrics, reduce and broadcast take a tensor, a
+  // std::vector or a std::map<std::string, torch::Tensor> (the collective
+  // runs for each tensor, in order) and return the same kind; a braced list
+  // comes back as a std::array: auto [a, b] = accelerator.gather({x, y});
+  template <typename Tensors>
+  Tensors gather(const Tensors& tensors, CallSite site = CallSite::Here()) {
+    detail::RequireTensors<Tensors>();
+    return detail::MapTensors(tensors, [&](const torch::Tensor& t) {
+      return GatherOne(t, site, "gather", /*drop_duplicates=*/false);
+    });
+  }
   template <size_t N>
   std::array<torch::Tensor, N> gather(const torch::Tensor (&tensors)[N],
                                       CallSite site = CallSite::Here()) {
-    std::array<torch::Tensor, N> result;
-    for (size_t i = 0; i < N; ++i) result[i] = gather(tensors[i], site);
-    return result;
+    return detail::MapTensorArray(
+        tensors, [&](const torch::Tensor& t) { return gather(t, site); });
   }
   // gather, but on the last batch of a prepared data loader the samples that
   // even_batches duplicated are dropped: over an epoch the result holds each
-  // sample of the dataset exactly once.
-  torch::Tensor gather_for_metrics(const torch::Tensor& tensor,
-                                   CallSite site = CallSite::Here());
-  std::vector<torch::Tensor> gather_for_metrics(
-      const std::vector<torch::Tensor>& tensors,
-      CallSite site = CallSite::Here());
-  std::map<std::string, torch::Tensor> gather_for_metrics(
-      const std::map<std::string, torch::Tensor>& tensors,
-      CallSite site = CallSite::Here());
-  // What a Python tuple becomes, unpacked the same way:
+  // sample of the dataset exactly once. Also takes a std::vector of plain
+  // values (see gather_object), as Accelerate's use_gather_object.
   //   auto [predictions, references] =
   //       accelerator.gather_for_metrics({outputs.argmax(-1), batch.target});
+  template <typename Values>
+  Values gather_for_metrics(const Values& values,
+                            CallSite site = CallSite::Here()) {
+    if constexpr (detail::IsTensors<Values>::value) {
+      return detail::MapTensors(values, [&](const torch::Tensor& t) {
+        return GatherOne(t, site, "gather_for_metrics",
+                         /*drop_duplicates=*/true);
+      });
+    } else {
+      Values all = gather_object(values, site);
+      const int64_t keep = SamplesToKeep(static_cast<int64_t>(all.size()));
+      all.resize(static_cast<size_t>(keep));
+      return all;
+    }
+  }
   template <size_t N>
   std::array<torch::Tensor, N> gather_for_metrics(
       const torch::Tensor (&tensors)[N], CallSite site = CallSite::Here()) {
-    std::array<torch::Tensor, N> result;
-    for (size_t i = 0; i < N; ++i) {
-      result[i] = gather_for_metrics(tensors[i], site);
-    }
-    return result;
-  }
-  // gather_for_metrics of plain values (see gather_object).
-  template <typename T>
-  std::vector<T> gather_for_metrics(const std::vector<T>& objects,
-                                    CallSite site = CallSite::Here()) {
-    std::vector<T> all = gather_object(objects, site);
-    const GradientState& gradients = state_->gradients;
-    if (gradients.end_of_dataloader() && gradients.remainder() > 0 &&
-        all.size() > static_cast<size_t>(gradients.remainder())) {
-      all.resize(static_cast<size_t>(gradients.remainder()));
-    }
-    return all;
+    return detail::MapTensorArray(tensors, [&](const torch::Tensor& t) {
+      return gather_for_metrics(t, site);
+    });
   }
   // Strings and other plain values (see accel/runtime/comm/object_collectives.h
   // for the types and how to add yours): every rank passes a list and gets
@@ -361,23 +290,23 @@ class Accelerator {
     return BroadcastObjectList(communicator(), objects, from_process,
                                At(site, "broadcast_object_list"));
   }
-  torch::Tensor reduce(const torch::Tensor& tensor,
-                       const std::string& reduction = "sum",
-                       CallSite site = CallSite::Here());
-  std::vector<torch::Tensor> reduce(const std::vector<torch::Tensor>& tensors,
-                                    const std::string& reduction = "sum",
-                                    CallSite site = CallSite::Here());
-  std::map<std::string, torch::Tensor> reduce(
-      const std::map<std::string, torch::Tensor>& tensors,
-      const std::string& reduction = "sum", CallSite site = CallSite::Here());
-  torch::Tensor broadcast(const torch::Tensor& tensor, int from_process = 0,
-                          CallSite site = CallSite::Here());
-  std::vector<torch::Tensor> broadcast(
-      const std::vector<torch::Tensor>& tensors, int from_process = 0,
-      CallSite site = CallSite::Here());
-  std::map<std::string, torch::Tensor> broadcast(
-      const std::map<std::string, torch::Tensor>& tensors, int from_process = 0,
-      CallSite site = CallSite::Here());
+  // reduction: "sum", "mean", "max" or "min".
+  template <typename Tensors>
+  Tensors reduce(const Tensors& tensors, const std::string& reduction = "sum",
+                 CallSite site = CallSite::Here()) {
+    detail::RequireTensors<Tensors>();
+    return detail::MapTensors(tensors, [&](const torch::Tensor& t) {
+      return ReduceOne(t, reduction, site);
+    });
+  }
+  template <typename Tensors>
+  Tensors broadcast(const Tensors& tensors, int from_process = 0,
+                    CallSite site = CallSite::Here()) {
+    detail::RequireTensors<Tensors>();
+    return detail::MapTensors(tensors, [&](const torch::Tensor& t) {
+      return BroadcastOne(t, from_process, site);
+    });
+  }
   torch::Tensor pad_across_processes(const torch::Tensor& tensor,
                                      int64_t dim = 0, double pad_index = 0,
                                      bool pad_first = false,
@@ -420,24 +349,25 @@ class Accelerator {
   // Accelerate's decorators: `fn` wrapped to run only on that process.
   template <typename Fn>
   auto on_main_process(Fn fn) const {
-    return OnlyOn(is_main_process(), std::move(fn));
+    return detail::OnlyOn(is_main_process(), std::move(fn));
   }
   template <typename Fn>
   auto on_local_main_process(Fn fn) const {
-    return OnlyOn(is_local_main_process(), std::move(fn));
+    return detail::OnlyOn(is_local_main_process(), std::move(fn));
   }
   template <typename Fn>
   auto on_last_process(Fn fn) const {
-    return OnlyOn(is_last_process(), std::move(fn));
+    return detail::OnlyOn(is_last_process(), std::move(fn));
   }
   template <typename Fn>
   auto on_process(Fn fn, int process_index) const {
-    return OnlyOn(process_index == this->process_index(), std::move(fn));
+    return detail::OnlyOn(process_index == this->process_index(),
+                          std::move(fn));
   }
   template <typename Fn>
   auto on_local_process(Fn fn, int local_process_index) const {
-    return OnlyOn(local_process_index == this->local_process_index(),
-                  std::move(fn));
+    return detail::OnlyOn(local_process_index == this->local_process_index(),
+                          std::move(fn));
   }
   // This process's share of `items` (see process_control.h).
   template <typename Items>
@@ -482,7 +412,7 @@ class Accelerator {
                   "register_for_checkpointing needs an object with "
                   "save(torch::serialize::OutputArchive&) const and "
                   "load(torch::serialize::InputArchive&)");
-    contents_.objects.push_back(
+    state_->prepared.AddObject(
         {[&object](torch::serialize::OutputArchive& a) { object.save(a); },
          [&object](torch::serialize::InputArchive& a) { object.load(a); }});
   }
@@ -506,14 +436,14 @@ class Accelerator {
     load_hooks_.push_back(std::move(hook));
   }
   // Number of the next automatically named checkpoint.
-  int64_t save_iteration() const { return next_checkpoint_; }
+  int64_t save_iteration() const;
 
   // --- Weights ------------------------------------------------------------
   // The model's parameters and buffers by name, on the CPU.
   template <typename Model>
   std::map<std::string, torch::Tensor> get_state_dict(
       const Model& model) const {
-    return StateDictOf(*ModulePointer(model));
+    return StateDictOnCpu(*detail::ModulePointer(model));
   }
   // Writes the model's weights as safetensors (model.safetensors, or shards
   // of at most max_shard_size with model.safetensors.index.json) on the main
@@ -522,7 +452,7 @@ class Accelerator {
   void save_model(const Model& model, const std::string& dir,
                   const std::string& max_shard_size = "10GB") const {
     if (is_main_process()) {
-      SaveModelWeights(*ModulePointer(model), dir, max_shard_size);
+      SaveModelWeights(*detail::ModulePointer(model), dir, max_shard_size);
     }
   }
   // torch::save(value, path) on the main process, written aside and renamed
@@ -536,7 +466,7 @@ class Accelerator {
   }
 
   // Backward passes run so far (restored by load_state).
-  int64_t step() const { return contents_.step; }
+  int64_t step() const { return step_; }
 
   // --- Experiment tracking (see accel/tracking/tracker.h) -----------------
   // The options' logging_dir, or else project_dir.
@@ -558,9 +488,7 @@ class Accelerator {
   // there is no such tracker.
   Tracker& get_tracker(const std::string& name);
   // The started trackers (none on other processes).
-  const std::vector<std::unique_ptr<Tracker>>& trackers() const {
-    return trackers_;
-  }
+  const std::vector<std::unique_ptr<Tracker>>& trackers() const;
 
   // --- The end ------------------------------------------------------------
   // Finishes the trackers (main process), then waits for every process and
@@ -574,34 +502,6 @@ class Accelerator {
   void clear() { free_memory(); }
 
  private:
-  // Every rank's problems with checkpoint `dir` ("rank 1: ..."; "" when each
-  // can load it), agreed through one collective.
-  std::string CheckpointProblems(const std::string& dir, CallSite site);
-  // Loads `dir`, whose files every rank has checked.
-  void LoadChecked(const std::string& dir);
-
-  template <typename T>
-  static constexpr bool kAlwaysFalse = false;
-  template <typename T>
-  struct IsDataLoader : std::false_type {};
-  template <typename D, typename B>
-  struct IsDataLoader<DataLoader<D, B>> : std::true_type {};
-  template <typename T>
-  struct IsSharedModule : std::false_type {};
-  template <typename M>
-  struct IsSharedModule<std::shared_ptr<M>>
-      : std::is_base_of<torch::nn::Module, M> {};
-  template <typename T>
-  struct IsUniquePointer : std::false_type {};
-  template <typename P>
-  struct IsUniquePointer<std::unique_ptr<P>> : std::true_type {};
-  template <typename T>
-  struct IsScheduler : std::is_base_of<LRScheduler, T> {};
-  template <typename S>
-  struct IsScheduler<std::unique_ptr<S>> : std::is_base_of<LRScheduler, S> {};
-  template <typename S>
-  struct IsScheduler<std::shared_ptr<S>> : std::is_base_of<LRScheduler, S> {};
-
   template <typename T>
   auto PrepareOne(T&& object) {
     using U = std::decay_t<T>;
@@ -609,7 +509,7 @@ class Accelerator {
       U copy = object;
       PrepareModule(copy.ptr());
       return copy;
-    } else if constexpr (IsSharedModule<U>::value) {
+    } else if constexpr (detail::IsSharedModule<U>::value) {
       U copy = object;
       PrepareModule(copy);
       return copy;
@@ -617,8 +517,9 @@ class Accelerator {
       static_assert(std::is_lvalue_reference_v<T>,
                     "accel: prepare() takes optimizers by reference; keep the "
                     "optimizer in a variable that outlives the training loop");
-      return AcceleratedOptimizer<U>(state_, PrepareOptimizer(object));
-    } else if constexpr (IsDataLoader<U>::value) {
+      return AcceleratedOptimizer<U>(state_,
+                                     state_->prepared.AddOptimizer(object));
+    } else if constexpr (detail::IsDataLoader<U>::value) {
       U configured = object;
       if (options_.split_batches)
         configured.mutable_options().split_batches = true;
@@ -629,11 +530,13 @@ class Accelerator {
           std::shared_ptr<GradientState>(state_, &state_->gradients));
       PrepareLoader(sharded.state(), sharded.options().split_batches);
       return sharded;
-    } else if constexpr (IsScheduler<U>::value) {
-      return AcceleratedScheduler(state_,
-                                  PrepareScheduler(std::forward<T>(object)));
+    } else if constexpr (detail::IsScheduler<U>::value) {
+      std::shared_ptr<LRScheduler> shared =
+          detail::SharedScheduler(std::forward<T>(object));
+      state_->prepared.AddScheduler(shared);
+      return AcceleratedScheduler(state_, std::move(shared));
     } else {
-      static_assert(kAlwaysFalse<T>,
+      static_assert(detail::kAlwaysFalse<T>,
                     "accel: prepare() takes models (torch::nn::ModuleHolder "
                     "or std::shared_ptr<Module>), optimizers, "
                     "accel::DataLoader and accel::LRScheduler");
@@ -641,50 +544,6 @@ class Accelerator {
     }
   }
 
-  template <typename S>
-  std::shared_ptr<LRScheduler> PrepareScheduler(S&& scheduler) {
-    using U = std::decay_t<S>;
-    std::shared_ptr<LRScheduler> shared;
-    if constexpr (std::is_base_of_v<LRScheduler, U>) {
-      static_assert(std::is_lvalue_reference_v<S>,
-                    "accel: prepare() takes a scheduler object by reference, "
-                    "or by std::unique_ptr / std::shared_ptr");
-      shared = std::shared_ptr<LRScheduler>(&scheduler, [](LRScheduler*) {});
-    } else if constexpr (std::is_lvalue_reference_v<S> &&
-                         IsUniquePointer<U>::value) {
-      // Borrowed: the program's unique_ptr keeps owning it.
-      shared =
-          std::shared_ptr<LRScheduler>(scheduler.get(), [](LRScheduler*) {});
-    } else {
-      shared = std::shared_ptr<LRScheduler>(std::forward<S>(scheduler));
-    }
-    if (shared == nullptr) throw UsageError("prepare: the scheduler is null");
-    contents_.schedulers.push_back(shared);
-    return shared;
-  }
-
-  template <typename Fn>
-  auto OnlyOn(bool here, Fn fn) const {
-    return [here, fn = std::move(fn)](auto&&... args) {
-      if (here) fn(std::forward<decltype(args)>(args)...);
-    };
-  }
-
-  static std::map<std::string, torch::Tensor> StateDictOf(
-      const torch::nn::Module& module);
-  template <typename M>
-  static const torch::nn::Module* ModulePointer(const M& model) {
-    if constexpr (std::is_base_of_v<torch::detail::ModuleHolderIndicator, M>) {
-      return model.ptr().get();
-    } else if constexpr (IsSharedModule<M>::value) {
-      return model.get();
-    } else {
-      static_assert(std::is_base_of_v<torch::nn::Module, M>,
-                    "accel: expected a model (a ModuleHolder, a "
-                    "std::shared_ptr<Module> or a Module)");
-      return &model;
-    }
-  }
   // The gradient synchronizer of a prepared model (null with one process).
   GradientSynchronizer* SynchronizerOf(const torch::nn::Module* model,
                                        const char* operation);
@@ -697,17 +556,28 @@ class Accelerator {
   void JoinOrShareTheJob();
   void LeaveTheJob();
   std::string AgreeOnRunId();
-  // Refuses, on every rank, a project_dir that another job (or Accelerator)
-  // is using: their checkpoint numbers would interleave.
-  void ClaimProjectDir();
+  void MakeLossScaler();
+  void MakeCheckpointManager();
   void PrepareModule(const std::shared_ptr<torch::nn::Module>& module);
-  std::shared_ptr<PreparedOptimizer> PrepareOptimizer(
-      torch::optim::Optimizer& optimizer);
   void PrepareLoader(std::shared_ptr<DataLoaderState> state,
                      bool split_batches);
   CollectiveOptions At(CallSite site, const char* api = nullptr) const;
-  // Keeps the first remainder() rows on a loader's last batch.
-  torch::Tensor DropDuplicates(const torch::Tensor& gathered) const;
+  // One tensor's collectives.
+  torch::Tensor GatherOne(const torch::Tensor& tensor, CallSite site,
+                          const char* api, bool drop_duplicates);
+  torch::Tensor ReduceOne(const torch::Tensor& tensor,
+                          const std::string& reduction, CallSite site);
+  torch::Tensor BroadcastOne(const torch::Tensor& tensor, int from_process,
+                             CallSite site);
+  // Of `gathered` samples, those gather_for_metrics keeps: on a loader's
+  // last batch, the first remainder() (the rest duplicate others).
+  int64_t SamplesToKeep(int64_t gathered) const;
+  // What a checkpoint holds: the registry's objects, the scaler, the step
+  // and the run id.
+  CheckpointContents Contents() const;
+  // Calls the hooks for `dir`.
+  std::function<void(const std::string&)> Hooks(
+      const std::vector<StateHook>& hooks) const;
 
   DistributedEnvironment env_;
   AcceleratorOptions options_;
@@ -716,23 +586,17 @@ class Accelerator {
   // Shared by every Accelerator of this process (see JoinOrShareTheJob).
   std::shared_ptr<ProcessGroup> group_;
   int64_t instance_ = 0;  // This Accelerator's number in the process.
-  std::unique_ptr<FolderLock> project_lock_;  // Main process, project_dir.
-  std::vector<std::pair<const torch::nn::Module*,
-                        std::unique_ptr<GradientSynchronizer>>>
-      synchronizers_;
+  // What was prepared is in state_->prepared, the one registry.
   std::shared_ptr<TrainingState> state_;
-  CheckpointContents contents_;
-  int64_t next_checkpoint_ = 1;
-  bool checked_shared_folder_ = false;
+  MixedPrecision precision_ = MixedPrecision::kNo;
+  int64_t step_ = 0;  // Backward passes, restored by load_state.
+  std::string run_id_;
+  std::unique_ptr<TrackerSet> trackers_;
+  std::unique_ptr<CheckpointManager> checkpoints_;
   bool trigger_ = false;
   int preemption_signal_ = 0;
   std::vector<StateHook> save_hooks_;
   std::vector<StateHook> load_hooks_;
-  std::vector<std::string> tracker_names_;  // log_with, "all" resolved.
-  std::vector<std::unique_ptr<Tracker>> trackers_;
-  bool trackers_started_ = false;
-  bool trackers_finished_ = false;
-  int64_t next_log_step_ = 0;
 };
 
 }  // namespace accel

@@ -11,18 +11,20 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <optional>
 #include <sstream>
 
 #include "accel/checkpoint_file.h"
+#include "accel/model_weights.h"
 #include "accel/runtime/base/error_report.h"
 #include "accel/runtime/base/errors.h"
 #include "accel/runtime/base/files.h"
 #include "accel/runtime/base/logging.h"
-#include "accel/safetensors.h"
 #include "accel/state_archive.h"
+#include "accel/state_dict.h"
 #include "accel/tensor_ops.h"
 
 namespace accel {
@@ -63,15 +65,15 @@ int64_t ReadInt(torch::serialize::InputArchive& archive, const std::string& key,
   return value.toInt();
 }
 
-// Parameters then buffers, by their full dotted names.
+// The model's state (state_dict.h) under the names checkpoints have always
+// used: "parameter fc.weight", "buffer bn.running_mean".
 std::vector<std::pair<std::string, torch::Tensor>> NamedState(
     torch::nn::Module& module) {
   std::vector<std::pair<std::string, torch::Tensor>> state;
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    state.emplace_back("parameter " + item.key(), item.value());
-  }
-  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
-    state.emplace_back("buffer " + item.key(), item.value());
+  for (const StateEntry& entry : StateDict(module)) {
+    state.emplace_back(
+        (entry.is_buffer ? "buffer " : "parameter ") + entry.name,
+        entry.tensor);
   }
   return state;
 }
@@ -381,10 +383,25 @@ void SaveCheckpoint(const std::string& dir, int rank, int world_size,
   }
 }
 
-std::string CheckCheckpoint(const std::string& dir, int rank, int world_size) {
+std::string CheckpointProblem::Encode() const {
+  return std::to_string(static_cast<int>(kind)) + "\t" + detail;
+}
+
+CheckpointProblem CheckpointProblem::Decode(const std::string& text) {
+  const size_t tab = text.find('\t');
+  const int kind = tab == std::string::npos ? -1 : std::atoi(text.c_str());
+  if (kind < 0 || kind > static_cast<int>(Kind::kMixedSaves)) {
+    return {Kind::kDamaged, "an unreadable verdict: " + text};
+  }
+  return {static_cast<Kind>(kind), text.substr(tab + 1)};
+}
+
+CheckpointProblem CheckCheckpoint(const std::string& dir, int rank,
+                                  int world_size) {
+  using Kind = CheckpointProblem::Kind;
   try {
     const std::string state = Join(dir, kStateFile);
-    if (!Exists(state)) return "'" + state + "' is missing";
+    if (!Exists(state)) return {Kind::kMissing, "'" + state + "' is missing"};
     const CheckpointIdentity shared =
         VerifyCheckpointFile(state, "accelerator_state");
     const std::string random = Join(dir, RandomStatesFile(rank));
@@ -392,13 +409,15 @@ std::string CheckCheckpoint(const std::string& dir, int rank, int world_size) {
       const CheckpointIdentity mine =
           VerifyCheckpointFile(random, RandomStatesRole(rank));
       if (mine.run != shared.run || mine.step != shared.step) {
-        return "'" + random + "' comes from another save than '" + state + "'";
+        return {
+            Kind::kMixedSaves,
+            "'" + random + "' comes from another save than '" + state + "'"};
       }
     }
     (void)world_size;
-    return "";
+    return {};
   } catch (const Error& e) {
-    return e.what();
+    return {Kind::kDamaged, e.what()};
   }
 }
 
@@ -502,62 +521,6 @@ void LoadCheckpoint(const std::string& dir, int rank, int world_size,
   }
 }
 
-std::string CheckpointFolder(const std::string& project_dir, int64_t index) {
-  return project_dir + "/checkpoints/checkpoint_" + std::to_string(index);
-}
-
-std::vector<int64_t> CheckpointIndices(const std::string& project_dir) {
-  std::vector<int64_t> indices;
-  const std::string folder = project_dir + "/checkpoints";
-  DIR* dir = opendir(folder.c_str());
-  if (dir == nullptr) return indices;
-  const std::string prefix = "checkpoint_";
-  std::string too_large;
-  while (dirent* entry = readdir(dir)) {
-    const std::string name = entry->d_name;
-    if (name.compare(0, prefix.size(), prefix) != 0) continue;
-    const std::string digits = name.substr(prefix.size());
-    // Only the names accel writes: decimal, without leading zeros.
-    if (digits.empty() ||
-        digits.find_first_not_of("0123456789") != std::string::npos ||
-        (digits.size() > 1 && digits[0] == '0')) {
-      continue;
-    }
-    errno = 0;
-    const long long number = std::strtoll(digits.c_str(), nullptr, 10);
-    if (errno != 0 || number > kMaxCheckpointNumber) {
-      too_large = name;
-      continue;
-    }
-    indices.push_back(number);
-  }
-  closedir(dir);
-  if (!too_large.empty()) {
-    // Skipping it would resume from an older checkpoint and number new
-    // ones below it, as if it were not there.
-    throw CheckpointError("'" + folder + "/" + too_large +
-                          "' has a number beyond accel's checkpoint "
-                          "numbering (at most " +
-                          std::to_string(kMaxCheckpointNumber) +
-                          "); rename or remove it");
-  }
-  std::sort(indices.begin(), indices.end());
-  return indices;
-}
-
-bool IsCompleteCheckpoint(const std::string& dir) {
-  return Exists(Join(dir, kStateFile));
-}
-
-std::string LatestCheckpoint(const std::string& project_dir) {
-  const std::vector<int64_t> indices = CheckpointIndices(project_dir);
-  for (auto it = indices.rbegin(); it != indices.rend(); ++it) {
-    const std::string dir = CheckpointFolder(project_dir, *it);
-    if (IsCompleteCheckpoint(dir)) return dir;
-  }
-  return "";
-}
-
 bool IsCheckpointFileName(const std::string& name) {
   // A temporary of AtomicFile: "<final name>.partial.<pid>.<n>".
   const size_t partial = name.find(".partial.");
@@ -565,53 +528,6 @@ bool IsCheckpointFileName(const std::string& name) {
       partial == std::string::npos ? name : name.substr(0, partial);
   if (base == kStateFile || IsRandomStatesFile(base)) return true;
   return IsModelWeightsFileName(base);
-}
-
-namespace {
-
-// Removes a checkpoint folder, as far as it holds only what accel writes.
-void RemoveCheckpoint(const std::string& dir) {
-  const Removal removal = RemoveOwnedTree(dir, IsCheckpointFileName);
-  const std::vector<std::string>& kept = removal.kept;
-  // Said once: the folder is left incomplete, and later prunings find
-  // nothing of accel's in it.
-  if (kept.empty() || removal.removed == 0) return;
-  std::string listed;
-  for (size_t i = 0; i < kept.size() && i < 5; ++i) {
-    listed += (i ? ", " : "") + kept[i];
-  }
-  if (kept.size() > 5) listed += ", ...";
-  ACCEL_LOG(WARNING) << "pruning checkpoint " << dir
-                     << " removed accel's files but left the folder, which "
-                        "holds what accel did not write: "
-                     << listed;
-}
-
-}  // namespace
-
-void PruneCheckpoints(const std::string& project_dir, int keep) {
-  if (keep <= 0) return;
-  const std::vector<int64_t> indices = CheckpointIndices(project_dir);
-  int complete = 0;
-  int64_t oldest_kept = -1;
-  int64_t newest_complete = -1;
-  for (auto it = indices.rbegin(); it != indices.rend() && complete < keep;
-       ++it) {
-    if (IsCompleteCheckpoint(CheckpointFolder(project_dir, *it))) {
-      if (newest_complete < 0) newest_complete = *it;
-      ++complete;
-      oldest_kept = *it;
-    }
-  }
-  for (int64_t index : indices) {
-    const std::string dir = CheckpointFolder(project_dir, index);
-    // Older than what we keep, or a save that never completed and has been
-    // overtaken by a complete one.
-    if ((complete == keep && index < oldest_kept) ||
-        (index < newest_complete && !IsCompleteCheckpoint(dir))) {
-      RemoveCheckpoint(dir);
-    }
-  }
 }
 
 }  // namespace accel

@@ -38,7 +38,7 @@
 #include <string>
 #include <vector>
 
-#include "accel/data_loader.h"
+#include "accel/data_loader_state.h"
 #include "accel/grad_scaler.h"
 #include "accel/scheduler.h"
 
@@ -71,37 +71,30 @@ std::string RandomStatesFile(int rank);
 void SaveCheckpoint(const std::string& dir, int rank, int world_size,
                     bool write_shared, const CheckpointContents& contents);
 
-// "" when this rank can load `dir`: its files are there, intact and from
-// one save; else the reason it cannot (without parsing the archives).
-std::string CheckCheckpoint(const std::string& dir, int rank, int world_size);
+// Why a rank cannot load a checkpoint, as ranks compare it.
+struct CheckpointProblem {
+  enum class Kind {
+    kNone,        // It can load it.
+    kMissing,     // accelerator_state.pt is not there (on this rank).
+    kDamaged,     // A file does not verify (truncated, corrupt, foreign).
+    kMixedSaves,  // Its files come from different saves.
+  };
+  Kind kind = Kind::kNone;
+  std::string detail;  // The message ("'.../accelerator_state.pt' is ...").
+  explicit operator bool() const { return kind != Kind::kNone; }
+  // For ranks to exchange it (object collectives), and back.
+  std::string Encode() const;
+  static CheckpointProblem Decode(const std::string& text);
+};
+
+// Whether this rank can load `dir`: its files are there, intact and from
+// one save (without parsing the archives).
+CheckpointProblem CheckCheckpoint(const std::string& dir, int rank,
+                                  int world_size);
 
 // Restores `contents` (and this rank's RNG) from `dir`.
 void LoadCheckpoint(const std::string& dir, int rank, int world_size,
                     CheckpointContents& contents);
-
-// Automatic naming (Accelerate's automatic_checkpoint_naming): checkpoints
-// live in <project_dir>/checkpoints/checkpoint_<n>. A checkpoint is complete
-// once its accelerator_state.pt exists: the main process writes that file
-// last, so a save interrupted at any moment leaves an incomplete folder that
-// is never taken for the latest one.
-// Numbers go up to kMaxCheckpointNumber (int64's largest but one, so that
-// the next number exists); only names accel writes count (no leading
-// zeros). A folder with a larger number is a CheckpointError rather than
-// skipped: resuming would go back past it, and numbering would reuse
-// numbers below it.
-inline constexpr int64_t kMaxCheckpointNumber = 9223372036854775806;
-std::string CheckpointFolder(const std::string& project_dir, int64_t index);
-// Indices of the checkpoint folders there (complete or not), ascending.
-std::vector<int64_t> CheckpointIndices(const std::string& project_dir);
-bool IsCompleteCheckpoint(const std::string& dir);
-// The newest complete checkpoint folder, or "" when there is none.
-std::string LatestCheckpoint(const std::string& project_dir);
-// Keeps the newest `keep` complete checkpoints, removing every folder older
-// than the oldest of those and every incomplete one older than the newest.
-// Removing never follows a symbolic link (a link is removed as a link) and
-// deletes only files accel writes (IsCheckpointFileName); a folder that
-// holds anything else keeps it, and a warning names it.
-void PruneCheckpoints(const std::string& project_dir, int keep);
 
 // Whether accel writes files of this name into a checkpoint folder:
 // accelerator_state.pt, random_states_<r>.pt, the safetensors files of

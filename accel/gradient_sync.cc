@@ -318,4 +318,16 @@ void GradientSynchronizer::finish() {
   s.ResetStep();
 }
 
+NoSyncScope::~NoSyncScope() {
+  for (auto it = restore_.rbegin(); it != restore_.rend(); ++it) {
+    it->first->set_enabled(it->second);
+  }
+}
+
+void NoSyncScope::Add(GradientSynchronizer* synchronizer, bool enabled) {
+  if (synchronizer == nullptr) return;
+  restore_.emplace_back(synchronizer, synchronizer->enabled());
+  synchronizer->set_enabled(enabled);
+}
+
 }  // namespace accel

@@ -31,6 +31,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "accel/runtime/comm/communicator.h"
@@ -91,6 +92,23 @@ class GradientSynchronizer {
 
  private:
   std::shared_ptr<State> state_;
+};
+
+// Gradient synchronization of some models turned off (or on) for a scope:
+// Accelerator::no_sync, accumulate and trigger_sync_in_backward. Restores
+// what was there before, in reverse order.
+class [[nodiscard]] NoSyncScope {
+ public:
+  NoSyncScope() = default;
+  NoSyncScope(NoSyncScope&&) = default;
+  NoSyncScope& operator=(NoSyncScope&&) = default;
+  ~NoSyncScope();
+  // Sets the synchronizer's sync to `enabled` until the scope ends; a null
+  // synchronizer (one process) is ignored.
+  void Add(GradientSynchronizer* synchronizer, bool enabled = false);
+
+ private:
+  std::vector<std::pair<GradientSynchronizer*, bool>> restore_;
 };
 
 }  // namespace accel

@@ -6,6 +6,7 @@
 //   Gathered tensor: tensor([1, 2, 3, 1, 2, 3])
 #include "accel/accelerator.h"
 #include "accel/runtime/launch/program.h"
+#include "accel/tensor_format.h"
 
 int main(int argc, char** argv) {
   accel::InitProgram(&argc, &argv);

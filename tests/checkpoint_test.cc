@@ -21,6 +21,7 @@
 #include <fstream>
 
 #include "accel/accelerator.h"
+#include "accel/checkpoint_folders.h"
 #include "accel/runtime/base/errors.h"
 #include "tests/subprocess.h"
 
@@ -453,7 +454,8 @@ TEST(CheckpointTest, ASaveAtFewerProcessesRemovesTheExtraRanksFiles) {
   // A resume at three processes takes the folder (rank 2 starts without a
   // random state of its own, as after any change of the process count).
   for (int rank = 0; rank < 3; ++rank) {
-    EXPECT_EQ(CheckCheckpoint(dir, rank, 3), "") << "rank " << rank;
+    const CheckpointProblem problem = CheckCheckpoint(dir, rank, 3);
+    EXPECT_FALSE(problem) << "rank " << rank << ": " << problem.detail;
   }
 }
 

@@ -9,7 +9,7 @@
 #include <sstream>
 #include <thread>
 
-#include "accel/safetensors.h"
+#include "accel/model_weights.h"
 #include "tests/subprocess.h"
 
 namespace accel::testing {

@@ -205,6 +205,38 @@ std::string FolderOf(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
+std::string ReadSmallFile(const std::string& path, uint64_t max_bytes,
+                          const char* kind) {
+  const auto fail = [&](const std::string& defect) {
+    throw CheckpointError(std::string(kind) + " '" + path + "': " + defect);
+  };
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("cannot open: " + ErrnoText(errno));
+  std::string text;
+  struct stat info;
+  const bool regular = fstat(fd, &info) == 0 && S_ISREG(info.st_mode);
+  const uint64_t size = regular ? static_cast<uint64_t>(info.st_size) : 0;
+  if (regular && size <= max_bytes) {
+    text.resize(size);
+    size_t done = 0;
+    while (done < size) {
+      const ssize_t got = read(fd, text.data() + done, size - done);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) break;
+      done += static_cast<size_t>(got);
+    }
+    text.resize(done);
+  }
+  close(fd);
+  if (!regular) fail("not a regular file");
+  if (size > max_bytes) {
+    fail(std::to_string(size) + " bytes, more than the " +
+         std::to_string(max_bytes) + " such a file can plausibly hold");
+  }
+  if (text.size() != size) fail("could not be read whole (changed meanwhile?)");
+  return text;
+}
+
 bool IsFile(const std::string& path) {
   struct stat info;
   return stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -65,6 +66,11 @@ void MakeDirectories(const std::string& dir);
 
 // The folder `path` is in: "a/b" for "a/b/c", "." for "c", "/" for "/c".
 std::string FolderOf(const std::string& path);
+
+// The whole of regular file `path`, which must hold at most `max_bytes`;
+// CheckpointError naming `kind` ("index") and the file otherwise.
+std::string ReadSmallFile(const std::string& path, uint64_t max_bytes,
+                          const char* kind);
 
 // Whether `path` names an existing file (not a folder).
 bool IsFile(const std::string& path);

@@ -1,0 +1,106 @@
+// The Accelerator's collectives: tensors, synchronization points, triggers
+// and preemption (see accelerator.h).
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "accel/accelerator.h"
+#include "accel/runtime/base/logging.h"
+#include "accel/tensor_ops.h"
+
+namespace accel {
+
+CollectiveOptions Accelerator::At(CallSite site, const char* api) const {
+  CollectiveOptions options;
+  options.site = site;
+  options.api = api;
+  return options;
+}
+
+torch::Tensor Accelerator::GatherOne(const torch::Tensor& tensor, CallSite site,
+                                     const char* api, bool drop_duplicates) {
+  torch::Tensor gathered = Gather(communicator(), tensor, At(site, api));
+  if (!drop_duplicates || gathered.dim() == 0) return gathered;
+  const int64_t keep = SamplesToKeep(gathered.size(0));
+  return keep == gathered.size(0) ? gathered : gathered.narrow(0, 0, keep);
+}
+
+int64_t Accelerator::SamplesToKeep(int64_t gathered) const {
+  const GradientState& gradients = state_->gradients;
+  if (!gradients.end_of_dataloader() || gradients.remainder() <= 0) {
+    return gathered;
+  }
+  return std::min<int64_t>(gathered, gradients.remainder());
+}
+
+torch::Tensor Accelerator::ReduceOne(const torch::Tensor& tensor,
+                                     const std::string& reduction,
+                                     CallSite site) {
+  return ReduceTensor(communicator(), tensor, reduction, At(site));
+}
+
+torch::Tensor Accelerator::BroadcastOne(const torch::Tensor& tensor,
+                                        int from_process, CallSite site) {
+  return BroadcastTensor(communicator(), tensor, from_process, At(site));
+}
+
+torch::Tensor Accelerator::pad_across_processes(const torch::Tensor& tensor,
+                                                int64_t dim, double pad_index,
+                                                bool pad_first, CallSite site) {
+  return PadAcrossProcesses(communicator(), tensor, dim, pad_index, pad_first,
+                            At(site));
+}
+
+void Accelerator::wait_for_everyone(CallSite site) {
+  communicator().barrier(At(site, "wait_for_everyone"));
+}
+
+bool Accelerator::check_preemption(CallSite site) {
+  StartHandlingPreemption();
+  if (preemption_signal_ != 0) return true;
+  // The signal and, below it, which rank got it: the maximum is the
+  // highest signal, at the lowest rank that got it.
+  constexpr int64_t kRanks = int64_t{1} << 32;
+  const int signal_number = PendingPreemptionSignal();
+  int64_t seen = signal_number == 0
+                     ? 0
+                     : signal_number * kRanks + (kRanks - 1 - process_index());
+  if (num_processes() > 1) {
+    communicator().allreduce(&seen, 1, DType::kInt64, ReduceOp::kMax,
+                             At(site, "check_preemption"));
+  }
+  if (seen == 0) return false;
+  preemption_signal_ = static_cast<int>(seen / kRanks);
+  const int64_t rank = kRanks - 1 - seen % kRanks;
+  if (is_main_process()) {
+    ACCEL_LOG(WARNING) << (num_processes() > 1
+                               ? "rank " + std::to_string(rank) + " got "
+                               : std::string("got "))
+                       << SignalName(preemption_signal_)
+                       << ": every rank stops at this step (" << site.ToString()
+                       << ")";
+  }
+  return true;
+}
+
+bool Accelerator::check_trigger(CallSite site) {
+  int32_t flag = trigger_ ? 1 : 0;
+  communicator().allreduce(&flag, 1, DType::kInt32, ReduceOp::kMax,
+                           At(site, "check_trigger"));
+  trigger_ = false;
+  return flag != 0;
+}
+
+ProcessOrderScope Accelerator::main_process_first(CallSite site) {
+  return ProcessOrderScope(is_main_process(), [this, site] {
+    communicator().barrier(At(site, "main_process_first"));
+  });
+}
+
+ProcessOrderScope Accelerator::local_main_process_first(CallSite site) {
+  return ProcessOrderScope(is_local_main_process(), [this, site] {
+    communicator().barrier(At(site, "local_main_process_first"));
+  });
+}
+
+}  // namespace accel

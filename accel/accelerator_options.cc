@@ -1,0 +1,153 @@
+#include "accel/accelerator_options.h"
+
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/base/excerpt.h"
+#include "accel/runtime/base/logging.h"
+#include "accel/runtime/launch/program_flags.h"
+#include "accel/tracking/tracker.h"
+
+namespace accel {
+
+MixedPrecision ParseMixedPrecision(const std::string& text) {
+  if (text == "no") return MixedPrecision::kNo;
+  if (text == "bf16") return MixedPrecision::kBf16;
+  if (text == "fp16") return MixedPrecision::kFp16;
+  throw UsageError(
+      "mixed precision (--mixed_precision) must be \"no\", \"bf16\" or "
+      "\"fp16\", found " +
+      Excerpt(text));
+}
+
+AcceleratorOptions AcceleratorOptions::FromFlags() {
+  // Checked here too, so that the message names the flag.
+  for (const auto& [flag, value] :
+       {std::pair<const char*, int>{"--timeout_s", flags::timeout_s.value()},
+        {"--rendezvous_timeout_s", flags::rendezvous_timeout_s.value()},
+        {"--network_timeout_s", flags::network_timeout_s.value()},
+        {"--gradient_accumulation_steps",
+         flags::gradient_accumulation_steps.value()}}) {
+    if (value < 1) {
+      throw UsageError(std::string(flag) + " must be at least 1, found " +
+                       std::to_string(value));
+    }
+  }
+  AcceleratorOptions options;
+  options.backend = flags::backend.value();
+  options.mixed_precision = flags::mixed_precision.value();
+  options.gradient_accumulation_steps =
+      flags::gradient_accumulation_steps.value();
+  options.timeout = std::chrono::seconds(flags::timeout_s.value());
+  options.rendezvous_timeout =
+      std::chrono::seconds(flags::rendezvous_timeout_s.value());
+  options.network_timeout =
+      std::chrono::seconds(flags::network_timeout_s.value());
+  options.check_collectives = flags::collective_checks.value();
+  options.log_with = ParseTrackerNames(flags::report_to.value());
+  options.logging_dir = flags::logging_dir.value();
+  options.reuse_host_memory = flags::reuse_host_memory.value();
+  return options;
+}
+
+void AcceleratorOptions::Validate() const {
+  const AcceleratorOptions& options = *this;
+  ParseMixedPrecision(options.mixed_precision);
+  if (options.gradient_accumulation_steps < 1) {
+    throw UsageError("gradient_accumulation_steps must be at least 1, found " +
+                     std::to_string(options.gradient_accumulation_steps));
+  }
+  if (options.timeout.count() <= 0) {
+    throw UsageError("the collective timeout must be positive, found " +
+                     std::to_string(options.timeout.count()) + " ms");
+  }
+  if (options.rendezvous_timeout.count() <= 0) {
+    throw UsageError("the rendezvous timeout must be positive, found " +
+                     std::to_string(options.rendezvous_timeout.count()) +
+                     " ms");
+  }
+  if (options.total_limit < 0) {
+    throw UsageError("total_limit must not be negative, found " +
+                     std::to_string(options.total_limit));
+  }
+}
+
+namespace {
+
+std::string Describe(const std::string& value) { return "\"" + value + "\""; }
+std::string Describe(int value) { return std::to_string(value); }
+std::string Describe(bool value) { return value ? "true" : "false"; }
+std::string Describe(std::chrono::milliseconds value) {
+  return std::to_string(value.count()) + " ms";
+}
+std::string Describe(const std::vector<std::string>& value) {
+  std::string text;
+  for (const std::string& item : value)
+    text += (text.empty() ? "" : ",") + item;
+  return "{" + text + "}";
+}
+
+// Accelerate's Accelerator() reads what `accelerate launch` set; here a
+// flag the user gave (command line or launch configuration) takes effect
+// when the program left the option at AcceleratorOptions' default, and is
+// listed in `overridden` when the program set something else.
+template <typename T, typename Field, typename Convert>
+void AdoptFlag(const ProgramFlag<T>& flag, Field& field, const Field& builtin,
+               const char* option, Convert convert,
+               std::vector<std::string>* overridden) {
+  if (!flag.given()) return;
+  const Field wanted = convert(flag.value());
+  if (field == wanted) return;
+  if (field == builtin) {
+    field = wanted;
+    return;
+  }
+  overridden->push_back("--" + std::string(flag.name()) + "=" +
+                        Describe(flag.value()) + " (" + flag.source() +
+                        ") by " + option + " = " + Describe(field));
+}
+
+}  // namespace
+
+void AcceleratorOptions::AdoptGivenFlags(bool is_main_process) {
+  AcceleratorOptions& options = *this;
+  const AcceleratorOptions builtin;
+  std::vector<std::string> overridden;
+  const auto same = [](const auto& value) { return value; };
+  const auto seconds = [](int value) {
+    return std::chrono::milliseconds(std::chrono::seconds(value));
+  };
+  AdoptFlag(flags::backend, options.backend, builtin.backend, "backend", same,
+            &overridden);
+  AdoptFlag(flags::mixed_precision, options.mixed_precision,
+            builtin.mixed_precision, "mixed_precision", same, &overridden);
+  AdoptFlag(flags::gradient_accumulation_steps,
+            options.gradient_accumulation_steps,
+            builtin.gradient_accumulation_steps, "gradient_accumulation_steps",
+            same, &overridden);
+  AdoptFlag(flags::timeout_s, options.timeout, builtin.timeout, "timeout",
+            seconds, &overridden);
+  AdoptFlag(flags::rendezvous_timeout_s, options.rendezvous_timeout,
+            builtin.rendezvous_timeout, "rendezvous_timeout", seconds,
+            &overridden);
+  AdoptFlag(flags::network_timeout_s, options.network_timeout,
+            builtin.network_timeout, "network_timeout", seconds, &overridden);
+  AdoptFlag(flags::collective_checks, options.check_collectives,
+            builtin.check_collectives, "check_collectives", same, &overridden);
+  AdoptFlag(flags::report_to, options.log_with, builtin.log_with, "log_with",
+            ParseTrackerNames, &overridden);
+  AdoptFlag(flags::logging_dir, options.logging_dir, builtin.logging_dir,
+            "logging_dir", same, &overridden);
+  AdoptFlag(flags::reuse_host_memory, options.reuse_host_memory,
+            builtin.reuse_host_memory, "reuse_host_memory", same, &overridden);
+  if (overridden.empty() || !is_main_process) return;
+  std::string listed;
+  for (const std::string& item : overridden) {
+    listed += (listed.empty() ? "" : "; ") + item;
+  }
+  ACCEL_LOG(WARNING) << "the program's AcceleratorOptions override what was "
+                        "given: "
+                     << listed
+                     << ". To let the command line decide, start from "
+                        "AcceleratorOptions::FromFlags()";
+}
+
+}  // namespace accel

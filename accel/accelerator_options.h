@@ -1,0 +1,90 @@
+// What an Accelerator is made with, as Accelerate's Accelerator(...)
+// arguments: backend, mixed precision, gradient accumulation, timeouts,
+// checkpoint naming, trackers.
+//
+//   accel::AcceleratorOptions options = accel::AcceleratorOptions::FromFlags();
+//   options.project_dir = "run";   // what the program decides
+//   accel::Accelerator accelerator(options);
+//
+// Options built by hand take the flags the user gave where the program left
+// the default (AdoptGivenFlags, which the Accelerator calls), so that the
+// launch configuration reaches the Accelerator as in Accelerate.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "accel/grad_scaler.h"
+#include "accel/gradient_sync.h"
+
+namespace accel {
+
+// --mixed_precision's values, read once.
+enum class MixedPrecision { kNo, kBf16, kFp16 };
+// "no" -> kNo, "bf16", "fp16"; UsageError for anything else.
+MixedPrecision ParseMixedPrecision(const std::string& text);
+
+struct AcceleratorOptions {
+  // "gloo", "nccl", or "auto": nccl when it is linked and a GPU is visible.
+  std::string backend = "auto";
+  // "no", "bf16" (autocast to bfloat16, CPU or GPU) or "fp16" (autocast to
+  // float16 on a GPU, with loss scaling; LibTorch 1.13's CPU autocast has no
+  // float16, so on a CPU only the loss scaling runs).
+  std::string mixed_precision = "no";
+  GradScalerOptions scaler;  // fp16's loss scaler.
+  // Micro-batches per optimizer step inside accumulate(); backward divides
+  // the loss by it.
+  int gradient_accumulation_steps = 1;
+  // The last batch of a data loader always ends an accumulation cycle.
+  bool sync_with_dataloader = true;
+  // Prepared data loaders split each batch across processes, whatever their
+  // own DataLoaderOptions::split_batches says.
+  bool split_batches = false;
+  // When false, prepared data loaders do not pad the last batches to the
+  // same count on every process, whatever their own options say.
+  bool even_batches = true;
+  // Default timeout of every collective (per call: CollectiveOptions).
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  // How long ranks wait for each other to start.
+  std::chrono::milliseconds rendezvous_timeout = std::chrono::minutes(1);
+  // How long a machine may stop answering before its ranks count as gone.
+  std::chrono::milliseconds network_timeout = std::chrono::seconds(20);
+  // When set, set_seed(*seed) at construction.
+  std::optional<uint64_t> seed;
+  GradientSyncOptions gradient_sync;
+  // Automatic checkpoint naming: save_state() with no folder writes
+  // <project_dir>/checkpoints/checkpoint_<n>, keeping the newest
+  // `total_limit` complete ones (0 keeps all).
+  std::string project_dir;
+  int total_limit = 0;
+  // Compare every collective across ranks (see CommunicatorOptions).
+  bool check_collectives = true;
+  // Experiment trackers that init_trackers starts (Accelerate's log_with):
+  // "jsonl", "tensorboard", any registered tracker, or "all" of them.
+  // Checked at construction.
+  std::vector<std::string> log_with;
+  // Where the trackers write (<logging_dir>/<project_name>); empty: the
+  // project_dir.
+  std::string logging_dir;
+  // Keep freed memory in the process for reuse
+  // (accel/runtime/base/host_memory.h): large CPU tensors then cost no page
+  // faults after the first step.
+  bool reuse_host_memory = true;
+
+  // --backend, --mixed_precision, --gradient_accumulation_steps,
+  // --timeout_s, --rendezvous_timeout_s, --collective_checks, --report_to,
+  // --logging_dir and --reuse_host_memory (see accel/runtime/launch/program.h).
+  static AcceleratorOptions FromFlags();
+
+  // UsageError naming the option for a value out of range.
+  void Validate() const;
+  // Takes the flag-backed options the user gave (command line or launch
+  // configuration) where these are at AcceleratorOptions' defaults, and
+  // says (on the main process) which ones the program overrode.
+  void AdoptGivenFlags(bool is_main_process);
+};
+
+}  // namespace accel

@@ -1,0 +1,80 @@
+// The Accelerator's checkpoints and trackers, over CheckpointManager and
+// TrackerSet (see accelerator.h).
+#include <string>
+
+#include "accel/accelerator.h"
+#include "accel/checkpoint_manager.h"
+#include "accel/tracking/tracker_set.h"
+
+namespace accel {
+
+CheckpointContents Accelerator::Contents() const {
+  CheckpointContents contents = state_->prepared.Contents();
+  contents.scaler = state_->scaler;
+  contents.step = step_;
+  contents.run_id = run_id_;
+  return contents;
+}
+
+std::function<void(const std::string&)> Accelerator::Hooks(
+    const std::vector<StateHook>& hooks) const {
+  return [this, &hooks](const std::string& dir) {
+    const auto models = state_->prepared.models();
+    for (const StateHook& hook : hooks) hook(models, dir);
+  };
+}
+
+void Accelerator::save_state(const std::string& dir) {
+  checkpoints_->Save(dir, Contents(), Hooks(save_hooks_));
+}
+
+std::string Accelerator::save_state(CallSite site) {
+  return checkpoints_->SaveNext(Contents(), Hooks(save_hooks_), site);
+}
+
+void Accelerator::load_state(const std::string& dir) {
+  CheckpointContents contents = Contents();
+  checkpoints_->Load(dir, contents, Hooks(load_hooks_), CallSite::Here());
+  step_ = contents.step;
+}
+
+std::string Accelerator::load_state(CallSite site) {
+  CheckpointContents contents = Contents();
+  const std::string dir =
+      checkpoints_->LoadNewest(contents, Hooks(load_hooks_), site);
+  if (!dir.empty()) step_ = contents.step;
+  return dir;
+}
+
+std::string Accelerator::latest_checkpoint() const {
+  return checkpoints_->Latest();
+}
+
+int64_t Accelerator::save_iteration() const {
+  return checkpoints_->next_number();
+}
+
+const std::string& Accelerator::logging_dir() const {
+  return options_.logging_dir.empty() ? options_.project_dir
+                                      : options_.logging_dir;
+}
+
+void Accelerator::init_trackers(const std::string& project_name,
+                                const TrackerValues& config) {
+  trackers_->Init(project_name, config, is_main_process());
+}
+
+void Accelerator::log(const TrackerValues& values,
+                      std::optional<int64_t> step) {
+  trackers_->Log(values, step);
+}
+
+Tracker& Accelerator::get_tracker(const std::string& name) {
+  return trackers_->Get(name, is_main_process());
+}
+
+const std::vector<std::unique_ptr<Tracker>>& Accelerator::trackers() const {
+  return trackers_->started();
+}
+
+}  // namespace accel

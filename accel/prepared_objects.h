@@ -1,0 +1,81 @@
+// The one registry of what an Accelerator prepared: models (each with its
+// gradient synchronizer when several processes run), optimizers,
+// schedulers, data loaders and the objects registered for checkpointing.
+// Preparation adds to it, the training step and the prepared wrappers read
+// it, save_state and load_state see it through Contents(), and
+// free_memory() clears it in one call.
+//
+//   PreparedObjects prepared;
+//   prepared.AddModel(net, std::move(synchronizer));
+//   auto optimizer = prepared.AddOptimizer(adamw);
+//   for (GradientSynchronizer* s : prepared.synchronizers()) s->finish();
+//   CheckpointContents contents = prepared.Contents();
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <memory>
+#include <vector>
+
+#include "accel/checkpoint.h"
+#include "accel/data_loader_state.h"
+#include "accel/gradient_sync.h"
+#include "accel/scheduler.h"
+
+namespace accel {
+
+// What the Accelerator knows of a prepared optimizer.
+struct PreparedOptimizer {
+  torch::optim::Optimizer* optimizer = nullptr;
+  bool step_was_skipped = false;
+};
+
+class PreparedObjects {
+ public:
+  PreparedObjects() = default;
+  PreparedObjects(const PreparedObjects&) = delete;
+  PreparedObjects& operator=(const PreparedObjects&) = delete;
+
+  // `synchronizer` is null with one process.
+  void AddModel(std::shared_ptr<torch::nn::Module> model,
+                std::unique_ptr<GradientSynchronizer> synchronizer);
+  std::shared_ptr<PreparedOptimizer> AddOptimizer(
+      torch::optim::Optimizer& optimizer);
+  void AddScheduler(std::shared_ptr<LRScheduler> scheduler);
+  void AddLoader(std::shared_ptr<DataLoaderState> loader);
+  void AddObject(CheckpointObject object);
+
+  // The prepared model's synchronizer: null with one process; UsageError
+  // naming `operation` for a model this registry does not hold.
+  GradientSynchronizer* SynchronizerOf(const torch::nn::Module* model,
+                                       const char* operation) const;
+  std::vector<GradientSynchronizer*> synchronizers() const;
+  std::vector<std::shared_ptr<torch::nn::Module>> models() const;
+  const std::vector<std::shared_ptr<PreparedOptimizer>>& optimizers() const {
+    return optimizers_;
+  }
+  // Whether any prepared optimizer skipped its last step (fp16 overflow).
+  bool any_step_skipped() const;
+
+  // What a checkpoint holds of these objects (scaler, step and run id are
+  // the caller's to fill in).
+  CheckpointContents Contents() const;
+  // Stops every model's gradient sync for good (the job is left).
+  void DropSynchronizers();
+  // Forgets everything (the objects stay the program's).
+  void Clear();
+
+ private:
+  struct Model {
+    std::shared_ptr<torch::nn::Module> module;
+    std::unique_ptr<GradientSynchronizer> synchronizer;
+  };
+  std::vector<Model> models_;
+  std::vector<std::shared_ptr<PreparedOptimizer>> optimizers_;
+  std::vector<std::shared_ptr<LRScheduler>> schedulers_;
+  std::vector<std::shared_ptr<DataLoaderState>> loaders_;
+  std::vector<CheckpointObject> objects_;
+};
+
+}  // namespace accel
