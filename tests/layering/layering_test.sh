@@ -1,0 +1,85 @@
+#!/bin/bash
+# accel's layers hold (a test, run by bazel test //tests/layering:all):
+#
+#   1. accel/runtime/ and backends/ are LibTorch-free: none of their C++
+#      rules depends, directly or through anything, on LibTorch
+#      (@accel_torch) or on accel's LibTorch layer (//accel:*); each of their
+#      BUILD files declares torch_free_package(), whose genquery we read.
+#   2. None of their sources includes a LibTorch header (the system's
+#      /usr/include holds them, so a missing Bazel dependency alone would not
+#      stop an include), nor a header of accel's LibTorch layer.
+#   3. Inside accel/runtime/, no include runs back up a layer:
+#      base < env < store < comm, and launch above env, beside comm (neither
+#      includes the other). Tests may use any runtime layer.
+#
+# Usage (from the BUILD rule): layering_test.sh GENQUERY_OUTPUT...
+set -u
+failures=0
+fail() {
+  echo "FAIL: $*"
+  failures=$((failures + 1))
+}
+
+# The source tree: this script's runfile resolves into it.
+root=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../.." && pwd)
+[[ -f "$root/WORKSPACE" ]] || { echo "cannot find the source tree from $0"; exit 2; }
+
+# 1. Dependencies.
+for output in "$@"; do
+  package=$(dirname "$output")
+  bad=$(grep -E '^(@accel_torch//:torch|//accel:[^/]*)$' "$output" | head -5)
+  if [[ -n "$bad" ]]; then
+    fail "//$package depends on LibTorch or accel's LibTorch layer through:"
+    echo "$bad" | sed 's/^/    /'
+    echo "  (bazel query 'somepath(//$package:all, LABEL)' shows the path)"
+  fi
+done
+declared=0
+while IFS= read -r build; do
+  declared=$((declared + 1))
+  if ! grep -q '^torch_free_package()' "$build"; then
+    fail "${build#"$root"/} does not declare torch_free_package() (last line)"
+  fi
+done < <(find "$root/accel/runtime" "$root/backends" -name BUILD.bazel)
+if [[ $# -lt $declared ]]; then
+  fail "$declared torch-free packages but $# genquery outputs: add the new" \
+       "package's :torch_free_deps to tests/layering/BUILD.bazel"
+fi
+
+# 2. and 3. Includes.
+rank_of() {
+  case "$1" in
+    base) echo 0 ;; env) echo 1 ;; store) echo 2 ;; comm) echo 3 ;;
+    launch) echo 3 ;; *) echo 9 ;;
+  esac
+}
+while IFS= read -r file; do
+  relative=${file#"$root"/}
+  while IFS= read -r line; do
+    header=$(sed -E 's/^#include [<"]([^>"]+)[>"].*/\1/' <<<"$line")
+    case "$header" in
+      torch/* | ATen/* | c10/* | caffe2/*)
+        fail "$relative includes LibTorch's <$header>" ;;
+      accel/runtime/*) ;;
+      accel/*) fail "$relative includes accel's LibTorch layer: $header" ;;
+    esac
+    [[ "$relative" == accel/runtime/* && "$header" == accel/runtime/* ]] ||
+      continue
+    [[ "$relative" == *_test.cc ]] && continue
+    mine=$(cut -d/ -f3 <<<"$relative")
+    theirs=$(cut -d/ -f3 <<<"$header")
+    [[ "$mine" == "$theirs" ]] && continue
+    if (($(rank_of "$theirs") >= $(rank_of "$mine"))); then
+      fail "$relative ($mine) includes $header: runtime/$theirs is not" \
+           "below runtime/$mine (base < env < store < comm; launch above env)"
+    fi
+  done < <(grep -E '^#include [<"]' "$file")
+done < <(find "$root/accel/runtime" "$root/backends" \
+           \( -name '*.h' -o -name '*.cc' \) | sort)
+
+if ((failures > 0)); then
+  echo "$failures layering problem(s)"
+  exit 1
+fi
+echo "layering holds: $declared LibTorch-free packages, their dependencies" \
+     "and includes checked"
