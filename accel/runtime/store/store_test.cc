@@ -45,7 +45,9 @@ std::string RawHello(int rank, uint64_t version = 2) {
   std::string body(8, '\0');
   body += '\1';
   body += std::string(8, '\0');
-  for (int i = 0; i < 8; ++i) body += static_cast<char>(rank >> (8 * i));
+  for (int i = 0; i < 8; ++i) {
+    body += static_cast<char>(static_cast<uint64_t>(rank) >> (8 * i));
+  }
   body += std::string(8, '\0');
   if (version >= 2) {
     for (int i = 0; i < 8; ++i) body += static_cast<char>(version >> (8 * i));
