@@ -28,8 +28,8 @@
 #include <vector>
 
 #include "accel/runtime/base/errors.h"
-#include "accel/runtime/launch/mpirun.h"
 #include "accel/runtime/comm/process_group.h"
+#include "accel/runtime/launch/mpirun.h"
 #include "accel/runtime/launch/program.h"
 #include "tools/bench/rows.h"
 

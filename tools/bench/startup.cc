@@ -7,8 +7,8 @@
 //       --repetitions=7 --peer_src=/path/to/accelerate-0.20.3/src
 //
 // accel's processes append their milestones to $ACCEL_STARTUP_TRACE
-// (accel/runtime/base/startup_trace.h); the phases are, per run, over the ranks'
-// latest milestones:
+// (accel/runtime/base/startup_trace.h); the phases are, per run, over the
+// ranks' latest milestones:
 //   supervisor    start to the supervising process's main (process start and
 //                 LibTorch load; none with 1 process, which is its own rank)
 //   ranks start   to the ranks' main (process start and LibTorch load)

@@ -30,9 +30,9 @@
 #include <vector>
 
 #include "accel/runtime/base/errors.h"
-#include "accel/runtime/launch/launch_config.h"
-#include "accel/runtime/comm/registry.h"
 #include "accel/runtime/base/version.h"
+#include "accel/runtime/comm/registry.h"
+#include "accel/runtime/launch/launch_config.h"
 #include "accel/tracking/tracker.h"
 #include "tools/env/build_info.h"
 #include "tools/env/shared_libraries.h"
