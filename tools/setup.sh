@@ -34,6 +34,10 @@ readonly PACKAGES=(
   python3-tqdm
   python3-psutil
   python3-yaml
+  # CI's checks: the format check, and the LibTorch 2.6 root
+  # (tools/libtorch2_check.sh).
+  clang-format
+  debootstrap
 )
 
 missing=()
