@@ -187,6 +187,52 @@ std::string Label(const char* op, DType dtype, size_t count, int rank) {
          std::to_string(count) + " on rank " + std::to_string(rank);
 }
 
+// counts[r] for a reduce-scatter or allgatherv around `count`: rank 1 gets
+// nothing, odd ranks half, the others `count`.
+std::vector<size_t> UnequalCounts(int ranks, size_t count) {
+  std::vector<size_t> counts(ranks);
+  for (int r = 0; r < ranks; ++r) {
+    counts[r] = r == 1 ? 0 : (r % 2 ? count / 2 : count);
+  }
+  return counts;
+}
+
+// Runs a reduce-scatter of `counts` and checks this rank's segment;
+// `in_place` passes this rank's segment of the input as the output.
+void CheckReduceScatter(Communicator& comm, DType dtype, ReduceOp op,
+                        const std::vector<size_t>& counts, bool in_place) {
+  size_t total = 0;
+  size_t before = 0;
+  for (int r = 0; r < comm.size(); ++r) {
+    if (r == comm.rank()) before = total;
+    total += counts[r];
+  }
+  const size_t mine = counts[comm.rank()];
+  Buffer input(dtype, total);
+  for (size_t i = 0; i < total; ++i) {
+    input.Set(i, Value(dtype, comm.rank(), i, op));
+  }
+  Buffer output(dtype, mine);
+  char* in = static_cast<char*>(input.data());
+  void* out = in_place ? in + before * ElementSize(dtype) : output.data();
+  comm.reduce_scatter(in, out, counts, dtype, op);
+  auto expected = [&](size_t i) {
+    double result = Value(dtype, 0, before + i, op);
+    for (int r = 1; r < comm.size(); ++r) {
+      result = Combine(op, result, Value(dtype, r, before + i, op));
+    }
+    return result;
+  };
+  Buffer& result = in_place ? input : output;
+  const size_t at = in_place ? before : 0;
+  std::string counts_text;
+  for (size_t c : counts) counts_text += " " + std::to_string(c);
+  EXPECT_VALUES(mine, result.At(at + i_), expected(i_),
+                Label("reduce_scatter", dtype, mine, comm.rank()) + " " +
+                    ReduceOpName(op) + (in_place ? " in place" : "") +
+                    ", counts" + counts_text);
+}
+
 TEST_P(ConformanceTest, Allgather) {
   Run([&](Communicator& comm) {
     const int n = comm.size();
@@ -210,12 +256,10 @@ TEST_P(ConformanceTest, AllgathervWithUnequalAndZeroCounts) {
     const int n = comm.size();
     for (DType dtype : kAllDTypes) {
       for (size_t count : kCounts) {
-        // Rank 1 sends nothing, odd ranks send half, the others `count`.
-        std::vector<size_t> counts(n);
+        const std::vector<size_t> counts = UnequalCounts(n, count);
         std::vector<size_t> offsets(n);
         size_t total = 0;
         for (int r = 0; r < n; ++r) {
-          counts[r] = r == 1 ? 0 : (r % 2 ? count / 2 : count);
           offsets[r] = total;
           total += counts[r];
         }
@@ -261,6 +305,60 @@ TEST_P(ConformanceTest, AllreduceEveryOperation) {
         }
       }
     }
+  });
+}
+
+TEST_P(ConformanceTest, ReduceScatterEveryOperationWithUnequalAndZeroCounts) {
+  Run([&](Communicator& comm) {
+    for (DType dtype : kAllDTypes) {
+      for (ReduceOp op : kAllReduceOps) {
+        if (!SupportsReduction(dtype, op)) continue;
+        for (size_t count : kCounts) {
+          // The largest (many slots' worth) only as sharded training sends
+          // it: summed float32 and bfloat16 gradients.
+          if (count > 1000 &&
+              (op != ReduceOp::kSum ||
+               (dtype != DType::kFloat32 && dtype != DType::kBFloat16))) {
+            continue;
+          }
+          const std::vector<size_t> equal(comm.size(), count);
+          CheckReduceScatter(comm, dtype, op, equal, false);
+          CheckReduceScatter(comm, dtype, op, UnequalCounts(comm.size(), count),
+                             false);
+        }
+      }
+    }
+  });
+}
+
+TEST_P(ConformanceTest, ReduceScatterInPlaceIntoThisRanksSegment) {
+  Run([&](Communicator& comm) {
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kInt64}) {
+      for (size_t count : kCounts) {
+        CheckReduceScatter(comm, dtype, ReduceOp::kSum,
+                           std::vector<size_t>(comm.size(), count), true);
+        CheckReduceScatter(comm, dtype, ReduceOp::kSum,
+                           UnequalCounts(comm.size(), count), true);
+      }
+    }
+  });
+}
+
+TEST_P(ConformanceTest, ReduceScatterAsyncOverlapsOtherWork) {
+  Run([&](Communicator& comm) {
+    const size_t count = 1000;
+    std::vector<float> input(count * comm.size(), 1.0f);
+    std::vector<float> output(count);
+    auto work = comm.reduce_scatter_async(
+        input.data(), output.data(), std::vector<size_t>(comm.size(), count),
+        DType::kFloat32, ReduceOp::kSum);
+    int32_t value = 1;
+    comm.allreduce(&value, 1, DType::kInt32, ReduceOp::kSum);
+    work->wait();
+    EXPECT_EQ(value, comm.size());
+    EXPECT_VALUES(
+        count, output[i_], static_cast<double>(comm.size()),
+        "reduce_scatter_async on rank " + std::to_string(comm.rank()));
   });
 }
 
@@ -372,6 +470,32 @@ TEST_P(ConformanceTest, InvalidArgumentsAreUsageErrorsNamingTheOperation) {
     std::vector<size_t> wrong_counts(comm.size() + 1, 1);
     EXPECT_THROW(comm.allgatherv(&value, &value, wrong_counts, DType::kInt32),
                  UsageError);
+    std::vector<int32_t> values(2 * comm.size() + 1, 1);
+    try {
+      comm.reduce_scatter(values.data(), values.data(), wrong_counts,
+                          DType::kInt32, ReduceOp::kSum);
+      ADD_FAILURE() << "reduce_scatter with size + 1 counts did not throw";
+    } catch (const UsageError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("reduce_scatter: expected " +
+                                      std::to_string(comm.size()) +
+                                      " counts (one per rank), found " +
+                                      std::to_string(comm.size() + 1)));
+    }
+    // Rank r's output starting one element into its segment overlaps
+    // input it has not read yet (rank 0 at size 1 too).
+    const std::vector<size_t> twos(comm.size(), 2);
+    try {
+      comm.reduce_scatter(values.data(), values.data() + 2 * comm.rank() + 1,
+                          twos, DType::kInt32, ReduceOp::kSum);
+      ADD_FAILURE() << "reduce_scatter into an overlapping output did not "
+                       "throw";
+    } catch (const UsageError& e) {
+      EXPECT_THAT(e.what(),
+                  HasSubstr("output overlaps input but is not this "
+                            "rank's segment of it (elements " +
+                            std::to_string(2 * comm.rank()) + " to " +
+                            std::to_string(2 * comm.rank() + 2) + ")"));
+    }
     bool flag = true;
     try {
       comm.allreduce(&flag, 1, DType::kBool, ReduceOp::kSum);
@@ -496,6 +620,38 @@ TEST_P(ConformanceFailureTest,
                     std::chrono::seconds(10));
         },
         options);
+}
+
+TEST_P(ConformanceFailureTest,
+       ReduceScattersOfDifferentCountsFailFastNamingEachRanksCall) {
+  RankOptions options;
+  options.timeout = std::chrono::seconds(30);
+  Run(
+      2,
+      [](Communicator& comm) {
+        // Rank 1 thinks rank 0's segment is one element longer.
+        const std::vector<size_t> counts = comm.rank() == 0
+                                               ? std::vector<size_t>{2, 2}
+                                               : std::vector<size_t>{3, 2};
+        Buffer input(DType::kFloat32, 5);
+        Buffer output(DType::kFloat32, 3);
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          comm.reduce_scatter(input.data(), output.data(), counts,
+                              DType::kFloat32, ReduceOp::kSum);
+          ADD_FAILURE() << "reduce_scatters of different counts did not fail";
+        } catch (const UsageError& e) {
+          EXPECT_THAT(e.what(),
+                      HasSubstr("ranks called different collectives"));
+          EXPECT_THAT(e.what(),
+                      HasSubstr("[reduce_scatter sum float32 [2, 2]]"));
+          EXPECT_THAT(e.what(),
+                      HasSubstr("[reduce_scatter sum float32 [3, 2]]"));
+        }
+        EXPECT_LT(std::chrono::steady_clock::now() - start,
+                  std::chrono::seconds(10));
+      },
+      options);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ConformanceFailureTest,

@@ -385,6 +385,20 @@ void GlooTransport::RunAllreduce(const Op& op, void* buffer, size_t count,
   });
 }
 
+void GlooTransport::RunReduceScatter(const Op& op, const void* input,
+                                     void* output,
+                                     const std::vector<size_t>& counts,
+                                     DType dtype, ReduceOp reduce_op) {
+  if (host_count() == 1 && local_) {
+    Run(op, [&] {
+      local_->ReduceScatter(LocalCall(op, 0), input, output, counts, dtype,
+                            reduce_op);
+    });
+    return;
+  }
+  ReduceScatterByAllreduce(op, input, output, counts, dtype, reduce_op);
+}
+
 void GlooTransport::RunBroadcast(const Op& op, void* buffer, size_t count,
                                  DType dtype, int root) {
   if (count == 0 || size() == 1) return;

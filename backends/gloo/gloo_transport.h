@@ -66,6 +66,11 @@ class GlooTransport : public Transport {
                      const std::vector<size_t>& counts, DType dtype) override;
   void RunAllreduce(const Op& op, void* buffer, size_t count, DType dtype,
                     ReduceOp reduce_op) override;
+  // On one host, in shared memory; between hosts (or with shared memory
+  // off), an allreduce of the whole input (ReduceScatterByAllreduce).
+  void RunReduceScatter(const Op& op, const void* input, void* output,
+                        const std::vector<size_t>& counts, DType dtype,
+                        ReduceOp reduce_op) override;
   void RunBroadcast(const Op& op, void* buffer, size_t count, DType dtype,
                     int root) override;
   void RunBarrier(const Op& op) override;

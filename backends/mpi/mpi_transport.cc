@@ -351,6 +351,47 @@ void MpiTransport::RunAllreduce(const Op& op, void* buffer, size_t count,
   });
 }
 
+void MpiTransport::RunReduceScatter(const Op& op, const void* input,
+                                    void* output,
+                                    const std::vector<size_t>& counts,
+                                    DType dtype, ReduceOp reduce_op) {
+  std::vector<int> sizes(counts.size());
+  size_t total = 0;
+  size_t before = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    if (static_cast<int>(r) == rank()) before = total;
+    sizes[r] = Count(counts[r]);
+    total += counts[r];
+  }
+  Count(total);
+  if (total == 0) return;
+  const size_t element = ElementSize(dtype);
+  const char* in = static_cast<const char*>(input);
+  if (size() == 1) {
+    if (in + before * element != output) {
+      std::memcpy(output, in + before * element, counts[rank()] * element);
+    }
+    return;
+  }
+  // MPI's buffers may not overlap; ours may (output is our segment of input).
+  std::vector<char> copy;
+  const auto in_at = reinterpret_cast<uintptr_t>(in);
+  const auto out_at = reinterpret_cast<uintptr_t>(output);
+  if (out_at < in_at + total * element &&
+      in_at < out_at + counts[rank()] * element) {
+    copy.assign(in, in + total * element);
+    in = copy.data();
+  }
+  const MPI_Datatype type = ElementType(dtype);
+  const MPI_Op operation = Operation(dtype, reduce_op);
+  char nothing = 0;  // A valid address where this rank receives nothing.
+  void* out = counts[rank()] > 0 ? output : &nothing;
+  Run(op, [&](MPI_Request* request) {
+    return MPI_Ireduce_scatter(in, out, sizes.data(), type, operation, comm_,
+                               request);
+  });
+}
+
 void MpiTransport::RunBroadcast(const Op& op, void* buffer, size_t count,
                                 DType dtype, int root) {
   if (count == 0 || size() == 1) return;

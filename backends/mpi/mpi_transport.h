@@ -74,6 +74,10 @@ class MpiTransport : public Transport {
                      const std::vector<size_t>& counts, DType dtype) override;
   void RunAllreduce(const Op& op, void* buffer, size_t count, DType dtype,
                     ReduceOp reduce_op) override;
+  // MPI_Ireduce_scatter.
+  void RunReduceScatter(const Op& op, const void* input, void* output,
+                        const std::vector<size_t>& counts, DType dtype,
+                        ReduceOp reduce_op) override;
   void RunBroadcast(const Op& op, void* buffer, size_t count, DType dtype,
                     int root) override;
   void RunBarrier(const Op& op) override;

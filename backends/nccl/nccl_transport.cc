@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -296,6 +297,35 @@ void NcclTransport::RunAllreduce(const Op& op, void* buffer, size_t count,
   Run(op, [&](State& s) {
     return ncclAllReduce(buffer, buffer, count, NcclType(dtype),
                          NcclOp(reduce_op), s.comm, s.stream);
+  });
+}
+
+void NcclTransport::RunReduceScatter(const Op& op, const void* input,
+                                     void* output,
+                                     const std::vector<size_t>& counts,
+                                     DType dtype, ReduceOp reduce_op) {
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  if (total == 0) return;
+  const bool equal = std::all_of(counts.begin(), counts.end(),
+                                 [&](size_t c) { return c == counts[0]; });
+  const size_t element = ElementSize(dtype);
+  Run(op, [&](State& s) {
+    if (equal) {
+      return ncclReduceScatter(input, output, counts[0], NcclType(dtype),
+                               NcclOp(reduce_op), s.comm, s.stream);
+    }
+    ncclGroupStart();
+    size_t offset = 0;
+    for (int r = 0; r < size(); ++r) {
+      if (counts[r] > 0) {
+        ncclReduce(static_cast<const char*>(input) + offset * element,
+                   r == rank() ? output : nullptr, counts[r], NcclType(dtype),
+                   NcclOp(reduce_op), r, s.comm, s.stream);
+      }
+      offset += counts[r];
+    }
+    return ncclGroupEnd();
   });
 }
 

@@ -36,6 +36,11 @@ class NcclTransport : public Transport {
                      const std::vector<size_t>& counts, DType dtype) override;
   void RunAllreduce(const Op& op, void* buffer, size_t count, DType dtype,
                     ReduceOp reduce_op) override;
+  // ncclReduceScatter for equal counts, else one ncclReduce per rank in
+  // one group launch.
+  void RunReduceScatter(const Op& op, const void* input, void* output,
+                        const std::vector<size_t>& counts, DType dtype,
+                        ReduceOp reduce_op) override;
   void RunBroadcast(const Op& op, void* buffer, size_t count, DType dtype,
                     int root) override;
   void RunBarrier(const Op& op) override;

@@ -1,5 +1,6 @@
 // SharedMemoryGroup's collectives (see shared_memory_group.h): barrier,
-// broadcast, allgatherv and allreduce over the shared segment's chunks.
+// broadcast, allgatherv, allreduce and reduce-scatter over the shared
+// segment's chunks.
 #include <algorithm>
 #include <cstring>
 
@@ -201,6 +202,74 @@ void SharedMemoryGroup::Allreduce(const Call& call, void* buffer, size_t count,
             Copy(base + part.begin * element,
                  Slot(q, chunk) + part.begin * element, part.count * element);
           }
+        }
+      }
+      Consume(chunk);
+    }
+  });
+}
+
+void SharedMemoryGroup::ReduceScatter(const Call& call, const void* input,
+                                      void* output,
+                                      const std::vector<size_t>& counts,
+                                      DType dtype, ReduceOp op) {
+  Guarded([&] {
+    const size_t element = ElementSize(dtype);
+    CallId call_id(call.sequence);
+    call_id.Add(static_cast<uint64_t>(Kind::kReduceScatter))
+        .Add(static_cast<uint64_t>(dtype))
+        .Add(static_cast<uint64_t>(op));
+    std::vector<size_t> offsets(local_size_);
+    size_t total = 0;
+    size_t largest = 0;
+    for (int r = 0; r < local_size_; ++r) {
+      call_id.Add(counts[r]);
+      offsets[r] = total;
+      total += counts[r];
+      largest = std::max(largest, counts[r]);
+    }
+    const uint64_t id = call_id.value();
+    const char* in = static_cast<const char*>(input);
+    char* out = static_cast<char*>(output);
+    if (local_size_ == 1) {
+      const char* own = in + offsets[0] * element;
+      if (counts[0] > 0 && out != own) Copy(out, own, counts[0] * element);
+      return;
+    }
+    // Each round, every rank puts the next piece of each rank's segment in
+    // its slot, at that rank's part (its own cache lines where the slot is
+    // large enough), and each rank reduces its part over all the slots.
+    size_t step =
+        std::max<size_t>(options_.slot_bytes / local_size_ / element, 1);
+    if (step * element >= 64) step = step * element / 64 * 64 / element;
+    const size_t stride = step * element;
+    for (size_t begin = 0; begin < largest; begin += step) {
+      auto piece = [&](int r) {
+        return counts[r] > begin ? std::min(step, counts[r] - begin)
+                                 : size_t{0};
+      };
+      const uint64_t chunk = BeginChunk(call);
+      char* slot = Slot(local_rank_, chunk);
+      // Our own piece too: `output` may be our segment of `input`, which
+      // reducing into it overwrites.
+      for (int q = 0; q < local_size_; ++q) {
+        const size_t n = piece(q);
+        if (n > 0) {
+          Copy(slot + q * stride, in + (offsets[q] + begin) * element,
+               n * element);
+        }
+      }
+      Post(chunk, id);
+      WaitPosted(call, chunk, id);
+      const size_t n = piece(local_rank_);
+      if (n > 0) {
+        auto source = [&](int r) -> const char* {
+          return Slot(r, chunk) + local_rank_ * stride;
+        };
+        char* destination = out + begin * element;
+        Reduce(dtype, op, destination, source(0), source(1), n);
+        for (int r = 2; r < local_size_; ++r) {
+          Reduce(dtype, op, destination, destination, source(r), n);
         }
       }
       Consume(chunk);

@@ -96,6 +96,13 @@ class SharedMemoryGroup {
   // local rank) or on every rank.
   void Allreduce(const Call& call, void* buffer, size_t count, DType dtype,
                  ReduceOp op, int receiver = kEveryRank);
+  // input: counts[0] + ... elements on every local rank; output: local rank
+  // r's segment (counts[r] elements from counts[0] + ... + counts[r - 1])
+  // reduced over the local ranks, in rank order as Allreduce reduces.
+  // output may be this rank's own segment of input.
+  void ReduceScatter(const Call& call, const void* input, void* output,
+                     const std::vector<size_t>& counts, DType dtype,
+                     ReduceOp op);
   // bytes[r] bytes from local rank r land at output + offsets[r], on
   // `receiver` or on every rank. `input` may be this rank's own place in
   // `output`.

@@ -51,7 +51,8 @@ enum class Kind : uint64_t {
   kAllreduce = 1,
   kAllgatherv,
   kBroadcast,
-  kBarrier
+  kBarrier,
+  kReduceScatter
 };
 
 inline size_t RoundUp(size_t value, size_t multiple) {

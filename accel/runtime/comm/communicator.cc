@@ -1,6 +1,7 @@
 #include "accel/runtime/comm/communicator.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string_view>
@@ -55,7 +56,7 @@ Communicator::Communicator(std::unique_ptr<Transport> transport,
       context.store
           ? context.store->WithRequestTimeout(kDiagnosticRequestTimeout)
           : nullptr,
-      [this] { transport_->Abort(); });
+      [this] { transport_->RequestAbort(); });
   worker_ = std::thread([this] { WorkerLoop(); });
 }
 
@@ -192,6 +193,73 @@ Communicator::Started Communicator::StartAllreduce(
         transport_->RunAllreduce(op, buffer, count, dtype, reduce_op);
       },
       mode, count * ElementSize(dtype));
+}
+
+std::shared_ptr<Work> Communicator::reduce_scatter_async(
+    const void* input, void* output, std::vector<size_t> counts, DType dtype,
+    ReduceOp reduce_op, const CollectiveOptions& options) {
+  return StartReduceScatter(input, output, std::move(counts), dtype, reduce_op,
+                            options, Mode::kAsync)
+      .work;
+}
+
+uint64_t Communicator::reduce_scatter(const void* input, void* output,
+                                      std::vector<size_t> counts, DType dtype,
+                                      ReduceOp reduce_op,
+                                      const CollectiveOptions& options) {
+  return Finish(StartReduceScatter(input, output, std::move(counts), dtype,
+                                   reduce_op, options, Mode::kBlocking));
+}
+
+Communicator::Started Communicator::StartReduceScatter(
+    const void* input, void* output, std::vector<size_t> counts, DType dtype,
+    ReduceOp reduce_op, const CollectiveOptions& options, Mode mode) {
+  constexpr const char* kName = "reduce_scatter";
+  if (counts.size() != static_cast<size_t>(size_)) {
+    FailUsage(kName, "expected " + std::to_string(size_) +
+                         " counts (one per rank), found " +
+                         std::to_string(counts.size()));
+  }
+  if (!SupportsReduction(dtype, reduce_op)) {
+    FailUsage(kName, std::string("reduction '") + ReduceOpName(reduce_op) +
+                         "' is not defined for dtype " + DTypeName(dtype) +
+                         "; use 'max' (logical or) or 'min' (logical and)");
+  }
+  const size_t element = ElementSize(dtype);
+  size_t total = 0;
+  size_t before = 0;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) before = total;
+    total += counts[r];
+  }
+  const size_t mine = counts[rank_];
+  if ((total > 0 && input == nullptr) || (mine > 0 && output == nullptr)) {
+    FailUsage(kName, "null buffer with non-zero counts");
+  }
+  // Another overlap would let this rank's result overwrite input that the
+  // others have not read yet.
+  const auto in_at = reinterpret_cast<uintptr_t>(input);
+  const auto out_at = reinterpret_cast<uintptr_t>(output);
+  if (mine > 0 && out_at != in_at + before * element &&
+      out_at < in_at + total * element && in_at < out_at + mine * element) {
+    FailUsage(kName,
+              "output overlaps input but is not this rank's segment of it "
+              "(elements " +
+                  std::to_string(before) + " to " +
+                  std::to_string(before + mine) + ")");
+  }
+  std::string signature = Concat({"reduce_scatter ", ReduceOpName(reduce_op),
+                                  " ", DTypeName(dtype), " ["});
+  for (int r = 0; r < size_; ++r) {
+    signature += (r ? ", " : "") + std::to_string(counts[r]);
+  }
+  return Start(
+      kName, options, signature + "]",
+      [=, counts = std::move(counts)](const Op& op) {
+        transport_->RunReduceScatter(op, input, output, counts, dtype,
+                                     reduce_op);
+      },
+      mode, total * element);
 }
 
 std::shared_ptr<Work> Communicator::broadcast_async(

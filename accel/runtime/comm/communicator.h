@@ -100,6 +100,14 @@ class Communicator {
   std::shared_ptr<Work> allreduce_async(void* buffer, size_t count, DType dtype,
                                         ReduceOp op,
                                         const CollectiveOptions& options = {});
+  // input holds counts[0] + ... + counts[size() - 1] elements on every
+  // rank; output gets this rank's segment of their reduction (counts[rank()]
+  // elements, from offset counts[0] + ... + counts[rank() - 1]). Counts may
+  // differ and be 0, and must be the same list on every rank. output is
+  // disjoint from input or exactly this rank's segment of it (in place).
+  std::shared_ptr<Work> reduce_scatter_async(
+      const void* input, void* output, std::vector<size_t> counts, DType dtype,
+      ReduceOp op, const CollectiveOptions& options = {});
   // In place: every rank's buffer = root's buffer.
   std::shared_ptr<Work> broadcast_async(void* buffer, size_t count, DType dtype,
                                         int root,
@@ -117,6 +125,9 @@ class Communicator {
                       const CollectiveOptions& options = {});
   uint64_t allreduce(void* buffer, size_t count, DType dtype, ReduceOp op,
                      const CollectiveOptions& options = {});
+  uint64_t reduce_scatter(const void* input, void* output,
+                          std::vector<size_t> counts, DType dtype, ReduceOp op,
+                          const CollectiveOptions& options = {});
   uint64_t broadcast(void* buffer, size_t count, DType dtype, int root,
                      const CollectiveOptions& options = {});
   uint64_t barrier(const CollectiveOptions& options = {});
@@ -157,6 +168,10 @@ class Communicator {
                           const CollectiveOptions& options, Mode mode);
   Started StartAllreduce(void* buffer, size_t count, DType dtype, ReduceOp op,
                          const CollectiveOptions& options, Mode mode);
+  Started StartReduceScatter(const void* input, void* output,
+                             std::vector<size_t> counts, DType dtype,
+                             ReduceOp op, const CollectiveOptions& options,
+                             Mode mode);
   Started StartBroadcast(void* buffer, size_t count, DType dtype, int root,
                          const CollectiveOptions& options, Mode mode);
   static uint64_t Finish(const Started& started);

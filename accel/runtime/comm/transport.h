@@ -25,6 +25,7 @@
 // communicator (MPI cannot cancel a collective and ends the job there).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -128,10 +129,20 @@ class Transport {
                              DType dtype) = 0;
   virtual void RunAllreduce(const Op& op, void* buffer, size_t count,
                             DType dtype, ReduceOp reduce_op) = 0;
+  // input: counts[0] + ... + counts[size-1] elements on every rank; output:
+  // this rank's segment (counts[rank] elements at the sum of the counts
+  // before it) reduced over the ranks. output is either disjoint from input
+  // or exactly this rank's segment of it.
+  virtual void RunReduceScatter(const Op& op, const void* input, void* output,
+                                const std::vector<size_t>& counts, DType dtype,
+                                ReduceOp reduce_op) = 0;
   virtual void RunBroadcast(const Op& op, void* buffer, size_t count,
                             DType dtype, int root) = 0;
   virtual void RunBarrier(const Op& op) = 0;
 
+  // From another thread (the watchdog): make the running operation fail
+  // soon. Records the request (abort_requested()), then calls Abort().
+  void RequestAbort();
   // From another thread: make the running operation fail soon.
   virtual void Abort() {}
   virtual void OnBroken(const std::string& message) {}
@@ -144,10 +155,28 @@ class Transport {
   // Throws UsageError "<where><operation>: <message>".
   [[noreturn]] void FailUsage(const char* operation,
                               const std::string& message) const;
+  // RunReduceScatter over RunAllreduce of a copy of the whole input, for
+  // host memory where a backend has nothing better (it moves every rank's
+  // segments to every rank: size times the bytes a reduce-scatter needs).
+  // With collective checks on, the ranks first agree that they run the same
+  // call (a 2-element allreduce), since an allreduce of different totals
+  // could corrupt memory or crash the backend.
+  void ReduceScatterByAllreduce(const Op& op, const void* input, void* output,
+                                const std::vector<size_t>& counts, DType dtype,
+                                ReduceOp reduce_op);
+  // Returns when every rank runs the same call as this one (sequence number
+  // and signature), in one 2-element allreduce of its hash; otherwise moves
+  // nothing and waits for the watchdog to stop the call, which names each
+  // rank's (or throws TimeoutError at op.timeout).
+  void AgreeOnCall(const Op& op);
+  bool abort_requested() const { return abort_requested_.load(); }
+  bool checks_enabled() const { return checks_enabled_; }
 
  private:
   const int rank_;
   const int size_;
+  const bool checks_enabled_;
+  std::atomic<bool> abort_requested_{false};
 };
 
 }  // namespace accel
