@@ -2,6 +2,8 @@
 
 #include <ATen/autocast_mode.h>
 
+#include "accel/libtorch_compat.h"
+
 namespace accel {
 
 AutocastScope::AutocastScope(c10::DeviceType device,
@@ -9,17 +11,10 @@ AutocastScope::AutocastScope(c10::DeviceType device,
     : device_(device) {
   if (!dtype) return;
   active_ = true;
-  if (device_ == c10::DeviceType::CUDA) {
-    was_enabled_ = at::autocast::is_enabled();
-    previous_dtype_ = at::autocast::get_autocast_gpu_dtype();
-    at::autocast::set_autocast_gpu_dtype(*dtype);
-    at::autocast::set_enabled(true);
-  } else {
-    was_enabled_ = at::autocast::is_cpu_enabled();
-    previous_dtype_ = at::autocast::get_autocast_cpu_dtype();
-    at::autocast::set_autocast_cpu_dtype(*dtype);
-    at::autocast::set_cpu_enabled(true);
-  }
+  was_enabled_ = compat::AutocastEnabled(device_);
+  previous_dtype_ = compat::AutocastDtype(device_);
+  compat::SetAutocastDtype(device_, *dtype);
+  compat::SetAutocastEnabled(device_, true);
   at::autocast::increment_nesting();
 }
 
@@ -35,13 +30,8 @@ AutocastScope::~AutocastScope() {
   if (!active_) return;
   // The cache of casted weights lives as long as the outermost scope.
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  if (device_ == c10::DeviceType::CUDA) {
-    at::autocast::set_enabled(was_enabled_);
-    at::autocast::set_autocast_gpu_dtype(previous_dtype_);
-  } else {
-    at::autocast::set_cpu_enabled(was_enabled_);
-    at::autocast::set_autocast_cpu_dtype(previous_dtype_);
-  }
+  compat::SetAutocastEnabled(device_, was_enabled_);
+  compat::SetAutocastDtype(device_, previous_dtype_);
 }
 
 }  // namespace accel

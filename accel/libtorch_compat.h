@@ -4,8 +4,10 @@
 //
 //   auto it = optimizer.state().find(accel::compat::StateKey(parameter));
 //   accel::compat::UseTcpStoreWithoutLibuv(options);
+//   accel::compat::SetAutocastEnabled(c10::DeviceType::CPU, true);
 #pragma once
 
+#include <ATen/autocast_mode.h>
 #include <torch/types.h>
 #include <torch/version.h>
 
@@ -13,6 +15,10 @@
 #include <type_traits>
 
 #define ACCEL_LIBTORCH_2 (TORCH_VERSION_MAJOR >= 2)
+// 2.4 and later: autocast's state per device type.
+#define ACCEL_LIBTORCH_2_4    \
+  (TORCH_VERSION_MAJOR > 2 || \
+   (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4))
 
 namespace accel::compat {
 
@@ -39,6 +45,52 @@ struct HasUseLibUV<Options, std::void_t<decltype(Options::useLibUV)>>
 template <typename Options>
 void UseTcpStoreWithoutLibuv(Options& options) {
   if constexpr (HasUseLibUV<Options>::value) options.useLibUV = false;
+}
+
+// Autocast's switch and dtype for CPU or CUDA: one function per device in
+// 1.13 (set_cpu_enabled, get_autocast_gpu_dtype, ...), deprecated in 2.4
+// for functions that take the device type.
+inline bool AutocastEnabled(c10::DeviceType device) {
+#if ACCEL_LIBTORCH_2_4
+  return at::autocast::is_autocast_enabled(device);
+#else
+  return device == c10::DeviceType::CUDA ? at::autocast::is_enabled()
+                                         : at::autocast::is_cpu_enabled();
+#endif
+}
+
+inline void SetAutocastEnabled(c10::DeviceType device, bool enabled) {
+#if ACCEL_LIBTORCH_2_4
+  at::autocast::set_autocast_enabled(device, enabled);
+#else
+  if (device == c10::DeviceType::CUDA) {
+    at::autocast::set_enabled(enabled);
+  } else {
+    at::autocast::set_cpu_enabled(enabled);
+  }
+#endif
+}
+
+inline c10::ScalarType AutocastDtype(c10::DeviceType device) {
+#if ACCEL_LIBTORCH_2_4
+  return at::autocast::get_autocast_dtype(device);
+#else
+  return device == c10::DeviceType::CUDA
+             ? at::autocast::get_autocast_gpu_dtype()
+             : at::autocast::get_autocast_cpu_dtype();
+#endif
+}
+
+inline void SetAutocastDtype(c10::DeviceType device, c10::ScalarType dtype) {
+#if ACCEL_LIBTORCH_2_4
+  at::autocast::set_autocast_dtype(device, dtype);
+#else
+  if (device == c10::DeviceType::CUDA) {
+    at::autocast::set_autocast_gpu_dtype(dtype);
+  } else {
+    at::autocast::set_autocast_cpu_dtype(dtype);
+  }
+#endif
 }
 
 }  // namespace accel::compat

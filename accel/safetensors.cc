@@ -58,14 +58,6 @@ std::string SupportedNames() {
   return names;
 }
 
-std::string ShapeString(c10::IntArrayRef shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    text += (i ? ", " : "") + std::to_string(shape[i]);
-  }
-  return text + "]";
-}
-
 // One tensor as the header describes it, after validation.
 struct Entry {
   std::string name;
