@@ -88,7 +88,8 @@ CXXFLAGS="-std=c++17 -O2 -fPIC -D_GLIBCXX_USE_CXX11_ABI=$abi -I$ROOT $DEPS_INC $
 # list cannot fall behind (trackers other than the interface need JSON and
 # protobuf headers the GPU machine lacks: --report_to is not checked there).
 units() { find "$@" -name '*.cc' ! -name '*_test.cc' | sed 's/\.cc$//' | sort; }
-CORE="$(units accel/runtime) accel/tracking/tracker backends/nccl/nccl_transport"
+CORE="$(units accel/runtime) accel/tracking/tracker accel/tracking/tracker_set
+      backends/nccl/nccl_transport"
 TORCH_UNITS="$(units accel -maxdepth 1) examples/train_demo"
 TEST_UNITS="tests/conformance tests/thread_ranks backends/nccl/nccl_conformance_test
             tools/bench/nccl_bandwidth"
