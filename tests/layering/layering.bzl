@@ -6,20 +6,35 @@
 
 Adds `torch_free_deps`, a genquery of the transitive dependencies of the
 package's C++ rules, which the test checks for LibTorch and for accel's
-LibTorch layer (//accel:*). New rules are covered without a list to keep.
+LibTorch layer (//accel:*), and `library_deps`, the same for the rules
+that are not tests (in accel/runtime/ those must not reach a backend; its
+tests may run over one). New rules are covered without a list to keep.
 """
 
 def torch_free_package():
     package = "//" + native.package_name() + ":"
-    rules = sorted([
-        package + rule["name"]
+    cc_rules = [
+        rule
         for rule in native.existing_rules().values()
         if rule["kind"].startswith("cc_")
+    ]
+    rules = sorted([package + rule["name"] for rule in cc_rules])
+    libraries = sorted([
+        package + rule["name"]
+        for rule in cc_rules
+        if rule["kind"] != "cc_test" and not rule.get("testonly", False)
     ])
     native.genquery(
         name = "torch_free_deps",
         testonly = True,
         expression = "deps(set(%s))" % " ".join(rules),
         scope = rules,
+        visibility = ["//tests/layering:__pkg__"],
+    )
+    native.genquery(
+        name = "library_deps",
+        testonly = True,
+        expression = "deps(set(%s))" % " ".join(libraries),
+        scope = libraries if libraries else rules,
         visibility = ["//tests/layering:__pkg__"],
     )

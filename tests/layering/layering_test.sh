@@ -5,12 +5,17 @@
 #      rules depends, directly or through anything, on LibTorch
 #      (@accel_torch) or on accel's LibTorch layer (//accel:*); each of their
 #      BUILD files declares torch_free_package(), whose genquery we read.
+#      accel/runtime/ is backend-free too: no dependency on Gloo, MPI, CUDA
+#      or NCCL (@accel_gloo, @accel_mpi, @accel_cuda) nor on //backends/.
 #   2. None of their sources includes a LibTorch header (the system's
 #      /usr/include holds them, so a missing Bazel dependency alone would not
-#      stop an include), nor a header of accel's LibTorch layer.
+#      stop an include), nor a header of accel's LibTorch layer; none in
+#      accel/runtime/ includes a Gloo, MPI, CUDA or NCCL header or one of
+#      backends/.
 #   3. Inside accel/runtime/, no include runs back up a layer:
-#      base < env < store < comm, and launch above env, beside comm (neither
-#      includes the other). Tests may use any runtime layer.
+#      base < env < store < comm, and launch beside comm: launch may include
+#      base, env and store, and neither launch nor comm includes the other.
+#      Tests may use any runtime layer.
 #
 # Usage (from the BUILD rule): layering_test.sh GENQUERY_OUTPUT...
 set -u
@@ -25,26 +30,46 @@ root=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../.." && pwd)
 [[ -f "$root/WORKSPACE" ]] || { echo "cannot find the source tree from $0"; exit 2; }
 
 # 1. Dependencies.
+checked=()
 for output in "$@"; do
   package=$(dirname "$output")
+  if [[ $(basename "$output") == library_deps ]]; then
+    # Only the runtime's libraries (not its tests) must not reach a backend.
+    [[ "$package" == accel/runtime/* ]] || continue
+    bad=$(grep -E '^(@accel_(gloo|mpi|cuda)//|//backends/)' "$output" | head -5)
+    if [[ -n "$bad" ]]; then
+      fail "//$package (the runtime) depends on a backend or its library:"
+      echo "$bad" | sed 's/^/    /'
+      echo "  (bazel query 'somepath(//$package:all, LABEL)' shows the path;" \
+           "backend code belongs in backends/, behind accel::Transport)"
+    fi
+    continue
+  fi
+  checked+=("$package")
   bad=$(grep -E '^(@accel_torch//:torch|//accel:[^/]*)$' "$output" | head -5)
   if [[ -n "$bad" ]]; then
     fail "//$package depends on LibTorch or accel's LibTorch layer through:"
     echo "$bad" | sed 's/^/    /'
-    echo "  (bazel query 'somepath(//$package:all, LABEL)' shows the path)"
+    echo "  (bazel query 'somepath(//$package:all, LABEL)' shows the path;" \
+         "code that needs LibTorch belongs in accel/)"
   fi
 done
 declared=0
 while IFS= read -r build; do
   declared=$((declared + 1))
+  relative=${build#"$root"/}
   if ! grep -q '^torch_free_package()' "$build"; then
-    fail "${build#"$root"/} does not declare torch_free_package() (last line)"
+    fail "$relative does not declare torch_free_package(): add" \
+         "load(\"//tests/layering:layering.bzl\", \"torch_free_package\")" \
+         "at its top and torch_free_package() as its last line"
   fi
-done < <(find "$root/accel/runtime" "$root/backends" -name BUILD.bazel)
-if [[ $# -lt $declared ]]; then
-  fail "$declared torch-free packages but $# genquery outputs: add the new" \
-       "package's :torch_free_deps to tests/layering/BUILD.bazel"
-fi
+  package=$(dirname "$relative")
+  if [[ " ${checked[*]} " != *" $package "* ]]; then
+    fail "//$package is not checked: add \"//$package\" to" \
+         "TORCH_FREE_PACKAGES in tests/layering/BUILD.bazel"
+  fi
+done < <(find "$root/accel/runtime" "$root/backends" \
+           \( -name BUILD.bazel -o -name BUILD \) | sort)
 
 # 2. and 3. Includes.
 rank_of() {
@@ -56,13 +81,22 @@ rank_of() {
 while IFS= read -r file; do
   relative=${file#"$root"/}
   while IFS= read -r line; do
-    header=$(sed -E 's/^#include [<"]([^>"]+)[>"].*/\1/' <<<"$line")
+    header=$(sed -E 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"]([^>"]+)[>"].*/\1/' \
+      <<<"$line")
     case "$header" in
       torch/* | ATen/* | c10/* | caffe2/*)
-        fail "$relative includes LibTorch's <$header>" ;;
+        fail "$relative includes LibTorch's <$header> (accel/runtime/ and" \
+             "backends/ stay LibTorch-free; code that needs it belongs in accel/)" ;;
       accel/runtime/*) ;;
       accel/*) fail "$relative includes accel's LibTorch layer: $header" ;;
     esac
+    if [[ "$relative" == accel/runtime/* && "$relative" != *_test.cc ]]; then
+      case "$header" in
+        gloo/* | mpi.h | mpi/* | nccl.h | cuda* | backends/*)
+          fail "$relative includes $header: the runtime is backend-free" \
+               "(backend code belongs in backends/, behind accel::Transport)" ;;
+      esac
+    fi
     [[ "$relative" == accel/runtime/* && "$header" == accel/runtime/* ]] ||
       continue
     [[ "$relative" == *_test.cc ]] && continue
@@ -71,11 +105,12 @@ while IFS= read -r file; do
     [[ "$mine" == "$theirs" ]] && continue
     if (($(rank_of "$theirs") >= $(rank_of "$mine"))); then
       fail "$relative ($mine) includes $header: runtime/$theirs is not" \
-           "below runtime/$mine (base < env < store < comm; launch above env)"
+           "below runtime/$mine (base < env < store < comm; launch beside" \
+           "comm, above store)"
     fi
-  done < <(grep -E '^#include [<"]' "$file")
-done < <(find "$root/accel/runtime" "$root/backends" \
-           \( -name '*.h' -o -name '*.cc' \) | sort)
+  done < <(grep -E '^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"]' "$file")
+done < <(find "$root/accel/runtime" "$root/backends" \( -name '*.h' -o \
+           -name '*.hpp' -o -name '*.cc' -o -name '*.cpp' \) | sort)
 
 if ((failures > 0)); then
   echo "$failures layering problem(s)"
