@@ -6,9 +6,16 @@
 #   tools/format_check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-mapfile -t files < <(git ls-files -- '*.h' '*.cc' '*.cpp')
+if ! command -v clang-format >/dev/null; then
+  echo "format_check: clang-format is not installed (tools/setup.sh installs it)" >&2
+  exit 2
+fi
+# Tracked files and new ones git does not ignore.
+mapfile -t files < <(git ls-files --cached --others --exclude-standard -- \
+  '*.h' '*.hpp' '*.cc' '*.cpp' | sort -u)
 unformatted=()
 for file in "${files[@]}"; do
+  [[ -f "$file" ]] || continue  # Deleted but not yet committed.
   if ! clang-format --style=file --dry-run --Werror "$file" >/dev/null 2>&1; then
     unformatted+=("$file")
   fi

@@ -7,15 +7,24 @@
 #   tools/sanitize.sh asan   # AddressSanitizer + UndefinedBehaviorSanitizer
 #   tools/sanitize.sh tsan   # ThreadSanitizer
 #
-# Extra arguments go to bazel test (targets default to the runtime and
-# backends). Prints the elapsed time.
+# Extra arguments go to bazel test (with flags only, the targets stay the
+# runtime and backends). Prints the elapsed time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-kind=${1:?usage: tools/sanitize.sh asan|tsan [bazel test arguments]}
+if [[ $# -eq 0 ]]; then
+  echo "usage: tools/sanitize.sh asan|tsan [bazel test flags] [targets]" >&2
+  exit 2
+fi
+kind=$1
 shift
 targets=("$@")
-if [[ ${#targets[@]} -eq 0 ]]; then
-  targets=(//accel/runtime/... //backends/...)
+# Flags alone keep the default targets.
+has_target=0
+for argument in "$@"; do
+  [[ "$argument" == -* ]] || has_target=1
+done
+if ((has_target == 0)); then
+  targets+=(//accel/runtime/... //backends/...)
 fi
 case "$kind" in
   asan)

@@ -15,6 +15,14 @@
 set -euo pipefail
 checkout=$(cd "${1:-$(dirname "$0")/../..}" && pwd)
 repeat=${2:-5}
+if ! [[ "$repeat" =~ ^[1-9][0-9]*$ ]]; then
+  echo "header_cost: REPEAT must be a whole number from 1, found '$repeat'" >&2
+  exit 2
+fi
+[[ -f "$checkout/accel/accelerator.h" ]] || {
+  echo "header_cost: $checkout is not an accel checkout (no accel/accelerator.h)" >&2
+  exit 2
+}
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 
@@ -60,7 +68,10 @@ times_of() {
   local i start end
   for ((i = 0; i < repeat; ++i)); do
     start=$(date +%s.%N)
-    g++ "${flags[@]}" "$scratch/$1.cc" -o "$scratch/$1.o"
+    g++ "${flags[@]}" "$scratch/$1.cc" -o "$scratch/$1.o" || {
+      echo "header_cost: compiling $1.cc failed (above)" >&2
+      return 1
+    }
     end=$(date +%s.%N)
     awk -v a="$start" -v b="$end" 'BEGIN { printf "%.3f\n", b - a }'
   done | sort -n
@@ -77,10 +88,13 @@ summary() {
 echo "checkout: $checkout ($(git -C "$checkout" log -1 --format=%h 2>/dev/null || echo '?'))"
 echo "g++ $(g++ -dumpfullversion), $repeat compiles each, seconds"
 printf '%-34s %8s %8s %8s\n' "file" "min" "median" "max"
-torch_only=$(times_of torch_only | summary)
-with_accel=$(times_of with_accel | summary)
+for name in torch_only with_accel accel_only; do
+  times_of "$name" >"$scratch/$name.times" || exit 1
+done
+torch_only=$(summary <"$scratch/torch_only.times")
+with_accel=$(summary <"$scratch/with_accel.times")
+accel_only=$(summary <"$scratch/accel_only.times")
 printf '%-34s %s\n' "<torch/torch.h> alone" "$torch_only"
-accel_only=$(times_of accel_only | summary)
 printf '%-34s %s\n' "+ accel/accelerator.h" "$with_accel"
 printf '%-34s %s\n' "accel/accelerator.h alone" "$accel_only"
 awk -v a="$torch_only" -v b="$with_accel" 'BEGIN {
