@@ -36,6 +36,9 @@ case "$kind" in
              "--test_env=TSAN_OPTIONS=halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tools/sanitizers/tsan.supp") ;;
   *) echo "tools/sanitize.sh: unknown kind '$kind' (asan or tsan)" >&2; exit 2 ;;
 esac
+# Sanitized tests run 2-15 times slower (TSan most): Bazel's timeouts per
+# size (60, 300, 900, 3600 s) tripled, the last kept.
+options+=(--test_timeout=180,900,2700,3600)
 start=$(date +%s)
 status=0
 bazel test "${options[@]}" "${targets[@]}" || status=$?
