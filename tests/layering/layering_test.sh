@@ -30,29 +30,31 @@ root=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../.." && pwd)
 [[ -f "$root/WORKSPACE" ]] || { echo "cannot find the source tree from $0"; exit 2; }
 
 # 1. Dependencies.
+# fail_if_reaches PACKAGE DEPS_FILE PATTERN WHAT WHERE: fails naming the first
+# dependencies of PACKAGE (one label a line in DEPS_FILE) that match PATTERN.
+fail_if_reaches() {
+  local package=$1 output=$2 pattern=$3 what=$4 where=$5 bad
+  bad=$(grep -E "$pattern" "$output" | head -5)
+  [[ -z "$bad" ]] && return
+  fail "//$package depends on $what through:"
+  echo "$bad" | sed 's/^/    /'
+  echo "  (bazel query 'somepath(//$package:all, LABEL)' shows the path;" \
+       "$where)"
+}
 checked=()
 for output in "$@"; do
   package=$(dirname "$output")
   if [[ $(basename "$output") == library_deps ]]; then
     # Only the runtime's libraries (not its tests) must not reach a backend.
-    [[ "$package" == accel/runtime/* ]] || continue
-    bad=$(grep -E '^(@accel_(gloo|mpi|cuda)//|//backends/)' "$output" | head -5)
-    if [[ -n "$bad" ]]; then
-      fail "//$package (the runtime) depends on a backend or its library:"
-      echo "$bad" | sed 's/^/    /'
-      echo "  (bazel query 'somepath(//$package:all, LABEL)' shows the path;" \
-           "backend code belongs in backends/, behind accel::Transport)"
-    fi
+    [[ "$package" == accel/runtime/* ]] &&
+      fail_if_reaches "$package" "$output" '^(@accel_(gloo|mpi|cuda)//|//backends/)' \
+        "a backend or its library (the runtime is backend-free)" \
+        "backend code belongs in backends/, behind accel::Transport"
     continue
   fi
   checked+=("$package")
-  bad=$(grep -E '^(@accel_torch//:torch|//accel:[^/]*)$' "$output" | head -5)
-  if [[ -n "$bad" ]]; then
-    fail "//$package depends on LibTorch or accel's LibTorch layer through:"
-    echo "$bad" | sed 's/^/    /'
-    echo "  (bazel query 'somepath(//$package:all, LABEL)' shows the path;" \
-         "code that needs LibTorch belongs in accel/)"
-  fi
+  fail_if_reaches "$package" "$output" '^(@accel_torch//:torch|//accel:[^/]*)$' \
+    "LibTorch or accel's LibTorch layer" "code that needs LibTorch belongs in accel/"
 done
 declared=0
 while IFS= read -r build; do
