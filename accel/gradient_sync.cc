@@ -1,13 +1,12 @@
 #include "accel/gradient_sync.h"
 
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 #include <iterator>
 #include <mutex>
 
+#include "accel/gradient_hooks.h"
 #include "accel/runtime/base/errors.h"
 #include "accel/tensor_ops.h"
 
@@ -38,8 +37,7 @@ struct GradientSynchronizer::State {
   std::vector<BufferGroup> buffer_groups;
   std::vector<Slot> slots;
   std::vector<Bucket> buckets;
-  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>>
-      hooks;
+  std::unique_ptr<GradientReadyHooks> hooks;
   std::mutex mutex;
   size_t next_to_launch = 0;
   bool enabled = true;
@@ -107,27 +105,6 @@ struct GradientSynchronizer::State {
     MarkArrived(index);
   }
 };
-
-namespace {
-
-class GradientReadyHook : public torch::autograd::FunctionPostHook {
- public:
-  GradientReadyHook(std::weak_ptr<GradientSynchronizer::State> state,
-                    size_t index)
-      : state_(std::move(state)), index_(index) {}
-  torch::autograd::variable_list operator()(
-      const torch::autograd::variable_list& outputs,
-      const torch::autograd::variable_list& /*inputs*/) override {
-    if (auto state = state_.lock()) state->OnGradientReady(index_);
-    return outputs;
-  }
-
- private:
-  std::weak_ptr<GradientSynchronizer::State> state_;
-  size_t index_;
-};
-
-}  // namespace
 
 std::vector<std::vector<size_t>> AssignBuckets(
     const std::vector<torch::Tensor>& parameters,
@@ -209,19 +186,13 @@ GradientSynchronizer::GradientSynchronizer(
     s.buckets.push_back(std::move(bucket));
   }
   s.ResetStep();
-  for (size_t index = 0; index < s.parameters.size(); ++index) {
-    auto accumulator =
-        torch::autograd::impl::grad_accumulator(s.parameters[index]);
-    if (!accumulator) continue;
-    const uintptr_t key = accumulator->add_post_hook(
-        std::make_unique<GradientReadyHook>(state_, index));
-    s.hooks.emplace_back(accumulator, key);
-  }
+  s.hooks = std::make_unique<GradientReadyHooks>(
+      s.parameters, [weak = std::weak_ptr<State>(state_)](size_t index) {
+        if (auto state = weak.lock()) state->OnGradientReady(index);
+      });
 }
 
-GradientSynchronizer::~GradientSynchronizer() {
-  for (auto& [node, key] : state_->hooks) node->del_post_hook(key);
-}
+GradientSynchronizer::~GradientSynchronizer() { state_->hooks.reset(); }
 
 void GradientSynchronizer::set_enabled(bool enabled) {
   std::lock_guard<std::mutex> lock(state_->mutex);
@@ -324,7 +295,7 @@ NoSyncScope::~NoSyncScope() {
   }
 }
 
-void NoSyncScope::Add(GradientSynchronizer* synchronizer, bool enabled) {
+void NoSyncScope::Add(GradientReducer* synchronizer, bool enabled) {
   if (synchronizer == nullptr) return;
   restore_.emplace_back(synchronizer, synchronizer->enabled());
   synchronizer->set_enabled(enabled);

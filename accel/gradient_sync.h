@@ -57,31 +57,46 @@ std::vector<std::vector<size_t>> AssignBuckets(
     const std::vector<torch::Tensor>& parameters,
     const GradientSyncOptions& options);
 
-class GradientSynchronizer {
+// What the Accelerator drives around backward for a prepared model:
+// DDP's averaging (GradientSynchronizer) or ZeRO stage 2's sharded
+// reduction (accel/zero.h).
+class GradientReducer {
+ public:
+  virtual ~GradientReducer() = default;
+  // Called just before backward.
+  virtual void begin_backward() = 0;
+  // Completes the step's reduction after backward.
+  virtual void finish() = 0;
+  // While disabled (no_sync / gradient accumulation), backward leaves the
+  // local gradients alone and finish() does nothing.
+  virtual void set_enabled(bool enabled) = 0;
+  virtual bool enabled() const = 0;
+  // Where the backward that the next reductions belong to was called, for
+  // their diagnostics.
+  virtual void set_call_site(CallSite site) = 0;
+};
+
+class GradientSynchronizer : public GradientReducer {
  public:
   // `buffers`: the model's buffers, for broadcast_buffers.
   GradientSynchronizer(Communicator& comm,
                        const std::vector<torch::Tensor>& parameters,
                        const GradientSyncOptions& options,
                        const std::vector<torch::Tensor>& buffers = {});
-  ~GradientSynchronizer();
+  ~GradientSynchronizer() override;
 
-  // Called just before backward: starts copying rank 0's buffers when this
-  // step syncs (broadcast_buffers).
-  void begin_backward();
+  // Starts copying rank 0's buffers when this step syncs
+  // (broadcast_buffers).
+  void begin_backward() override;
 
-  // Completes the step's reduction: launches buckets whose gradients never
-  // all arrived, waits for every bucket, and writes the averages to .grad.
-  void finish();
+  // Launches buckets whose gradients never all arrived, waits for every
+  // bucket, and writes the averages to .grad.
+  void finish() override;
 
-  // While disabled (no_sync / gradient accumulation), backward leaves the
-  // local gradients alone and finish() does nothing.
-  void set_enabled(bool enabled);
-
-  // Where the backward that the next buckets belong to was called, for
-  // diagnostics of their allreduces (named "backward").
-  void set_call_site(CallSite site);
-  bool enabled() const;
+  void set_enabled(bool enabled) override;
+  // The bucket allreduces are named "backward".
+  void set_call_site(CallSite site) override;
+  bool enabled() const override;
 
   size_t num_buckets() const;
   // Buckets whose allreduce has started in the current step (all of them
@@ -105,10 +120,10 @@ class [[nodiscard]] NoSyncScope {
   ~NoSyncScope();
   // Sets the synchronizer's sync to `enabled` until the scope ends; a null
   // synchronizer (one process) is ignored.
-  void Add(GradientSynchronizer* synchronizer, bool enabled = false);
+  void Add(GradientReducer* synchronizer, bool enabled = false);
 
  private:
-  std::vector<std::pair<GradientSynchronizer*, bool>> restore_;
+  std::vector<std::pair<GradientReducer*, bool>> restore_;
 };
 
 }  // namespace accel
