@@ -10,6 +10,10 @@
 //   optimizer->param_groups();             // the torch optimizer
 //   bool skipped = optimizer.step_was_skipped();
 //
+// Under ZeRO stages 1-2 the torch optimizer holds this rank's pieces of the
+// parameters (accel/zero.h): step() steps them and all-gathers the result,
+// zero_grad() also zeroes the model's gradients.
+//
 // A handle: copies refer to the same optimizer, which the program keeps
 // alive (as with any LibTorch optimizer passed by reference).
 #pragma once
@@ -30,6 +34,8 @@ class AcceleratedOptimizerBase {
 
   void step() {
     if (!state_->gradients.sync_gradients()) return;
+    ZeroOptimizer* zero = prepared_->zero.get();
+    if (zero != nullptr) zero->AttachGradients();
     GradScaler* scaler = state_->scaler.get();
     if (scaler != nullptr && scaler->is_enabled()) {
       prepared_->step_was_skipped = !scaler->step(*prepared_->optimizer);
@@ -38,9 +44,18 @@ class AcceleratedOptimizerBase {
       prepared_->optimizer->step();
       prepared_->step_was_skipped = false;
     }
+    // Every rank skipped or stepped alike (the scaler agrees on overflow).
+    if (zero != nullptr && !prepared_->step_was_skipped) {
+      zero->AllGatherParameters();
+    }
   }
   void zero_grad() {
-    if (state_->gradients.sync_gradients()) prepared_->optimizer->zero_grad();
+    if (!state_->gradients.sync_gradients()) return;
+    if (prepared_->zero != nullptr) {
+      prepared_->zero->ZeroGrad();
+    } else {
+      prepared_->optimizer->zero_grad();
+    }
   }
   // Whether the last step() was skipped because of an inf/nan gradient.
   bool step_was_skipped() const { return prepared_->step_was_skipped; }

@@ -20,6 +20,7 @@
 #include "accel/runtime/launch/program.h"
 #include "accel/tensor_ops.h"
 #include "accel/tracking/tracker_set.h"
+#include "accel/zero.h"
 
 namespace accel {
 namespace {
@@ -265,14 +266,53 @@ void Accelerator::PrepareModule(
                   module->buffers()));
 }
 
+std::shared_ptr<PreparedOptimizer> Accelerator::PrepareOptimizer(
+    torch::optim::Optimizer& optimizer) {
+  const int stage = options_.zero_stage;
+  if (stage == 0 || num_processes() == 1) {
+    return state_->prepared.AddOptimizer(optimizer);
+  }
+  // Every check before anything changes, the same on every rank.
+  std::shared_ptr<torch::nn::Module> model;
+  size_t index = 0;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const torch::Tensor& p : group.params()) {
+      std::shared_ptr<torch::nn::Module> holder =
+          state_->prepared.ModelHolding(p);
+      if (holder == nullptr) {
+        throw UsageError(
+            "prepare: under ZeRO stage " + std::to_string(stage) +
+            " the optimizer's parameter " + std::to_string(index) +
+            " is not a parameter of a prepared model; prepare the model "
+            "first (prepare(model, optimizer)) and build the optimizer over "
+            "the model's own parameters");
+      }
+      if (model == nullptr) model = holder;
+      ++index;
+    }
+  }
+  if (model == nullptr) return state_->prepared.AddOptimizer(optimizer);
+  auto zero = std::make_shared<ZeroOptimizer>(communicator(), stage, optimizer,
+                                              model->parameters());
+  if (stage == 2) {
+    state_->prepared.ReplaceSynchronizer(
+        model.get(),
+        zero->MakeGradientReducer(model->buffers(), options_.gradient_sync));
+  }
+  std::shared_ptr<PreparedOptimizer> prepared =
+      state_->prepared.AddOptimizer(optimizer);
+  prepared->zero = std::move(zero);
+  return prepared;
+}
+
 void Accelerator::PrepareLoader(std::shared_ptr<DataLoaderState> state,
                                 bool split_batches) {
   state_->prepared.AddLoader(std::move(state));
   if (split_batches) state_->split_batches = true;
 }
 
-GradientSynchronizer* Accelerator::SynchronizerOf(
-    const torch::nn::Module* model, const char* operation) {
+GradientReducer* Accelerator::SynchronizerOf(const torch::nn::Module* model,
+                                             const char* operation) {
   return state_->prepared.SynchronizerOf(model, operation);
 }
 
@@ -281,15 +321,19 @@ void Accelerator::backward(const torch::Tensor& loss, CallSite site) {
   const int steps = gradient_accumulation_steps();
   if (steps > 1) scaled = scaled / steps;
   if (state_->scaler != nullptr) scaled = state_->scaler->scale(scaled);
-  const std::vector<GradientSynchronizer*> synchronizers =
+  const std::vector<GradientReducer*> synchronizers =
       state_->prepared.synchronizers();
-  for (GradientSynchronizer* synchronizer : synchronizers) {
+  for (GradientReducer* synchronizer : synchronizers) {
     synchronizer->set_call_site(site);
     synchronizer->begin_backward();
   }
   scaled.backward();
-  for (GradientSynchronizer* synchronizer : synchronizers) {
+  for (GradientReducer* synchronizer : synchronizers) {
     synchronizer->finish();
+  }
+  // Under ZeRO, clip_grad_norm_ and the scaler see the pieces' gradients.
+  for (ZeroOptimizer* zero : state_->prepared.sharded_optimizers()) {
+    zero->AttachGradients();
   }
   ++step_;
 }
@@ -331,13 +375,28 @@ double Accelerator::clip_grad_norm_(
     const std::vector<torch::Tensor>& parameters, double max_norm,
     double norm_type) {
   unscale_gradients();
+  const std::vector<ZeroOptimizer*> sharded =
+      state_->prepared.sharded_optimizers();
+  if (!sharded.empty()) {
+    return ClipGradNormAcrossShards(communicator(), sharded, parameters,
+                                    max_norm, norm_type);
+  }
   return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
 }
 
 void Accelerator::clip_grad_value_(const std::vector<torch::Tensor>& parameters,
                                    double clip_value) {
   unscale_gradients();
-  torch::nn::utils::clip_grad_value_(parameters, clip_value);
+  const std::vector<ZeroOptimizer*> sharded =
+      state_->prepared.sharded_optimizers();
+  if (sharded.empty()) {
+    torch::nn::utils::clip_grad_value_(parameters, clip_value);
+    return;
+  }
+  torch::NoGradGuard no_grad;
+  for (torch::Tensor& grad : GradientsToClip(sharded, parameters)) {
+    grad.clamp_(-clip_value, clip_value);
+  }
 }
 
 bool Accelerator::optimizer_step_was_skipped() const {

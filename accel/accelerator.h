@@ -214,6 +214,8 @@ class Accelerator {
   AutocastScope autocast() const;
   // Clips the gradients' total norm (unscaling them first under fp16) and
   // returns the norm before clipping. Call on steps that sync gradients.
+  // Under ZeRO the norm is over every rank's shards (the same on every
+  // rank), so every rank must call it.
   double clip_grad_norm_(const std::vector<torch::Tensor>& parameters,
                          double max_norm, double norm_type = 2.0);
   void clip_grad_value_(const std::vector<torch::Tensor>& parameters,
@@ -517,8 +519,7 @@ class Accelerator {
       static_assert(std::is_lvalue_reference_v<T>,
                     "accel: prepare() takes optimizers by reference; keep the "
                     "optimizer in a variable that outlives the training loop");
-      return AcceleratedOptimizer<U>(state_,
-                                     state_->prepared.AddOptimizer(object));
+      return AcceleratedOptimizer<U>(state_, PrepareOptimizer(object));
     } else if constexpr (detail::IsDataLoader<U>::value) {
       U configured = object;
       if (options_.split_batches)
@@ -545,8 +546,8 @@ class Accelerator {
   }
 
   // The gradient synchronizer of a prepared model (null with one process).
-  GradientSynchronizer* SynchronizerOf(const torch::nn::Module* model,
-                                       const char* operation);
+  GradientReducer* SynchronizerOf(const torch::nn::Module* model,
+                                  const char* operation);
 
   // Rank 0's `value` on every rank (set once per name and restart).
   std::string FromMainProcess(const std::string& name,
@@ -559,6 +560,10 @@ class Accelerator {
   void MakeLossScaler();
   void MakeCheckpointManager();
   void PrepareModule(const std::shared_ptr<torch::nn::Module>& module);
+  // Registers the optimizer; under ZeRO (options' zero_stage, several
+  // processes) shards it over the prepared model(s) holding its parameters.
+  std::shared_ptr<PreparedOptimizer> PrepareOptimizer(
+      torch::optim::Optimizer& optimizer);
   void PrepareLoader(std::shared_ptr<DataLoaderState> state,
                      bool split_batches);
   CollectiveOptions At(CallSite site, const char* api = nullptr) const;

@@ -45,6 +45,7 @@ AcceleratorOptions AcceleratorOptions::FromFlags() {
   options.log_with = ParseTrackerNames(flags::report_to.value());
   options.logging_dir = flags::logging_dir.value();
   options.reuse_host_memory = flags::reuse_host_memory.value();
+  options.zero_stage = flags::zero_stage.value();
   return options;
 }
 
@@ -63,6 +64,15 @@ void AcceleratorOptions::Validate() const {
     throw UsageError("the rendezvous timeout must be positive, found " +
                      std::to_string(options.rendezvous_timeout.count()) +
                      " ms");
+  }
+  if (options.zero_stage < 0 || options.zero_stage > 2) {
+    throw UsageError(
+        "zero_stage (--zero_stage) must be 0 (DDP), 1 (optimizer state "
+        "sharded) or 2 (optimizer state and gradients sharded), found " +
+        std::to_string(options.zero_stage) +
+        (options.zero_stage == 3 ? " (stage 3, parameters sharded, is not "
+                                   "in this version of accel)"
+                                 : ""));
   }
   if (options.total_limit < 0) {
     throw UsageError("total_limit must not be negative, found " +
@@ -138,6 +148,8 @@ void AcceleratorOptions::AdoptGivenFlags(bool is_main_process) {
             "logging_dir", same, &overridden);
   AdoptFlag(flags::reuse_host_memory, options.reuse_host_memory,
             builtin.reuse_host_memory, "reuse_host_memory", same, &overridden);
+  AdoptFlag(flags::zero_stage, options.zero_stage, builtin.zero_stage,
+            "zero_stage", same, &overridden);
   if (overridden.empty() || !is_main_process) return;
   std::string listed;
   for (const std::string& item : overridden) {

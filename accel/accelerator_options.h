@@ -73,10 +73,15 @@ struct AcceleratorOptions {
   // (accel/runtime/base/host_memory.h): large CPU tensors then cost no page
   // faults after the first step.
   bool reuse_host_memory = true;
+  // ZeRO sharding of the training state (accel/zero.h), as DeepSpeed's
+  // zero_stage: 0 is DDP; 1 shards the optimizer state; 2 also the
+  // gradients. With one process nothing is sharded.
+  int zero_stage = 0;
 
   // --backend, --mixed_precision, --gradient_accumulation_steps,
   // --timeout_s, --rendezvous_timeout_s, --collective_checks, --report_to,
-  // --logging_dir and --reuse_host_memory (see accel/runtime/launch/program.h).
+  // --logging_dir, --reuse_host_memory and --zero_stage (see
+  // accel/runtime/launch/program.h).
   static AcceleratorOptions FromFlags();
 
   // UsageError naming the option for a value out of range.

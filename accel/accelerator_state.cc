@@ -13,6 +13,16 @@ CheckpointContents Accelerator::Contents() const {
   contents.scaler = state_->scaler;
   contents.step = step_;
   contents.run_id = run_id_;
+  if (!state_->prepared.sharded_optimizers().empty()) {
+    contents.zero_stage = options_.zero_stage;
+    Accelerator* self = const_cast<Accelerator*>(this);  // Saving is not const.
+    contents.all_ranks_wrote = [self](bool wrote) {
+      int32_t all = wrote ? 1 : 0;
+      self->communicator().allreduce(&all, 1, DType::kInt32, ReduceOp::kMin,
+                                     self->At(CallSite::Here(), "save_state"));
+      return all != 0;
+    };
+  }
   return contents;
 }
 

@@ -240,6 +240,11 @@ void LoadAllOrNothing(const std::vector<Stateful>& parts,
   }
 }
 
+bool IsSharded(const CheckpointContents& contents, int world_size) {
+  return contents.zero_stage > 0 && world_size > 1 &&
+         !contents.optimizers.empty();
+}
+
 // What this rank reads of a checkpoint, checked: the shared state and, when
 // it is there, this rank's random state.
 struct CheckedFiles {
@@ -280,6 +285,59 @@ CheckedFiles ReadFiles(const std::string& dir, int rank, int world_size) {
   return files;
 }
 
+// Whether the checkpoint holds sharded optimizer state that this job can
+// load (then in this rank's file); CheckpointError when the sharding does
+// not match this job's, naming both.
+bool CheckShardedOptimizers(torch::serialize::InputArchive& state,
+                            int64_t saved_world,
+                            const CheckpointContents& contents, int world_size,
+                            const CheckedFiles& files) {
+  c10::IValue stage_value;
+  const int64_t saved_stage =
+      state.try_read("zero_stage", stage_value) && stage_value.isInt()
+          ? stage_value.toInt()
+          : 0;
+  const bool saved = saved_stage > 0;
+  const bool wanted = IsSharded(contents, world_size);
+  const std::string here = std::to_string(world_size) + " process(es)";
+  const std::string there = std::to_string(saved_world) + " process(es)";
+  if (saved && !wanted) {
+    throw CheckpointError("'" + files.state_path +
+                          "' holds optimizer state sharded by ZeRO "
+                          "stage " +
+                          std::to_string(saved_stage) + " over " + there +
+                          ", but this job does not shard it (zero_stage " +
+                          std::to_string(contents.zero_stage) + " at " + here +
+                          "); resume with --zero_stage=" +
+                          std::to_string(saved_stage) + " at " + there);
+  }
+  if (!saved && wanted) {
+    throw CheckpointError(
+        "'" + files.state_path +
+        "' holds whole optimizer state (saved "
+        "without ZeRO at " +
+        there + "), but this job shards it (ZeRO stage " +
+        std::to_string(contents.zero_stage) + " at " + here +
+        "); resume without --zero_stage, or start the sharded run afresh");
+  }
+  if (!saved) return false;
+  if (saved_world != world_size) {
+    throw CheckpointError(
+        "'" + files.state_path + "' holds optimizer state sharded over " +
+        there + " (ZeRO stage " + std::to_string(saved_stage) +
+        "), but this job runs " + here +
+        "; accel does not re-shard it yet: resume at " + there);
+  }
+  if (!files.random) {
+    throw CheckpointError("'" + files.random_path +
+                          "' is missing: it holds "
+                          "this rank's shard of the optimizer state (ZeRO "
+                          "stage " +
+                          std::to_string(saved_stage) + ")");
+  }
+  return true;
+}
+
 }  // namespace
 
 std::string RandomStatesFile(int rank) {
@@ -317,6 +375,7 @@ void SaveCheckpoint(const std::string& dir, int rank, int world_size,
   MakeDirectories(dir);
   const CheckpointIdentity base{contents.run_id, contents.step, ""};
   std::vector<std::string> written;
+  bool agreed = false;  // Whether this rank took part in all_ranks_wrote.
   try {
     // This rank's file first: the shared file, written last, marks the
     // checkpoint complete.
@@ -326,10 +385,29 @@ void SaveCheckpoint(const std::string& dir, int rank, int world_size,
       std::lock_guard<std::mutex> lock(generator.mutex());
       random.write("cpu_rng", generator.get_state());
     }
+    const bool sharded = IsSharded(contents, world_size);
+    if (sharded) {
+      for (size_t i = 0; i < contents.optimizers.size(); ++i) {
+        torch::serialize::OutputArchive archive;
+        contents.optimizers[i]->save(archive);
+        random.write("optimizer_" + std::to_string(i), archive);
+      }
+    }
     CheckpointIdentity id = base;
     id.role = RandomStatesRole(rank);
     written.push_back(Join(dir, RandomStatesFile(rank)));
     WriteCheckpointFile(written.back(), id, random);
+    if (sharded) {
+      agreed = true;
+      if (!contents.all_ranks_wrote(true)) {
+        throw CheckpointError(
+            "save_state: another rank could not write its optimizer shard "
+            "into '" +
+            dir +
+            "' (see its error); the checkpoint is not "
+            "complete");
+      }
+    }
     if (!write_shared) return;
     // A save at fewer processes than an earlier one into the same folder:
     // the extra ranks' files are of that save, and a later load at the
@@ -344,6 +422,8 @@ void SaveCheckpoint(const std::string& dir, int rank, int world_size,
     }
     torch::serialize::OutputArchive state;
     state.write("num_processes", c10::IValue(int64_t{world_size}));
+    state.write("zero_stage",
+                c10::IValue(int64_t{sharded ? contents.zero_stage : 0}));
     state.write("num_models", c10::IValue(int64_t(contents.models.size())));
     for (size_t i = 0; i < contents.models.size(); ++i) {
       auto model = SaveModel(*contents.models[i]);
@@ -352,6 +432,8 @@ void SaveCheckpoint(const std::string& dir, int rank, int world_size,
     for (const StatefulKind& kind : StatefulKinds(contents)) {
       state.write("num_" + kind.plural,
                   c10::IValue(int64_t(kind.parts.size())));
+      // Sharded optimizer state is in each rank's file.
+      if (sharded && kind.singular == "optimizer") continue;
       for (size_t i = 0; i < kind.parts.size(); ++i) {
         torch::serialize::OutputArchive archive;
         kind.parts[i].save(archive);
@@ -376,7 +458,10 @@ void SaveCheckpoint(const std::string& dir, int rank, int world_size,
     // no other rank may be writing into it; otherwise their files of this
     // save stay in an incomplete checkpoint, which loading passes over and
     // pruning removes.
-    written.pop_back();
+    if (IsSharded(contents, world_size) && !agreed) {
+      contents.all_ranks_wrote(false);
+    }
+    if (!written.empty()) written.pop_back();
     for (const std::string& path : written) std::remove(path.c_str());
     if (!existed && world_size == 1) rmdir(dir.c_str());
     throw;
@@ -439,6 +524,9 @@ void LoadCheckpoint(const std::string& dir, int rank, int world_size,
     for (int64_t i = 0; i < num_models; ++i) {
       model_values.push_back(ReadModel(state, i, *contents.models[i], path));
     }
+    const int64_t saved_world = ReadInt(state, "num_processes", path);
+    const bool sharded =
+        CheckShardedOptimizers(state, saved_world, contents, world_size, files);
     std::vector<Stateful> parts;
     std::vector<torch::serialize::InputArchive> archives;
     for (const StatefulKind& kind : StatefulKinds(contents)) {
@@ -451,8 +539,13 @@ void LoadCheckpoint(const std::string& dir, int rank, int world_size,
       for (size_t i = 0; i < kind.parts.size(); ++i) {
         const std::string key = kind.singular + "_" + std::to_string(i);
         archives.emplace_back();
-        if (!state.try_read(key, archives.back())) {
-          throw CheckpointError("'" + path + "' has no " + key);
+        const bool in_rank_file = sharded && kind.singular == "optimizer";
+        torch::serialize::InputArchive& source =
+            in_rank_file ? *files.random->archive : state;
+        if (!source.try_read(key, archives.back())) {
+          throw CheckpointError("'" +
+                                (in_rank_file ? files.random_path : path) +
+                                "' has no " + key);
         }
         parts.push_back(kind.parts[i]);
         parts.back().name = key;
@@ -473,7 +566,6 @@ void LoadCheckpoint(const std::string& dir, int rank, int world_size,
           "prepared " +
           std::to_string(contents.loaders.size()) + " data loader(s)");
     }
-    const int64_t saved_world = ReadInt(state, "num_processes", path);
     torch::Tensor rng_state;
     if (files.random) {
       if (!files.random->archive->try_read("cpu_rng", rng_state)) {

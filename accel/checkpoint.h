@@ -16,7 +16,12 @@
 //                           process count resumes there), and every object
 //                           registered for checkpointing (object_0, ...).
 //   random_states_<r>.pt    written by rank r when it calls save_state: the
-//                           step and that rank's RNG state (CPU generator).
+//                           step and that rank's RNG state (CPU generator);
+//                           under ZeRO (zero_stage > 0, several processes)
+//                           also rank r's shard of every optimizer's state
+//                           (optimizer_0, ...), and every rank must save.
+//                           Such a checkpoint loads at the same number of
+//                           processes only (CheckpointError naming both).
 // Each file is written beside its final name, flushed to disk, then renamed
 // over it, so a crash mid-save leaves the previous file whole. Loading
 // checks everything (names, shapes, dtypes, counts) before changing anything
@@ -62,6 +67,14 @@ struct CheckpointContents {
   // The run that saves (shared by its ranks): a checkpoint's files must
   // all come from one save.
   std::string run_id;
+  // ZeRO stage of the optimizers (accel/zero.h): with several processes
+  // and a stage above 0, each rank's optimizer state is its shard, saved in
+  // its own file.
+  int zero_stage = 0;
+  // Sharded saves: every rank calls it once it wrote (true) or failed to
+  // write (false) its file; it returns whether every rank wrote, so that
+  // the shared file, which marks the checkpoint complete, comes last.
+  std::function<bool(bool)> all_ranks_wrote;
 };
 
 inline constexpr const char* kStateFile = "accelerator_state.pt";

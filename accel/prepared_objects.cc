@@ -6,9 +6,8 @@
 
 namespace accel {
 
-void PreparedObjects::AddModel(
-    std::shared_ptr<torch::nn::Module> model,
-    std::unique_ptr<GradientSynchronizer> synchronizer) {
+void PreparedObjects::AddModel(std::shared_ptr<torch::nn::Module> model,
+                               std::unique_ptr<GradientReducer> synchronizer) {
   models_.push_back({std::move(model), std::move(synchronizer)});
 }
 
@@ -32,8 +31,8 @@ void PreparedObjects::AddObject(CheckpointObject object) {
   objects_.push_back(std::move(object));
 }
 
-GradientSynchronizer* PreparedObjects::SynchronizerOf(
-    const torch::nn::Module* model, const char* operation) const {
+GradientReducer* PreparedObjects::SynchronizerOf(const torch::nn::Module* model,
+                                                 const char* operation) const {
   for (const Model& entry : models_) {
     if (entry.module.get() == model) return entry.synchronizer.get();
   }
@@ -42,10 +41,37 @@ GradientSynchronizer* PreparedObjects::SynchronizerOf(
                    "the model that prepare() returned");
 }
 
-std::vector<GradientSynchronizer*> PreparedObjects::synchronizers() const {
-  std::vector<GradientSynchronizer*> all;
+std::vector<GradientReducer*> PreparedObjects::synchronizers() const {
+  std::vector<GradientReducer*> all;
   for (const Model& entry : models_) {
     if (entry.synchronizer != nullptr) all.push_back(entry.synchronizer.get());
+  }
+  return all;
+}
+
+std::shared_ptr<torch::nn::Module> PreparedObjects::ModelHolding(
+    const torch::Tensor& parameter) const {
+  for (const Model& entry : models_) {
+    for (const torch::Tensor& p : entry.module->parameters()) {
+      if (p.is_same(parameter)) return entry.module;
+    }
+  }
+  return nullptr;
+}
+
+void PreparedObjects::ReplaceSynchronizer(
+    const torch::nn::Module* model,
+    std::unique_ptr<GradientReducer> synchronizer) {
+  for (Model& entry : models_) {
+    if (entry.module.get() == model)
+      entry.synchronizer = std::move(synchronizer);
+  }
+}
+
+std::vector<ZeroOptimizer*> PreparedObjects::sharded_optimizers() const {
+  std::vector<ZeroOptimizer*> all;
+  for (const auto& prepared : optimizers_) {
+    if (prepared->zero != nullptr) all.push_back(prepared->zero.get());
   }
   return all;
 }

@@ -8,7 +8,7 @@
 //   PreparedObjects prepared;
 //   prepared.AddModel(net, std::move(synchronizer));
 //   auto optimizer = prepared.AddOptimizer(adamw);
-//   for (GradientSynchronizer* s : prepared.synchronizers()) s->finish();
+//   for (GradientReducer* s : prepared.synchronizers()) s->finish();
 //   CheckpointContents contents = prepared.Contents();
 #pragma once
 
@@ -22,6 +22,7 @@
 #include "accel/data_loader_state.h"
 #include "accel/gradient_sync.h"
 #include "accel/scheduler.h"
+#include "accel/zero.h"
 
 namespace accel {
 
@@ -29,6 +30,8 @@ namespace accel {
 struct PreparedOptimizer {
   torch::optim::Optimizer* optimizer = nullptr;
   bool step_was_skipped = false;
+  // Under ZeRO stages 1-2 (several processes): what this rank steps.
+  std::shared_ptr<ZeroOptimizer> zero;
 };
 
 class PreparedObjects {
@@ -39,7 +42,7 @@ class PreparedObjects {
 
   // `synchronizer` is null with one process.
   void AddModel(std::shared_ptr<torch::nn::Module> model,
-                std::unique_ptr<GradientSynchronizer> synchronizer);
+                std::unique_ptr<GradientReducer> synchronizer);
   std::shared_ptr<PreparedOptimizer> AddOptimizer(
       torch::optim::Optimizer& optimizer);
   void AddScheduler(std::shared_ptr<LRScheduler> scheduler);
@@ -48,9 +51,17 @@ class PreparedObjects {
 
   // The prepared model's synchronizer: null with one process; UsageError
   // naming `operation` for a model this registry does not hold.
-  GradientSynchronizer* SynchronizerOf(const torch::nn::Module* model,
-                                       const char* operation) const;
-  std::vector<GradientSynchronizer*> synchronizers() const;
+  GradientReducer* SynchronizerOf(const torch::nn::Module* model,
+                                  const char* operation) const;
+  std::vector<GradientReducer*> synchronizers() const;
+  // The prepared model holding `parameter` (by identity), or null.
+  std::shared_ptr<torch::nn::Module> ModelHolding(
+      const torch::Tensor& parameter) const;
+  // Replaces a prepared model's reducer (ZeRO stage 2 takes over DDP's).
+  void ReplaceSynchronizer(const torch::nn::Module* model,
+                           std::unique_ptr<GradientReducer> synchronizer);
+  // The ZeRO-sharded optimizers.
+  std::vector<ZeroOptimizer*> sharded_optimizers() const;
   std::vector<std::shared_ptr<torch::nn::Module>> models() const;
   const std::vector<std::shared_ptr<PreparedOptimizer>>& optimizers() const {
     return optimizers_;
@@ -69,7 +80,7 @@ class PreparedObjects {
  private:
   struct Model {
     std::shared_ptr<torch::nn::Module> module;
-    std::unique_ptr<GradientSynchronizer> synchronizer;
+    std::unique_ptr<GradientReducer> synchronizer;
   };
   std::vector<Model> models_;
   std::vector<std::shared_ptr<PreparedOptimizer>> optimizers_;

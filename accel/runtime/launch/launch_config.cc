@@ -71,6 +71,7 @@ const std::vector<std::string>& ConfigurableFlags() {
       "report_to",
       "logging_dir",
       "reuse_host_memory",
+      "zero_stage",
   };
   return names;
 }

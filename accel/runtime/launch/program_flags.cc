@@ -178,6 +178,11 @@ ProgramFlag<bool> reuse_host_memory(
     "Keep memory that tensors free in the process for reuse, rather than "
     "returning each large block to the system (which costs a page fault per "
     "4 KiB page the next time; see accel/runtime/base/host_memory.h).");
+ProgramFlag<int32_t> zero_stage(
+    "zero_stage", 0,
+    "ZeRO sharding of the training state over the processes: 0 (DDP, every "
+    "rank holds everything), 1 (optimizer state sharded) or 2 (optimizer "
+    "state and gradients sharded).");
 
 }  // namespace flags
 
@@ -190,7 +195,8 @@ void ForEachFlag(Fn&& fn) {
         &flags::main_process_port, &flags::num_cpu_threads_per_process,
         &flags::max_restarts, &flags::signal_grace_s,
         &flags::gradient_accumulation_steps, &flags::timeout_s,
-        &flags::rendezvous_timeout_s, &flags::network_timeout_s}) {
+        &flags::rendezvous_timeout_s, &flags::network_timeout_s,
+        &flags::zero_stage}) {
     fn(*flag);
   }
   for (auto* flag :

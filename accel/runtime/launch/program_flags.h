@@ -86,6 +86,7 @@ extern ProgramFlag<bool> collective_checks;
 extern ProgramFlag<std::string> report_to;
 extern ProgramFlag<std::string> logging_dir;
 extern ProgramFlag<bool> reuse_host_memory;
+extern ProgramFlag<int32_t> zero_stage;
 }  // namespace flags
 
 // Registers every flag above with gflags unless the program defines one of

@@ -1,0 +1,380 @@
+// ZeRO stages 1 and 2 (accel/zero.h) against DDP (stage 0) in the same job:
+// the same parameters after 50 AdamW steps, the same clipped norms, each
+// rank holding 1/N of the optimizer state, fp16 overflow on one shard,
+// misuse, and checkpoints. Every rank is a process (1, 2 and 3 of them);
+// the gloo backend over shared memory, and over TCP in zero_tcp_test.
+#include "accel/zero.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adamw.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "accel/checkpoint.h"
+#include "tests/multiprocess_main.h"
+#include "tests/usage_error.h"
+
+namespace accel::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kSteps = 50;
+
+torch::nn::Sequential MakeModel(bool freeze_first = false) {
+  torch::manual_seed(11);
+  torch::nn::Sequential model(torch::nn::Linear(12, 40), torch::nn::Tanh(),
+                              torch::nn::Linear(40, 40), torch::nn::Tanh(),
+                              torch::nn::Linear(40, 3));
+  if (freeze_first) {
+    for (auto& p : model[0]->parameters()) p.requires_grad_(false);
+  }
+  return model;
+}
+
+// This rank's batch of a step: the same on every run.
+std::pair<torch::Tensor, torch::Tensor> Batch(int step, int rank) {
+  auto generator =
+      at::make_generator<at::CPUGeneratorImpl>(1000 * step + rank + 1);
+  return {torch::randn({8, 12}, generator),
+          torch::randint(0, 3, {8}, generator, torch::kLong)};
+}
+
+struct Run {
+  int stage = 0;
+  bool freeze_first = false;
+  double clip = 0;  // clip_grad_norm_'s max_norm; 0: none.
+  int accumulation = 1;
+  int steps = kSteps;
+  int first_step = 0;
+  std::string save_to;    // save_state here after the steps.
+  std::string load_from;  // load_state from here before them.
+};
+
+struct Result {
+  torch::Tensor parameters;  // Flattened, in order.
+  // Parameters that still held a gradient after the last synced backward.
+  int parameters_with_grad = 0;
+  std::vector<double> norms;   // clip_grad_norm_'s, per step.
+  int64_t state_elements = 0;  // exp_avg elements this rank's AdamW holds.
+};
+
+AcceleratorOptions Options(const Run& run) {
+  AcceleratorOptions options = TestAcceleratorOptions();
+  options.zero_stage = run.stage;
+  options.gradient_accumulation_steps = run.accumulation;
+  // Several buckets, so that stage 2 reduce-scatters during backward.
+  options.gradient_sync.first_bucket_bytes = 512;
+  options.gradient_sync.bucket_cap_bytes = 2048;
+  return options;
+}
+
+Result Train(const Run& run) {
+  Accelerator accelerator(Options(run));
+  torch::nn::Sequential net = MakeModel(run.freeze_first);
+  torch::optim::AdamW adamw(net->parameters(),
+                            torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  auto [model, optimizer] = accelerator.prepare(net, adamw);
+  if (!run.load_from.empty()) accelerator.load_state(run.load_from);
+  Result result;
+  const int rank = accelerator.process_index();
+  for (int step = run.first_step; step < run.first_step + run.steps; ++step) {
+    for (int micro = 0; micro < run.accumulation; ++micro) {
+      auto scope = accelerator.accumulate(model);
+      auto [x, y] = Batch(step * run.accumulation + micro, rank);
+      accelerator.backward(
+          torch::nn::functional::cross_entropy(model->forward(x), y));
+      if (accelerator.sync_gradients()) {
+        result.parameters_with_grad = 0;
+        for (const auto& p : model->parameters()) {
+          result.parameters_with_grad += p.grad().defined() ? 1 : 0;
+        }
+      }
+      if (run.clip > 0 && accelerator.sync_gradients()) {
+        result.norms.push_back(
+            accelerator.clip_grad_norm_(model->parameters(), run.clip));
+      }
+      optimizer.step();
+      optimizer.zero_grad();
+    }
+  }
+  if (!run.save_to.empty()) {
+    accelerator.save_state(run.save_to);
+    accelerator.wait_for_everyone();  // Rank 0's file is written last.
+  }
+  std::vector<torch::Tensor> flat;
+  for (const auto& p : model->parameters()) flat.push_back(p.reshape({-1}));
+  result.parameters = torch::cat(flat).clone();
+  for (const auto& [key, state] : adamw.state()) {
+    result.state_elements +=
+        static_cast<torch::optim::AdamWParamState&>(*state).exp_avg().numel();
+  }
+  return result;
+}
+
+double MaxDifference(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a - b).abs().max().item<double>();
+}
+
+int64_t TrainableElements(bool freeze_first) {
+  int64_t total = 0;
+  for (const auto& p : MakeModel(freeze_first)->parameters()) {
+    if (p.requires_grad()) total += p.numel();
+  }
+  return total;
+}
+
+TEST(ShardLayoutTest, SharesPartitionTheTensorsInRankOrder) {
+  for (int world : {1, 2, 3, 4, 7}) {
+    const std::vector<int64_t> numels = {5, 0, 17, 1, 9};
+    ShardLayout layout(numels, world);
+    EXPECT_EQ(layout.total(), 32);
+    EXPECT_EQ(layout.shard_size(), (32 + world - 1) / world);
+    EXPECT_GE(layout.padded(), 32);
+    int64_t covered = 0;
+    for (int rank = 0; rank < world; ++rank) {
+      EXPECT_EQ(layout.begin(rank), std::min<int64_t>(32, covered));
+      int64_t in_pieces = 0;
+      for (const auto& piece : layout.Pieces(rank)) {
+        const int64_t at = layout.offset(piece.tensor) + piece.begin;
+        EXPECT_EQ(at, layout.begin(rank) + in_pieces);
+        EXPECT_LE(piece.begin + piece.length, numels[piece.tensor]);
+        EXPECT_GT(piece.length, 0);
+        in_pieces += piece.length;
+      }
+      EXPECT_EQ(in_pieces, layout.end(rank) - layout.begin(rank));
+      covered = layout.end(rank);
+    }
+    EXPECT_EQ(covered, 32);
+    // A bucket's counts add up to its size, each within a share.
+    const std::vector<size_t> counts = layout.Counts(3, 23);
+    size_t sum = 0;
+    for (int rank = 0; rank < world; ++rank) {
+      sum += counts[rank];
+      EXPECT_LE(counts[rank], static_cast<size_t>(layout.shard_size()));
+    }
+    EXPECT_EQ(sum, 20u);
+  }
+}
+
+TEST(ZeroTest, Stage1GivesDdpsParametersBitForBit) {
+  const Result ddp = Train({});
+  const Result zero = Train({.stage = 1});
+  EXPECT_EQ(MaxDifference(zero.parameters, ddp.parameters), 0.0);
+  // The comparison is not vacuous: training moved the weights.
+  EXPECT_GT(MaxDifference(ddp.parameters, Train({.steps = 0}).parameters),
+            1e-2);
+}
+
+TEST(ZeroTest, Stage2GivesDdpsParameters) {
+  const Result ddp = Train({});
+  const Result zero = Train({.stage = 2});
+  // Reduce-scatter sums each element over the ranks as allreduce does: at
+  // 2 ranks a + b either way; at 3 a backend may add in another order.
+  const double difference = MaxDifference(zero.parameters, ddp.parameters);
+  // Each rank kept only its share of the reduced gradients: the
+  // parameters' own .grad were freed once reduce-scattered.
+  EXPECT_EQ(ddp.parameters_with_grad, 6);
+  EXPECT_EQ(zero.parameters_with_grad,
+            SharedAccelerator().num_processes() == 1 ? 6 : 0);
+  if (SharedAccelerator().is_main_process()) {
+    std::printf(
+        "stage 2 against DDP at %d process(es): max |difference| "
+        "%.3g after %d steps\n",
+        SharedAccelerator().num_processes(), difference, kSteps);
+  }
+  if (SharedAccelerator().num_processes() <= 2) {
+    EXPECT_EQ(difference, 0.0);
+  } else {
+    EXPECT_LE(difference, 1e-6);
+  }
+}
+
+TEST(ZeroTest, EachRankHoldsItsShareOfTheOptimizerState) {
+  const int n = SharedAccelerator().num_processes();
+  const int64_t total = TrainableElements(false);
+  const int64_t share = (total + n - 1) / n;
+  for (int stage : {1, 2}) {
+    const Result zero = Train({.stage = stage, .steps = 2});
+    const int rank = SharedAccelerator().process_index();
+    EXPECT_EQ(zero.state_elements, std::min(total, (rank + 1) * share) -
+                                       std::min(total, rank * share))
+        << "stage " << stage;
+  }
+  EXPECT_EQ(Train({.steps = 2}).state_elements, total);
+}
+
+TEST(ZeroTest, ClippedNormIsTheGlobalOneOnEveryStage) {
+  const Result ddp = Train({.clip = 0.5});
+  for (int stage : {1, 2}) {
+    const Result zero = Train({.stage = stage, .clip = 0.5});
+    ASSERT_EQ(zero.norms.size(), ddp.norms.size());
+    for (size_t i = 0; i < ddp.norms.size(); ++i) {
+      EXPECT_NEAR(zero.norms[i], ddp.norms[i], 1e-6 * ddp.norms[i])
+          << "stage " << stage << ", step " << i;
+    }
+    double worst_norm = 0;
+    for (size_t i = 0; i < ddp.norms.size(); ++i) {
+      worst_norm = std::max(
+          worst_norm, std::abs(zero.norms[i] - ddp.norms[i]) / ddp.norms[i]);
+    }
+    const double difference = MaxDifference(zero.parameters, ddp.parameters);
+    if (SharedAccelerator().is_main_process()) {
+      std::printf(
+          "clipped, stage %d against DDP at %d process(es): norms "
+          "within %.3g (relative), parameters within %.3g\n",
+          stage, SharedAccelerator().num_processes(), worst_norm, difference);
+    }
+    EXPECT_LE(difference, 1e-6) << "stage " << stage;
+  }
+  // Clipping did clip: some norms were above max_norm.
+  EXPECT_GT(*std::max_element(ddp.norms.begin(), ddp.norms.end()), 0.5);
+}
+
+TEST(ZeroTest, AccumulationAndFrozenParametersAsUnderDdp) {
+  const Result ddp =
+      Train({.freeze_first = true, .accumulation = 3, .steps = 12});
+  for (int stage : {1, 2}) {
+    const Result zero = Train(
+        {.stage = stage, .freeze_first = true, .accumulation = 3, .steps = 12});
+    EXPECT_LE(MaxDifference(zero.parameters, ddp.parameters), 1e-6)
+        << "stage " << stage;
+  }
+}
+
+TEST(ZeroTest, AnOverflowOnOneShardSkipsTheStepOnEveryRank) {
+  for (int stage : {1, 2}) {
+    AcceleratorOptions options = Options({.stage = stage});
+    options.mixed_precision = "fp16";
+    Accelerator accelerator(options);
+    torch::nn::Sequential net = MakeModel();
+    torch::optim::AdamW adamw(net->parameters(),
+                              torch::optim::AdamWOptions(1e-2));
+    auto [model, optimizer] = accelerator.prepare(net, adamw);
+    std::vector<torch::Tensor> before;
+    for (const auto& p : model->parameters()) before.push_back(p.clone());
+    // The last bias lies in the last rank's share only.
+    torch::Tensor last_bias = model->parameters().back();
+    auto [x, y] = Batch(0, accelerator.process_index());
+    const float inf = std::numeric_limits<float>::infinity();
+    accelerator.backward(
+        torch::nn::functional::cross_entropy(model->forward(x), y) +
+        last_bias.sum() * inf);
+    optimizer.step();
+    optimizer.zero_grad();
+    EXPECT_TRUE(optimizer.step_was_skipped()) << "stage " << stage;
+    const auto after = model->parameters();
+    for (size_t i = 0; i < before.size(); ++i) {
+      EXPECT_TRUE(torch::equal(before[i], after[i])) << "stage " << stage;
+    }
+    // And the next clean step steps.
+    accelerator.backward(
+        torch::nn::functional::cross_entropy(model->forward(x), y));
+    optimizer.step();
+    EXPECT_FALSE(optimizer.step_was_skipped()) << "stage " << stage;
+    EXPECT_FALSE(torch::equal(before[0], model->parameters()[0]));
+  }
+}
+
+TEST(ZeroTest, MisuseIsOneClearErrorOnEveryRank) {
+  if (SharedAccelerator().num_processes() == 1) {
+    GTEST_SKIP() << "one process shards nothing";
+  }
+  Accelerator accelerator(Options({.stage = 2}));
+  {
+    torch::nn::Sequential net = MakeModel();
+    torch::optim::AdamW adamw(net->parameters(),
+                              torch::optim::AdamWOptions(1e-2));
+    net->forward(torch::ones({1, 12})).sum().backward();
+    adamw.step();
+    auto model = accelerator.prepare(net);
+    EXPECT_THAT(UsageErrorOf([&] { accelerator.prepare(adamw); }),
+                HasSubstr("already holds state for 6 parameter(s)"));
+  }
+  {
+    torch::nn::Sequential net = MakeModel();
+    torch::Tensor stray = torch::zeros({3}, torch::requires_grad());
+    torch::optim::AdamW adamw(std::vector<torch::Tensor>{stray},
+                              torch::optim::AdamWOptions(1e-2));
+    auto model = accelerator.prepare(net);
+    EXPECT_THAT(UsageErrorOf([&] { accelerator.prepare(adamw); }),
+                HasSubstr("is not a parameter of a prepared model"));
+  }
+  {
+    torch::nn::Sequential net = MakeModel();
+    torch::optim::AdamW adamw(net[0]->parameters(),
+                              torch::optim::AdamWOptions(1e-2));
+    auto model = accelerator.prepare(net);
+    EXPECT_THAT(UsageErrorOf([&] { accelerator.prepare(adamw); }),
+                HasSubstr("must hold every trainable parameter of its "
+                          "model, but parameter 2"));
+  }
+  AcceleratorOptions three = Options({});
+  three.zero_stage = 3;
+  EXPECT_THAT(UsageErrorOf([&] { three.Validate(); }),
+              HasSubstr("stage 3, parameters sharded, is not"));
+}
+
+std::string Folder(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return std::string(tmp ? tmp : "/tmp") + "/" + name + "_" +
+         std::to_string(SharedAccelerator().num_processes());
+}
+
+TEST(ZeroTest, ACheckpointResumesBitExactlyAtTheSameProcessCount) {
+  for (int stage : {1, 2}) {
+    const std::string dir = Folder("zero" + std::to_string(stage));
+    const Result whole = Train({.stage = stage, .steps = 20});
+    Train({.stage = stage, .steps = 10, .save_to = dir});
+    const Result resumed = Train(
+        {.stage = stage, .steps = 10, .first_step = 10, .load_from = dir});
+    EXPECT_EQ(MaxDifference(resumed.parameters, whole.parameters), 0.0)
+        << "stage " << stage;
+    EXPECT_EQ(resumed.state_elements, whole.state_elements);
+  }
+}
+
+TEST(ZeroTest, AShardedCheckpointFailsAtAnotherCountNamingBoth) {
+  const int n = SharedAccelerator().num_processes();
+  if (n == 1) GTEST_SKIP() << "one process shards nothing";
+  const std::string dir = Folder("zero_count");
+  Train({.stage = 1, .steps = 2, .save_to = dir});
+  // What each rank would meet in a job of another size, and without ZeRO.
+  torch::nn::Sequential net = MakeModel();
+  torch::optim::AdamW adamw(net->parameters(),
+                            torch::optim::AdamWOptions(1e-2));
+  CheckpointContents contents;
+  contents.models = {net.ptr()};
+  contents.optimizers = {&adamw};
+  contents.zero_stage = 1;
+  const int rank = SharedAccelerator().process_index();
+  try {
+    LoadCheckpoint(dir, rank, n + 1, contents);
+    ADD_FAILURE() << "loaded at another process count";
+  } catch (const CheckpointError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("sharded over " + std::to_string(n) +
+                                    " process(es) (ZeRO stage 1), but this "
+                                    "job runs " +
+                                    std::to_string(n + 1) + " process(es)"));
+  }
+  contents.zero_stage = 0;
+  try {
+    LoadCheckpoint(dir, rank, n, contents);
+    ADD_FAILURE() << "loaded sharded state without ZeRO";
+  } catch (const CheckpointError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("resume with --zero_stage=1"));
+  }
+}
+
+}  // namespace
+}  // namespace accel::testing
