@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "accel/accelerator.h"
+#include "tools/bench/driver.h"
 
 DEFINE_string(models, "mlp,conv", "Models to measure: mlp, conv.");
 DEFINE_string(ranks, "1,2,4", "Numbers of ranks to measure.");
@@ -67,8 +68,17 @@ DEFINE_string(model, "mlp", "Internal: the model a worker measures.");
 
 namespace {
 
+using accel::bench::Median;
+using accel::bench::Ms;
+using accel::bench::ParseList;
+using accel::bench::ParseNames;
+using accel::bench::Plain;
+using accel::bench::Ratio;
+using accel::bench::Results;
+using accel::bench::RunAndParse;
+using accel::bench::SelfPath;
+using accel::bench::Spread;
 using Clock = std::chrono::steady_clock;
-using Results = std::map<std::string, double>;
 
 constexpr int64_t kBatch = 32;  // Per rank.
 constexpr const char* kModes[] = {"step_sync", "step_nosync", "sync_alone"};
@@ -100,11 +110,6 @@ Workload Build(const std::string& name) {
             torch::randn({kBatch, 3, 32, 32}), torch::randint(0, 10, {kBatch})};
   }
   throw accel::UsageError("--model: expected mlp or conv, found " + name);
-}
-
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
 }
 
 // Times this rank's steps; rank 0 prints the medians as JSON.
@@ -186,62 +191,9 @@ void MeasureRank() {
 
 // --- The driver -----------------------------------------------------------
 
-std::vector<int> ParseList(const std::string& text) {
-  std::vector<int> values;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    if (!item.empty()) values.push_back(std::stoi(item));
-  }
-  return values;
-}
-
-std::vector<std::string> ParseNames(const std::string& text) {
-  std::vector<std::string> names;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    if (!item.empty()) names.push_back(item);
-  }
-  return names;
-}
-
-std::string SelfPath() {
-  char self[4096] = {};
-  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  return std::string(self, n > 0 ? n : 0);
-}
-
 std::string ScriptPath() {
   if (!FLAGS_torch_script.empty()) return FLAGS_torch_script;
   return SelfPath() + ".runfiles/accel/tools/bench/torch_ddp.py";
-}
-
-// Runs `command`; its last line that starts with '{' is JSON of
-// {"name": number}.
-Results RunAndParse(const std::string& name, const std::string& command) {
-  std::fprintf(stderr, "measuring %s: %s\n", name.c_str(), command.c_str());
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(command.c_str(), "r"),
-                                             pclose);
-  Results results;
-  if (!pipe) return results;
-  std::string output;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe.get())) {
-    output.append(buffer, n);
-  }
-  const size_t open = output.rfind('{');
-  try {
-    if (open == std::string::npos) throw std::runtime_error("no JSON line");
-    const nlohmann::json parsed = nlohmann::json::parse(output.substr(open));
-    for (const auto& item : parsed.items()) {
-      results[item.key()] = item.value().get<double>();
-    }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s gave no results (%s); its output:\n%s\n",
-                 name.c_str(), e.what(), output.c_str());
-  }
-  return results;
 }
 
 struct Config {
@@ -272,15 +224,6 @@ Results RunTorch(const Config& c) {
   return RunAndParse("torch DDP", command.str());
 }
 
-// One figure over the repetitions.
-struct Spread {
-  std::vector<double> values;
-  bool empty() const { return values.empty(); }
-  double min() const { return *std::min_element(values.begin(), values.end()); }
-  double max() const { return *std::max_element(values.begin(), values.end()); }
-  double median() const { return Median(values); }
-};
-
 // What the tables show for one configuration and one side.
 struct Figures {
   Spread step, nosync, alone, optimizer, samples_per_s, hidden;
@@ -304,35 +247,6 @@ Figures Summarize(const std::vector<Results>& runs, const Config& c) {
     f.buckets = static_cast<int>(r.at("buckets"));
   }
   return f;
-}
-
-std::string Ms(const Spread& s) {
-  if (s.empty()) return "n/a";
-  char text[64];
-  std::snprintf(text, sizeof(text), "%.1f/%.1f/%.1f", s.min() * 1e3,
-                s.median() * 1e3, s.max() * 1e3);
-  return text;
-}
-
-std::string Plain(const Spread& s, const char* format) {
-  if (s.empty()) return "n/a";
-  char a[32], b[32], c[32];
-  std::snprintf(a, sizeof(a), format, s.min());
-  std::snprintf(b, sizeof(b), format, s.median());
-  std::snprintf(c, sizeof(c), format, s.max());
-  return std::string(a) + "/" + b + "/" + c;
-}
-
-// accel's figure over torch's, min/median/max over the runs paired by
-// repetition (each pair ran back to back).
-std::string Ratio(const Spread& ours, const Spread& theirs) {
-  if (ours.empty() || theirs.empty()) return "n/a";
-  Spread ratio;
-  for (size_t i = 0; i < std::min(ours.values.size(), theirs.values.size());
-       ++i) {
-    ratio.values.push_back(ours.values[i] / theirs.values[i]);
-  }
-  return Plain(ratio, "%.2f");
 }
 
 void PrintConfig(const Config& c, const Figures& ours, const Figures& torch,
