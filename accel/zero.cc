@@ -316,8 +316,10 @@ class ShardedGradientReducer : public GradientReducer {
       for (size_t t = group.params.size(); t-- > 0;) {
         const torch::Tensor& p = group.params[t];
         const size_t bytes = p.numel() * p.element_size();
-        const size_t cap = s.buckets.size() <= 1 ? options.first_bucket_bytes
-                                                 : options.bucket_cap_bytes;
+        // Every bucket of DDP's first size (1 MiB by default): a bucket's
+        // buffer is gradient memory beyond this rank's share, and a larger
+        // parameter is a bucket of its own, reduced where autograd left it.
+        const size_t cap = options.first_bucket_bytes;
         const bool fits = !s.buckets.empty() && s.buckets.back().group == g &&
                           bucket_bytes + bytes <= cap;
         if (!fits) {
@@ -395,9 +397,11 @@ class ShardedGradientReducer : public GradientReducer {
     size_t bucket;
     bool arrived;
   };
-  // Buckets whose reduction may be in flight at once: their buffers are
-  // the gradient memory beyond this rank's share.
-  static constexpr size_t kInFlight = 2;
+  // Buckets whose reduction may be in flight while the next fills: their
+  // buffers are the gradient memory beyond this rank's share. One keeps
+  // communication beside backward (bucket k is reduced while autograd
+  // computes bucket k + 1's gradients) at the least memory.
+  static constexpr size_t kInFlight = 1;
 
   struct State {
     State(Communicator& c, std::vector<std::shared_ptr<ZeroGroup>> g)
@@ -434,14 +438,24 @@ class ShardedGradientReducer : public GradientReducer {
       ZeroGroup& group = *groups[slot.group];
       torch::Tensor& param = group.params[slot.tensor];
       torch::NoGradGuard no_grad;
+      const torch::Tensor& grad = param.grad();
+      if (bucket.members.size() == 1 && grad.defined() &&
+          grad.is_contiguous() && grad.dtype() == group.flat.dtype()) {
+        // A bucket of one gradient reduces it where autograd left it: no
+        // copy, and no second gradient-sized buffer alive.
+        bucket.buffer = grad.reshape({-1});
+        param.mutable_grad() = torch::Tensor();
+        if (--bucket.pending == 0) LaunchReady();
+        return;
+      }
       if (!bucket.buffer.defined()) {
         bucket.buffer =
             torch::empty({bucket.hi - bucket.lo}, group.flat.options());
       }
       torch::Tensor place = bucket.buffer.narrow(
           0, group.layout.offset(slot.tensor) - bucket.lo, param.numel());
-      if (param.grad().defined()) {
-        place.copy_(param.grad().reshape({-1}));
+      if (grad.defined()) {
+        place.copy_(grad.reshape({-1}));
       } else {
         place.zero_();
       }

@@ -21,10 +21,15 @@
 //
 // Gradients: under stage 1 the model's DDP allreduce runs as before (every
 // rank holds full gradients, and a piece's gradient is a view of its
-// parameter's). Under stage 2 each gradient is copied into its bucket as
+// parameter's). Under stage 2 each gradient goes into its bucket as
 // autograd produces it and the parameter's .grad is freed; each bucket is
-// reduce-scattered (at most two in flight, then their buffers go), so a
-// rank holds its share of the reduced gradients plus about two buckets.
+// reduce-scattered, one in flight while the next fills, then its buffer
+// goes. Buckets are of GradientSyncOptions::first_bucket_bytes (1 MiB);
+// a larger parameter is a bucket of its own, reduced from the gradient
+// autograd made (no copy). A rank then holds its share of the reduced
+// gradients plus, during backward, about three gradients of its largest
+// parameter (the one in flight, and autograd's new one with the copy it
+// makes to the parameter's layout).
 // Inside no_sync the gradients accumulate locally in .grad at full size,
 // as under DDP: accumulation costs the full gradients' memory.
 //
