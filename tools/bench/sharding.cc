@@ -1,0 +1,313 @@
+// Model-state memory and step time of ZeRO stages 1 and 2 against DDP
+// (stage 0), measured in the same run (a benchmark, not a test).
+//
+//   bazel run -c opt //tools/bench:sharding
+//   bazel run -c opt //tools/bench:sharding -- --models=mlp --ranks=2
+//       --repetitions=3   (one line)
+//
+// Models: "mlp", 25.2M parameters (24 layers 1024x1024 and a head), and
+// "transformer", eight nn::TransformerEncoderLayer(d_model 256, 4 heads,
+// feed-forward 1024) and a head (6.3M parameters); fp32 AdamW, batch 8 per
+// rank. For each model, number of ranks and repetition, the stages run in
+// turn (the order alternating), each as its own job of --num_processes
+// ranks. Each rank counts every byte LibTorch allocates on the CPU through
+// an allocator installed with c10::SetCPUAllocator (RSS says nothing here:
+// freed memory is kept for reuse), and reports the peak over the timed
+// steps, which start after warm-up steps have made AdamW's state: the
+// peak holds the parameters, gradients, optimizer state, the reduction's
+// buckets, AdamW's temporaries and the activations (which no ZeRO stage
+// shards); "state" is what a rank holds between steps, the model state
+// itself. The tables show the largest rank's state and peak, the median
+// step time, min/median/max over the repetitions, and
+// each stage over DDP with the target. The bytes a rank sends per
+// step are computed, for bandwidth-optimal collectives over B bytes of
+// gradients: allreduce 2(N-1)/N B, reduce-scatter and all-gather (N-1)/N B.
+#include <c10/core/CPUAllocator.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/transformerlayer.h>
+#include <torch/optim/adamw.h>
+#include <torch/version.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "accel/accelerator.h"
+#include "tools/bench/driver.h"
+
+DEFINE_string(models, "mlp,transformer", "Models: mlp, transformer.");
+DEFINE_string(ranks, "2,4", "Numbers of ranks.");
+DEFINE_string(stages, "0,1,2", "ZeRO stages (0 is DDP).");
+DEFINE_int32(repetitions, 3, "Runs per model, ranks and stage.");
+DEFINE_int32(warmup, 2, "Untimed steps first (they make AdamW's state).");
+DEFINE_int32(steps, 5, "Timed steps per run.");
+DEFINE_bool(worker, false, "Internal: run one measurement as a rank.");
+DEFINE_string(model, "mlp", "Internal: the model a worker measures.");
+
+namespace {
+
+using accel::bench::Spread;
+using Clock = std::chrono::steady_clock;
+
+constexpr int64_t kBatch = 8;
+
+// Counts the bytes LibTorch holds on the CPU, and their peak.
+class CountingAllocator final : public c10::Allocator {
+ public:
+  explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
+
+  c10::DataPtr allocate(size_t bytes) const final {
+    c10::DataPtr inner = base_->allocate(bytes);
+    if (bytes == 0) return inner;
+    void* data = inner.get();
+    auto* context = new Held{std::move(inner), bytes, this};
+    const int64_t now = held_ += static_cast<int64_t>(bytes);
+    int64_t peak = peak_.load();
+    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+    }
+    return {data, context, &Release, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const final { return nullptr; }
+#if TORCH_VERSION_MAJOR > 2 || \
+    (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+  void copy_data(void* dest, const void* src, std::size_t count) const final {
+    default_copy_data(dest, src, count);
+  }
+#endif
+
+  int64_t held() const { return held_; }
+  int64_t peak() const { return peak_; }
+  void ResetPeak() { peak_ = held_.load(); }
+
+ private:
+  struct Held {
+    c10::DataPtr inner;
+    size_t bytes;
+    const CountingAllocator* owner;
+  };
+  static void Release(void* context) {
+    auto* held = static_cast<Held*>(context);
+    held->owner->held_ -= static_cast<int64_t>(held->bytes);
+    delete held;
+  }
+
+  c10::Allocator* base_;
+  mutable std::atomic<int64_t> held_{0};
+  mutable std::atomic<int64_t> peak_{0};
+};
+
+class TransformerImpl : public torch::nn::Module {
+ public:
+  TransformerImpl() {
+    for (int i = 0; i < 8; ++i) {
+      layers_->push_back(torch::nn::TransformerEncoderLayer(
+          torch::nn::TransformerEncoderLayerOptions(256, 4)
+              .dim_feedforward(1024)
+              .dropout(0.0)));
+    }
+    register_module("layers", layers_);
+    head_ = register_module("head", torch::nn::Linear(256, 16));
+  }
+  torch::Tensor forward(torch::Tensor x) {  // [sequence, batch, 256]
+    for (const auto& layer : *layers_) {
+      x = layer->as<torch::nn::TransformerEncoderLayer>()->forward(x);
+    }
+    return head_->forward(x.mean(0));
+  }
+
+ private:
+  torch::nn::ModuleList layers_;
+  torch::nn::Linear head_{nullptr};
+};
+TORCH_MODULE(Transformer);
+
+int64_t Parameters(const torch::nn::Module& module) {
+  int64_t total = 0;
+  for (const auto& p : module.parameters()) total += p.numel();
+  return total;
+}
+
+// --- A rank ---------------------------------------------------------------
+
+void MeasureRank(CountingAllocator& counter) {
+  accel::Accelerator accelerator(accel::AcceleratorOptions::FromFlags());
+  torch::manual_seed(0);
+  namespace nn = torch::nn;
+  std::unique_ptr<torch::optim::AdamW> owned;
+  int64_t parameters = 0;
+  auto train = [&](auto net, torch::Tensor inputs) {
+    const torch::Tensor labels = torch::randint(0, 16, {kBatch});
+    owned = std::make_unique<torch::optim::AdamW>(
+        net->parameters(), torch::optim::AdamWOptions(1e-4));
+    parameters = Parameters(*net);
+    auto [model, optimizer] = accelerator.prepare(net, *owned);
+    auto step = [&accelerator, model = model, optimizer = optimizer, inputs,
+                 labels]() mutable {
+      accelerator.backward(
+          torch::nn::functional::cross_entropy(model->forward(inputs), labels));
+      optimizer.step();
+      optimizer.zero_grad();
+    };
+    for (int i = 0; i < FLAGS_warmup; ++i) step();
+    counter.ResetPeak();
+    std::vector<double> seconds;
+    for (int i = 0; i < FLAGS_steps; ++i) {
+      accelerator.wait_for_everyone();
+      const auto start = Clock::now();
+      step();
+      seconds.push_back(
+          std::chrono::duration<double>(Clock::now() - start).count());
+    }
+    return accel::bench::Median(seconds);
+  };
+  double step_s = 0;
+  if (FLAGS_model == "mlp") {
+    nn::Sequential net;
+    for (int i = 0; i < 24; ++i) {
+      net->push_back(nn::Linear(1024, 1024));
+      net->push_back(nn::ReLU());
+    }
+    net->push_back(nn::Linear(1024, 16));
+    step_s = train(net, torch::randn({kBatch, 1024}));
+  } else if (FLAGS_model == "transformer") {
+    step_s = train(Transformer(), torch::randn({32, kBatch, 256}));
+  } else {
+    throw accel::UsageError("--model: expected mlp or transformer, found " +
+                            FLAGS_model);
+  }
+  // The peak over the timed steps, and what stays between steps (the
+  // model state itself), of the largest rank.
+  double bytes[2] = {static_cast<double>(counter.peak()),
+                     static_cast<double>(counter.held())};
+  accelerator.communicator().allreduce(bytes, 2, accel::DType::kFloat64,
+                                       accel::ReduceOp::kMax);
+  if (accelerator.is_main_process()) {
+    nlohmann::json results = {{"step_s", step_s},
+                              {"peak_bytes", bytes[0]},
+                              {"state_bytes", bytes[1]},
+                              {"parameters", static_cast<double>(parameters)}};
+    std::printf("%s\n", results.dump().c_str());
+  }
+}
+
+// --- The driver -----------------------------------------------------------
+
+struct Cell {
+  Spread peak_mb, state_mb, step_s;
+  double parameters = 0;
+};
+
+double Target(int stage, int ranks, bool memory) {
+  if (!memory) return ranks == 2 && stage > 0 ? 1.0 : 0;
+  if (stage == 1) return ranks == 2 ? 0.78 : ranks == 4 ? 0.65 : 0;
+  if (stage == 2) return ranks == 2 ? 0.65 : ranks == 4 ? 0.47 : 0;
+  return 0;
+}
+
+std::string Verdict(const Spread& ours, const Spread& ddp, double target) {
+  if (target == 0 || ours.empty() || ddp.empty()) return "";
+  const double ratio = ours.median() / ddp.median();
+  char text[48];
+  std::snprintf(text, sizeof(text), "<= %.2f %s", target,
+                ratio <= target ? "met" : "MISSED");
+  return text;
+}
+
+// MB each rank sends per step for B bytes of fp32 gradients (see above).
+double SentMb(int stage, int ranks, double parameters) {
+  const double bytes = parameters * 4;
+  const double share = (ranks - 1.0) / ranks * bytes;
+  const double sent = stage == 1 ? 3 * share : 2 * share;
+  return sent / 1e6;
+}
+
+void PrintTable(const std::string& model, int ranks,
+                std::map<int, Cell>& cells) {
+  const Cell& ddp = cells[0];
+  std::printf(
+      "\n%s (%.1fM parameters, fp32 AdamW, batch %ld per rank), %d ranks%s; "
+      "min/median/max over %d runs\n",
+      model.c_str(), ddp.parameters / 1e6, static_cast<long>(kBatch), ranks,
+      ranks > 2 ? " (oversubscribed on 2 cores: time not a target)" : "",
+      static_cast<int>(ddp.peak_mb.values.size()));
+  std::printf("%-8s %14s %16s %-12s %14s %16s %-12s %20s %16s %-12s %8s\n",
+              "stage", "state MB", "x DDP", "target", "peak MB", "x DDP",
+              "target", "step ms", "x DDP", "target", "sent MB");
+  const auto memory = [&](const Spread& ours, const Spread& theirs, int stage) {
+    return Verdict(ours, theirs, Target(stage, ranks, true));
+  };
+  for (auto& [stage, cell] : cells) {
+    std::printf(
+        "%-8s %14s %16s %-12s %14s %16s %-12s %20s %16s %-12s %8.1f\n",
+        stage == 0 ? "0 (DDP)" : std::to_string(stage).c_str(),
+        accel::bench::Plain(cell.state_mb, "%.0f").c_str(),
+        accel::bench::Ratio(cell.state_mb, ddp.state_mb).c_str(),
+        memory(cell.state_mb, ddp.state_mb, stage).c_str(),
+        accel::bench::Plain(cell.peak_mb, "%.0f").c_str(),
+        accel::bench::Ratio(cell.peak_mb, ddp.peak_mb).c_str(),
+        memory(cell.peak_mb, ddp.peak_mb, stage).c_str(),
+        accel::bench::Ms(cell.step_s).c_str(),
+        accel::bench::Ratio(cell.step_s, ddp.step_s).c_str(),
+        Verdict(cell.step_s, ddp.step_s, Target(stage, ranks, false)).c_str(),
+        SentMb(stage, ranks, cell.parameters));
+  }
+}
+
+int Main(int, char**) {
+  static CountingAllocator counter(c10::GetCPUAllocator());
+  if (FLAGS_worker) {
+    c10::SetCPUAllocator(&counter, /*priority=*/100);
+    MeasureRank(counter);
+    return 0;
+  }
+  const std::vector<int> stages = accel::bench::ParseList(FLAGS_stages);
+  for (const std::string& model : accel::bench::ParseNames(FLAGS_models)) {
+    for (int ranks : accel::bench::ParseList(FLAGS_ranks)) {
+      std::map<int, Cell> cells;
+      for (int rep = 0; rep < FLAGS_repetitions; ++rep) {
+        std::vector<int> order = stages;
+        if (rep % 2 == 1) std::reverse(order.begin(), order.end());
+        for (int stage : order) {
+          std::ostringstream command;
+          command << accel::bench::SelfPath() << " --worker --model=" << model
+                  << " --num_processes=" << ranks
+                  << " --main_process_port=0 --backend=gloo --zero_stage="
+                  << stage << " --warmup=" << FLAGS_warmup
+                  << " --steps=" << FLAGS_steps;
+          const accel::bench::Results r = accel::bench::RunAndParse(
+              "stage " + std::to_string(stage), command.str());
+          if (!r.count("step_s")) continue;
+          Cell& cell = cells[stage];
+          cell.peak_mb.values.push_back(r.at("peak_bytes") / 1e6);
+          cell.state_mb.values.push_back(r.at("state_bytes") / 1e6);
+          cell.step_s.values.push_back(r.at("step_s"));
+          cell.parameters = r.at("parameters");
+        }
+      }
+      if (!cells.count(0)) {
+        std::printf("\n%s, %d ranks: DDP gave no figures\n", model.c_str(),
+                    ranks);
+        continue;
+      }
+      PrintTable(model, ranks, cells);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  accel::InitProgram(&argc, &argv);
+  return accel::RunAndReportErrors(Main, argc, argv);
+}
