@@ -112,8 +112,8 @@ void Accelerator::MakeLossScaler() {
   // An overflow on any rank skips the step on every rank.
   state_->scaler->set_agreement([this](bool found_inf) {
     int32_t flag = found_inf ? 1 : 0;
-    communicator().allreduce(&flag, 1, DType::kInt32, ReduceOp::kMax,
-                             At(CallSite::Here(), "optimizer.step"));
+    AllreduceHostValues(communicator(), &flag, 1, torch::kInt32, ReduceOp::kMax,
+                        At(CallSite::Here(), "optimizer.step"));
     return flag != 0;
   });
   if (!device_.is_cuda() && is_main_process()) {

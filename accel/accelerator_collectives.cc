@@ -66,8 +66,8 @@ bool Accelerator::check_preemption(CallSite site) {
                      ? 0
                      : signal_number * kRanks + (kRanks - 1 - process_index());
   if (num_processes() > 1) {
-    communicator().allreduce(&seen, 1, DType::kInt64, ReduceOp::kMax,
-                             At(site, "check_preemption"));
+    AllreduceHostValues(communicator(), &seen, 1, torch::kInt64, ReduceOp::kMax,
+                        At(site, "check_preemption"));
   }
   if (seen == 0) return false;
   preemption_signal_ = static_cast<int>(seen / kRanks);
@@ -85,8 +85,8 @@ bool Accelerator::check_preemption(CallSite site) {
 
 bool Accelerator::check_trigger(CallSite site) {
   int32_t flag = trigger_ ? 1 : 0;
-  communicator().allreduce(&flag, 1, DType::kInt32, ReduceOp::kMax,
-                           At(site, "check_trigger"));
+  AllreduceHostValues(communicator(), &flag, 1, torch::kInt32, ReduceOp::kMax,
+                      At(site, "check_trigger"));
   trigger_ = false;
   return flag != 0;
 }

@@ -4,6 +4,7 @@
 
 #include "accel/accelerator.h"
 #include "accel/checkpoint_manager.h"
+#include "accel/tensor_ops.h"
 #include "accel/tracking/tracker_set.h"
 
 namespace accel {
@@ -18,8 +19,9 @@ CheckpointContents Accelerator::Contents() const {
     Accelerator* self = const_cast<Accelerator*>(this);  // Saving is not const.
     contents.all_ranks_wrote = [self](bool wrote) {
       int32_t all = wrote ? 1 : 0;
-      self->communicator().allreduce(&all, 1, DType::kInt32, ReduceOp::kMin,
-                                     self->At(CallSite::Here(), "save_state"));
+      AllreduceHostValues(self->communicator(), &all, 1, torch::kInt32,
+                          ReduceOp::kMin,
+                          self->At(CallSite::Here(), "save_state"));
       return all != 0;
     };
   }

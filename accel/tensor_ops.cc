@@ -427,4 +427,19 @@ torch::Tensor PadAcrossProcesses(Communicator& comm,
   return padded;
 }
 
+void AllreduceHostValues(Communicator& comm, void* values, size_t count,
+                         torch::ScalarType type, ReduceOp op,
+                         const CollectiveOptions& options) {
+  if (comm.device_index() < 0) {
+    comm.allreduce(values, count, ToDType(type), op, options);
+    return;
+  }
+  torch::Tensor host =
+      torch::from_blob(values, {static_cast<int64_t>(count)}, type);
+  torch::Tensor device =
+      host.to(torch::Device(torch::kCUDA, comm.device_index()));
+  comm.allreduce(device.data_ptr(), count, ToDType(type), op, options);
+  host.copy_(device.cpu());
+}
+
 }  // namespace accel

@@ -67,6 +67,13 @@ torch::Tensor PadAcrossProcesses(Communicator& comm,
                                  double pad_index, bool pad_first,
                                  const CollectiveOptions& options = {});
 
+// Allreduces a few host values (flags, counters, a norm) in place, on any
+// backend: through a buffer on the GPU for device backends (NCCL takes
+// device memory only), directly otherwise.
+void AllreduceHostValues(Communicator& comm, void* values, size_t count,
+                         torch::ScalarType type, ReduceOp op,
+                         const CollectiveOptions& options = {});
+
 // Moves a CPU result of a collective onto `like`'s device, keeping dtype.
 torch::Tensor OnDeviceOf(const torch::Tensor& result,
                          const torch::Tensor& like);

@@ -594,8 +594,8 @@ double ClipGradNormAcrossShards(Communicator& comm,
   }
   CollectiveOptions options;
   options.api = "clip_grad_norm_ (across ZeRO shards)";
-  comm.allreduce(&local, 1, DType::kFloat64,
-                 infinity ? ReduceOp::kMax : ReduceOp::kSum, options);
+  AllreduceHostValues(comm, &local, 1, torch::kFloat64,
+                      infinity ? ReduceOp::kMax : ReduceOp::kSum, options);
   const double total = infinity ? local : std::pow(local, 1.0 / norm_type);
   // As torch's clip_grad_norm_: the coefficient in the gradients' dtype,
   // clamped to 1, multiplied into every gradient.
