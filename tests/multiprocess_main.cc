@@ -1,6 +1,7 @@
 #include "tests/multiprocess_main.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -29,9 +30,16 @@ std::vector<int> WorldSizes() {
 
 Accelerator& SharedAccelerator() { return *g_accelerator; }
 
+// ACCEL_TEST_BACKEND: the backend the ranks use ("gloo" unless set; "mpi"
+// starts them through mpirun).
+std::string TestBackend() {
+  const char* backend = std::getenv("ACCEL_TEST_BACKEND");
+  return backend != nullptr && *backend != '\0' ? backend : "gloo";
+}
+
 __attribute__((weak)) AcceleratorOptions TestAcceleratorOptions() {
   AcceleratorOptions options;
-  options.backend = "gloo";
+  options.backend = TestBackend();
   options.timeout = std::chrono::seconds(20);
   options.seed = 1234;
   return options;
@@ -45,7 +53,11 @@ int main(int argc, char** argv) {
   const accel::DistributedEnvironment env =
       accel::DistributedEnvironment::FromProcess();
   if (!env.launched) {
-    command[0] = "/proc/self/exe";
+    // This binary by its real path: under mpirun "/proc/self/exe" would
+    // name mpirun.
+    char self[4096] = {};
+    const ssize_t length = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    command[0] = length > 0 ? std::string(self, length) : "/proc/self/exe";
     // Bazel's per-test files are the launcher's: ranks must not race on them.
     for (const char* name :
          {"TEST_PREMATURE_EXIT_FILE", "XML_OUTPUT_FILE", "GTEST_OUTPUT"}) {
@@ -58,6 +70,14 @@ int main(int argc, char** argv) {
       accel::LaunchOptions options;
       options.num_processes = world_size;
       options.main_process_port = 0;
+      options.backend = accel::testing::TestBackend();
+      if (options.backend == "mpi") {
+        // Open MPI's files of concurrent tests' jobs kept apart (see
+        // backends/mpi/mpi_test_jobs.h).
+        if (const char* dir = std::getenv("TEST_TMPDIR")) {
+          setenv("OMPI_MCA_btl_vader_backing_directory", dir, 1);
+        }
+      }
       const int code = accel::Launch(options, command);
       if (code != 0) {
         std::printf("=== %d process(es): FAILED (exit code %d) ===\n",
