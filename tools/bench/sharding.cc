@@ -61,12 +61,23 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int64_t kBatch = 8;
 
+// c10::Allocator::allocate lost its const, and copy_data appeared, in
+// LibTorch 2.3.
+#if TORCH_VERSION_MAJOR > 2 || \
+    (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#define ACCEL_ALLOCATOR_2_3 1
+#define ACCEL_ALLOCATE_CONST
+#else
+#define ACCEL_ALLOCATOR_2_3 0
+#define ACCEL_ALLOCATE_CONST const
+#endif
+
 // Counts the bytes LibTorch holds on the CPU, and their peak.
 class CountingAllocator final : public c10::Allocator {
  public:
   explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
 
-  c10::DataPtr allocate(size_t bytes) const final {
+  c10::DataPtr allocate(size_t bytes) ACCEL_ALLOCATE_CONST final {
     c10::DataPtr inner = base_->allocate(bytes);
     if (bytes == 0) return inner;
     void* data = inner.get();
@@ -78,8 +89,7 @@ class CountingAllocator final : public c10::Allocator {
     return {data, context, &Release, c10::Device(c10::DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const final { return nullptr; }
-#if TORCH_VERSION_MAJOR > 2 || \
-    (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#if ACCEL_ALLOCATOR_2_3
   void copy_data(void* dest, const void* src, std::size_t count) const final {
     default_copy_data(dest, src, count);
   }
