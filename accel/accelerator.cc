@@ -269,23 +269,40 @@ void Accelerator::PrepareModule(
 std::shared_ptr<PreparedOptimizer> Accelerator::PrepareOptimizer(
     torch::optim::Optimizer& optimizer) {
   const int stage = options_.zero_stage;
+  if (stage != 0 && num_processes() == 1 && is_main_process()) {
+    ACCEL_LOG(INFO) << "zero_stage " << stage
+                    << " with one process: nothing to shard, the optimizer "
+                       "runs as it is";
+  }
   if (stage == 0 || num_processes() == 1) {
     return state_->prepared.AddOptimizer(optimizer);
   }
   // Every check before anything changes, the same on every rank.
   std::shared_ptr<torch::nn::Module> model;
   size_t index = 0;
+  const auto refuse = [&](const std::string& why) {
+    throw UsageError("prepare: under ZeRO stage " + std::to_string(stage) +
+                     " the optimizer's parameter " + std::to_string(index) +
+                     " " + why);
+  };
   for (const auto& group : optimizer.param_groups()) {
     for (const torch::Tensor& p : group.params()) {
       std::shared_ptr<torch::nn::Module> holder =
           state_->prepared.ModelHolding(p);
       if (holder == nullptr) {
-        throw UsageError(
-            "prepare: under ZeRO stage " + std::to_string(stage) +
-            " the optimizer's parameter " + std::to_string(index) +
-            " is not a parameter of a prepared model; prepare the model "
-            "first (prepare(model, optimizer)) and build the optimizer over "
-            "the model's own parameters");
+        refuse(
+            "is not a parameter of a prepared model; prepare the model first "
+            "(prepare(model, optimizer)) and build the optimizer over the "
+            "model's own parameters");
+      }
+      for (const ZeroOptimizer* other : state_->prepared.sharded_optimizers()) {
+        for (const torch::Tensor& sharded : other->parameters()) {
+          if (!sharded.is_same(p)) continue;
+          refuse(
+              "is already sharded by another prepared optimizer; each "
+              "parameter belongs to one optimizer (give each optimizer its "
+              "own parameters)");
+        }
       }
       if (model == nullptr) model = holder;
       ++index;

@@ -21,7 +21,9 @@ CheckpointContents Accelerator::Contents() const {
       int32_t all = wrote ? 1 : 0;
       AllreduceHostValues(self->communicator(), &all, 1, torch::kInt32,
                           ReduceOp::kMin,
-                          self->At(CallSite::Here(), "save_state"));
+                          self->At(CallSite::Here(),
+                                   "save_state (under ZeRO every rank calls "
+                                   "it: each writes its optimizer shard)"));
       return all != 0;
     };
   }

@@ -376,6 +376,7 @@ void SaveCheckpoint(const std::string& dir, int rank, int world_size,
   const CheckpointIdentity base{contents.run_id, contents.step, ""};
   std::vector<std::string> written;
   bool agreed = false;  // Whether this rank took part in all_ranks_wrote.
+  bool last_complete = false;  // Whether written.back() was fully written.
   try {
     // This rank's file first: the shared file, written last, marks the
     // checkpoint complete.
@@ -397,6 +398,7 @@ void SaveCheckpoint(const std::string& dir, int rank, int world_size,
     id.role = RandomStatesRole(rank);
     written.push_back(Join(dir, RandomStatesFile(rank)));
     WriteCheckpointFile(written.back(), id, random);
+    last_complete = true;
     if (sharded) {
       agreed = true;
       if (!contents.all_ranks_wrote(true)) {
@@ -450,6 +452,7 @@ void SaveCheckpoint(const std::string& dir, int rank, int world_size,
     }
     state.write(kLoaderSamplesKey, c10::IValue(positions));
     id.role = "accelerator_state";
+    last_complete = false;
     written.push_back(Join(dir, kStateFile));
     WriteCheckpointFile(written.back(), id, state);
   } catch (...) {
@@ -461,7 +464,9 @@ void SaveCheckpoint(const std::string& dir, int rank, int world_size,
     if (IsSharded(contents, world_size) && !agreed) {
       contents.all_ranks_wrote(false);
     }
-    if (!written.empty()) written.pop_back();
+    // A file that failed midway is already gone; one written whole before
+    // the failure goes with the others.
+    if (!written.empty() && !last_complete) written.pop_back();
     for (const std::string& path : written) std::remove(path.c_str());
     if (!existed && world_size == 1) rmdir(dir.c_str());
     throw;
@@ -482,7 +487,7 @@ CheckpointProblem CheckpointProblem::Decode(const std::string& text) {
 }
 
 CheckpointProblem CheckCheckpoint(const std::string& dir, int rank,
-                                  int world_size) {
+                                  int world_size, bool sharded) {
   using Kind = CheckpointProblem::Kind;
   try {
     const std::string state = Join(dir, kStateFile);
@@ -490,6 +495,12 @@ CheckpointProblem CheckCheckpoint(const std::string& dir, int rank,
     const CheckpointIdentity shared =
         VerifyCheckpointFile(state, "accelerator_state");
     const std::string random = Join(dir, RandomStatesFile(rank));
+    if (sharded && !Exists(random)) {
+      return {Kind::kMissing,
+              "'" + random +
+                  "' is missing: under ZeRO it holds this rank's shard of "
+                  "the optimizer state"};
+    }
     if (Exists(random)) {
       const CheckpointIdentity mine =
           VerifyCheckpointFile(random, RandomStatesRole(rank));

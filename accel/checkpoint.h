@@ -102,8 +102,10 @@ struct CheckpointProblem {
 
 // Whether this rank can load `dir`: its files are there, intact and from
 // one save (without parsing the archives).
+// `sharded`: this job shards its optimizers (ZeRO), so this rank's
+// random_states file holds its shard and must be there.
 CheckpointProblem CheckCheckpoint(const std::string& dir, int rank,
-                                  int world_size);
+                                  int world_size, bool sharded = false);
 
 // Restores `contents` (and this rank's RNG) from `dir`.
 void LoadCheckpoint(const std::string& dir, int rank, int world_size,

@@ -173,8 +173,9 @@ void CheckpointManager::CheckSharedFolder(const std::string& dir,
 }
 
 std::vector<CheckpointProblem> CheckpointManager::Problems(
-    const std::string& dir, CallSite site) {
-  const CheckpointProblem mine = CheckCheckpoint(dir, job_.rank, job_.size);
+    const std::string& dir, CallSite site, bool sharded) {
+  const CheckpointProblem mine =
+      CheckCheckpoint(dir, job_.rank, job_.size, sharded);
   if (job_.size == 1) return {mine};
   const std::vector<std::string> all =
       GatherObject(job_.comm(), std::vector<std::string>{mine.Encode()},
@@ -197,12 +198,21 @@ std::string CheckpointManager::Describe(
   return why;
 }
 
+namespace {
+
+// Whether each rank's file holds its optimizer shard (ZeRO).
+bool Sharded(const CheckpointContents& contents) {
+  return contents.zero_stage > 0 && !contents.optimizers.empty();
+}
+
+}  // namespace
+
 void CheckpointManager::Load(const std::string& dir,
                              CheckpointContents& contents, const Hook& before,
                              CallSite site) {
   // Alone, loading checks the same and says more about what it found.
   if (job_.size > 1) {
-    const std::string why = Describe(Problems(dir, site));
+    const std::string why = Describe(Problems(dir, site, Sharded(contents)));
     if (!why.empty()) {
       throw CheckpointError("cannot load checkpoint '" + dir + "': " + why);
     }
@@ -237,7 +247,8 @@ std::string CheckpointManager::LoadNewest(CheckpointContents& contents,
   std::vector<std::string> skipped;
   bool unshared = false;
   for (const std::string& dir : candidates) {
-    const std::vector<CheckpointProblem> problems = Problems(dir, site);
+    const std::vector<CheckpointProblem> problems =
+        Problems(dir, site, Sharded(contents));
     // Rank 0 has its files and another rank lacks them.
     for (size_t r = 1; r < problems.size(); ++r) {
       unshared |=

@@ -84,8 +84,9 @@ class CheckpointManager {
   void RequireProjectDir(const char* operation) const;
   void Claim();
   // Every rank's problem with `dir`, in rank order.
-  std::vector<CheckpointProblem> Problems(const std::string& dir,
-                                          CallSite site);
+  // `sharded`: see CheckCheckpoint.
+  std::vector<CheckpointProblem> Problems(const std::string& dir, CallSite site,
+                                          bool sharded);
   // "rank 1: '.../random_states_1.pt' is missing; rank 2: ...", "" for none.
   static std::string Describe(const std::vector<CheckpointProblem>& problems);
   // Across machines, automatic naming needs a folder every machine sees.

@@ -68,6 +68,11 @@ struct ZeroGroup {
   // Stage 2: this rank's share of the reduced gradients (its own size;
   // one element more so that its pointer is valid when the share is empty).
   torch::Tensor shard_grad;
+  // Whether shard_grad holds a reduced gradient that zero_grad has not
+  // cleared: the next sync then reduces into `incoming` and adds, so that
+  // two backwards before a step sum as under DDP.
+  bool shard_grad_held = false;
+  torch::Tensor incoming;
   int64_t own_begin = 0;
 };
 
@@ -269,6 +274,11 @@ void ZeroOptimizer::ZeroGrad() {
     // In place: under stage 1 the gradients are views of DDP's buckets.
     if (p.grad().defined()) p.mutable_grad().zero_();
   }
+  for (auto& group : groups_) {
+    if (!group->shard_grad.defined()) continue;
+    group->shard_grad.zero_();
+    group->shard_grad_held = false;
+  }
 }
 
 std::vector<torch::Tensor> ZeroOptimizer::GradientPieces(
@@ -366,7 +376,15 @@ class ShardedGradientReducer : public GradientReducer {
     }
     if (failure) std::rethrow_exception(failure);
     torch::NoGradGuard no_grad;
-    for (auto& group : s.groups) group->shard_grad.div_(s.comm.size());
+    for (auto& group : s.groups) {
+      if (group->shard_grad_held) {
+        group->shard_grad.add_(group->incoming.div_(s.comm.size()));
+        group->incoming = torch::Tensor();
+      } else {
+        group->shard_grad.div_(s.comm.size());
+      }
+      group->shard_grad_held = true;
+    }
   }
 
   void set_enabled(bool enabled) override {
@@ -463,6 +481,15 @@ class ShardedGradientReducer : public GradientReducer {
       if (--bucket.pending == 0) LaunchReady();
     }
 
+    static torch::Tensor& Incoming(ZeroGroup& group) {
+      if (!group.incoming.defined()) {
+        const int64_t own = group.shard_grad.numel();
+        group.incoming = torch::empty({own + 1}, group.shard_grad.options())
+                             .narrow(0, 0, own);
+      }
+      return group.incoming;
+    }
+
     // Launches complete buckets strictly in index order (every rank issues
     // the same reduce-scatters in the same order), keeping at most
     // kInFlight in flight.
@@ -475,9 +502,11 @@ class ShardedGradientReducer : public GradientReducer {
             group.layout.Counts(bucket.lo, bucket.hi);
         const int64_t into =
             std::max(bucket.lo, group.own_begin) - group.own_begin;
-        char* output = static_cast<char*>(group.shard_grad.data_ptr()) +
-                       (counts[comm.rank()] > 0 ? into : 0) *
-                           group.shard_grad.element_size();
+        torch::Tensor& into_tensor =
+            group.shard_grad_held ? Incoming(group) : group.shard_grad;
+        char* output =
+            static_cast<char*>(into_tensor.data_ptr()) +
+            (counts[comm.rank()] > 0 ? into : 0) * into_tensor.element_size();
         CollectiveOptions options;
         options.api = "backward (ZeRO reduce-scatter)";
         options.site = site;
@@ -583,7 +612,11 @@ double ClipGradNormAcrossShards(Communicator& comm,
   const auto add = [&](const torch::Tensor& grad) {
     if (grad.numel() == 0) return;
     if (infinity) {
-      local = std::max(local, grad.abs().max().item<double>());
+      const double largest = grad.abs().max().item<double>();
+      // NaN wins, as in torch's norm (std::max would drop it).
+      local = std::isnan(largest) || std::isnan(local)
+                  ? std::numeric_limits<double>::quiet_NaN()
+                  : std::max(local, largest);
     } else {
       local += std::pow(grad.norm(norm_type).item<double>(), norm_type);
     }
@@ -594,9 +627,14 @@ double ClipGradNormAcrossShards(Communicator& comm,
   }
   CollectiveOptions options;
   options.api = "clip_grad_norm_ (across ZeRO shards)";
-  AllreduceHostValues(comm, &local, 1, torch::kFloat64,
+  // With a NaN flag beside the value: a maximum over ranks may drop NaN.
+  double values[2] = {std::isnan(local) ? 0.0 : local,
+                      std::isnan(local) ? 1.0 : 0.0};
+  AllreduceHostValues(comm, values, 2, torch::kFloat64,
                       infinity ? ReduceOp::kMax : ReduceOp::kSum, options);
-  const double total = infinity ? local : std::pow(local, 1.0 / norm_type);
+  const double total = values[1] > 0 ? std::numeric_limits<double>::quiet_NaN()
+                       : infinity    ? values[0]
+                                     : std::pow(values[0], 1.0 / norm_type);
   // As torch's clip_grad_norm_: the coefficient in the gradients' dtype,
   // clamped to 1, multiplied into every gradient.
   torch::NoGradGuard no_grad;

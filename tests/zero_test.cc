@@ -59,6 +59,9 @@ struct Run {
   int first_step = 0;
   std::string save_to;    // save_state here after the steps.
   std::string load_from;  // load_state from here before them.
+  // Backwards per step outside accumulate(), each syncing, before one step
+  // (their gradients add up).
+  int backwards = 1;
 };
 
 struct Result {
@@ -91,9 +94,12 @@ Result Train(const Run& run) {
   for (int step = run.first_step; step < run.first_step + run.steps; ++step) {
     for (int micro = 0; micro < run.accumulation; ++micro) {
       auto scope = accelerator.accumulate(model);
-      auto [x, y] = Batch(step * run.accumulation + micro, rank);
-      accelerator.backward(
-          torch::nn::functional::cross_entropy(model->forward(x), y));
+      for (int b = 0; b < run.backwards; ++b) {
+        auto [x, y] =
+            Batch((step * run.accumulation + micro) * run.backwards + b, rank);
+        accelerator.backward(
+            torch::nn::functional::cross_entropy(model->forward(x), y));
+      }
       if (accelerator.sync_gradients()) {
         result.parameters_with_grad = 0;
         for (const auto& p : model->parameters()) {
@@ -325,6 +331,51 @@ TEST(ZeroTest, MisuseIsOneClearErrorOnEveryRank) {
               HasSubstr("stage 3, parameters sharded, is not"));
 }
 
+TEST(ZeroTest, TwoBackwardsBeforeAStepAddUpAsUnderDdp) {
+  const Result ddp = Train({.steps = 12, .backwards = 2});
+  for (int stage : {1, 2}) {
+    const Result zero = Train({.stage = stage, .steps = 12, .backwards = 2});
+    // DDP reduces the sum of both; ZeRO-2 adds the two reductions.
+    EXPECT_LE(MaxDifference(zero.parameters, ddp.parameters), 1e-6)
+        << "stage " << stage;
+  }
+  EXPECT_GT(MaxDifference(ddp.parameters, Train({.steps = 12}).parameters),
+            1e-3);
+}
+
+TEST(ZeroTest, AParameterShardedTwiceIsAUsageError) {
+  if (SharedAccelerator().num_processes() == 1) {
+    GTEST_SKIP() << "one process shards nothing";
+  }
+  Accelerator accelerator(Options({.stage = 1}));
+  torch::nn::Sequential net = MakeModel();
+  torch::optim::AdamW first(net->parameters(), torch::optim::AdamWOptions(1));
+  torch::optim::AdamW second(net->parameters(), torch::optim::AdamWOptions(1));
+  auto prepared = accelerator.prepare(net, first);
+  EXPECT_THAT(UsageErrorOf([&] { accelerator.prepare(second); }),
+              HasSubstr("parameter 0 is already sharded by another prepared "
+                        "optimizer"));
+}
+
+TEST(ZeroTest, AnInfinityNormWithANanIsNanOnEveryRank) {
+  if (SharedAccelerator().num_processes() == 1) {
+    GTEST_SKIP() << "one process shards nothing";
+  }
+  Accelerator accelerator(Options({.stage = 1}));
+  torch::nn::Sequential net = MakeModel();
+  torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(1));
+  auto [model, optimizer] = accelerator.prepare(net, adamw);
+  auto [x, y] = Batch(0, accelerator.process_index());
+  accelerator.backward(
+      torch::nn::functional::cross_entropy(model->forward(x), y));
+  // Under stage 1 every rank holds the full gradients: a NaN in the last
+  // bias lies in the last rank's share only.
+  model->parameters().back().mutable_grad()[0] = std::nan("");
+  const double norm = accelerator.clip_grad_norm_(
+      model->parameters(), 1.0, std::numeric_limits<double>::infinity());
+  EXPECT_TRUE(std::isnan(norm)) << norm;
+}
+
 std::string Folder(const std::string& name) {
   const char* tmp = std::getenv("TEST_TMPDIR");
   return std::string(tmp ? tmp : "/tmp") + "/" + name + "_" +
@@ -373,6 +424,27 @@ TEST(ZeroTest, AShardedCheckpointFailsAtAnotherCountNamingBoth) {
     ADD_FAILURE() << "loaded sharded state without ZeRO";
   } catch (const CheckpointError& e) {
     EXPECT_THAT(e.what(), HasSubstr("resume with --zero_stage=1"));
+  }
+}
+
+TEST(ZeroTest, AMissingShardFileFailsOnEveryRankNamingIt) {
+  const int n = SharedAccelerator().num_processes();
+  if (n == 1) GTEST_SKIP() << "one process shards nothing";
+  const std::string dir = Folder("zero_missing");
+  Train({.stage = 2, .steps = 2, .save_to = dir});
+  if (SharedAccelerator().process_index() == 0) {
+    std::remove((dir + "/" + RandomStatesFile(n - 1)).c_str());
+  }
+  SharedAccelerator().wait_for_everyone();
+  try {
+    Train({.stage = 2, .steps = 1, .load_from = dir});
+    ADD_FAILURE() << "loaded without rank " << n - 1 << "'s shard";
+  } catch (const CheckpointError& e) {
+    EXPECT_THAT(e.what(),
+                HasSubstr("rank " + std::to_string(n - 1) + ": '" + dir + "/" +
+                          RandomStatesFile(n - 1) +
+                          "' is missing: under ZeRO it holds this rank's "
+                          "shard"));
   }
 }
 
