@@ -19,6 +19,16 @@
 #define ACCEL_LIBTORCH_2_4    \
   (TORCH_VERSION_MAJOR > 2 || \
    (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4))
+// 2.3 and later: c10::Allocator::allocate is not const, and allocators
+// implement copy_data.
+#define ACCEL_LIBTORCH_2_3    \
+  (TORCH_VERSION_MAJOR > 2 || \
+   (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3))
+#if ACCEL_LIBTORCH_2_3
+#define ACCEL_ALLOCATE_CONST
+#else
+#define ACCEL_ALLOCATE_CONST const
+#endif
 
 namespace accel::compat {
 

@@ -11,7 +11,8 @@
 // rank. For each model, number of ranks and repetition, the stages run in
 // turn (the order alternating), each as its own job of --num_processes
 // ranks. Each rank counts every byte LibTorch allocates on the CPU through
-// an allocator installed with c10::SetCPUAllocator (RSS says nothing here:
+// accel::HostMemoryTracker, an allocator installed with
+// c10::SetCPUAllocator (RSS says nothing here:
 // freed memory is kept for reuse), and reports the peak over the timed
 // steps, which start after warm-up steps have made AdamW's state: the
 // peak holds the parameters, gradients, optimizer state, the reduction's
@@ -22,7 +23,6 @@
 // each stage over DDP with the target. The bytes a rank sends per
 // step are computed, for bandwidth-optimal collectives over B bytes of
 // gradients: allreduce 2(N-1)/N B, reduce-scatter and all-gather (N-1)/N B.
-#include <c10/core/CPUAllocator.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -30,10 +30,8 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/transformerlayer.h>
 #include <torch/optim/adamw.h>
-#include <torch/version.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -43,6 +41,7 @@
 #include <vector>
 
 #include "accel/accelerator.h"
+#include "accel/host_memory_tracker.h"
 #include "tools/bench/driver.h"
 
 DEFINE_string(models, "mlp,transformer", "Models: mlp, transformer.");
@@ -60,61 +59,6 @@ using accel::bench::Spread;
 using Clock = std::chrono::steady_clock;
 
 constexpr int64_t kBatch = 8;
-
-// c10::Allocator::allocate lost its const, and copy_data appeared, in
-// LibTorch 2.3.
-#if TORCH_VERSION_MAJOR > 2 || \
-    (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
-#define ACCEL_ALLOCATOR_2_3 1
-#define ACCEL_ALLOCATE_CONST
-#else
-#define ACCEL_ALLOCATOR_2_3 0
-#define ACCEL_ALLOCATE_CONST const
-#endif
-
-// Counts the bytes LibTorch holds on the CPU, and their peak.
-class CountingAllocator final : public c10::Allocator {
- public:
-  explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
-
-  c10::DataPtr allocate(size_t bytes) ACCEL_ALLOCATE_CONST final {
-    c10::DataPtr inner = base_->allocate(bytes);
-    if (bytes == 0) return inner;
-    void* data = inner.get();
-    auto* context = new Held{std::move(inner), bytes, this};
-    const int64_t now = held_ += static_cast<int64_t>(bytes);
-    int64_t peak = peak_.load();
-    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
-    }
-    return {data, context, &Release, c10::Device(c10::DeviceType::CPU)};
-  }
-  c10::DeleterFnPtr raw_deleter() const final { return nullptr; }
-#if ACCEL_ALLOCATOR_2_3
-  void copy_data(void* dest, const void* src, std::size_t count) const final {
-    default_copy_data(dest, src, count);
-  }
-#endif
-
-  int64_t held() const { return held_; }
-  int64_t peak() const { return peak_; }
-  void ResetPeak() { peak_ = held_.load(); }
-
- private:
-  struct Held {
-    c10::DataPtr inner;
-    size_t bytes;
-    const CountingAllocator* owner;
-  };
-  static void Release(void* context) {
-    auto* held = static_cast<Held*>(context);
-    held->owner->held_ -= static_cast<int64_t>(held->bytes);
-    delete held;
-  }
-
-  c10::Allocator* base_;
-  mutable std::atomic<int64_t> held_{0};
-  mutable std::atomic<int64_t> peak_{0};
-};
 
 class TransformerImpl : public torch::nn::Module {
  public:
@@ -149,7 +93,7 @@ int64_t Parameters(const torch::nn::Module& module) {
 
 // --- A rank ---------------------------------------------------------------
 
-void MeasureRank(CountingAllocator& counter) {
+void MeasureRank(accel::HostMemoryTracker& counter) {
   accel::Accelerator accelerator(accel::AcceleratorOptions::FromFlags());
   torch::manual_seed(0);
   namespace nn = torch::nn;
@@ -197,8 +141,8 @@ void MeasureRank(CountingAllocator& counter) {
   }
   // The peak over the timed steps, and what stays between steps (the
   // model state itself), of the largest rank.
-  double bytes[2] = {static_cast<double>(counter.peak()),
-                     static_cast<double>(counter.held())};
+  double bytes[2] = {static_cast<double>(counter.peak_bytes()),
+                     static_cast<double>(counter.held_bytes())};
   accelerator.communicator().allreduce(bytes, 2, accel::DType::kFloat64,
                                        accel::ReduceOp::kMax);
   if (accelerator.is_main_process()) {
@@ -274,10 +218,8 @@ void PrintTable(const std::string& model, int ranks,
 }
 
 int Main(int, char**) {
-  static CountingAllocator counter(c10::GetCPUAllocator());
   if (FLAGS_worker) {
-    c10::SetCPUAllocator(&counter, /*priority=*/100);
-    MeasureRank(counter);
+    MeasureRank(accel::HostMemoryTracker::Install());
     return 0;
   }
   const std::vector<int> stages = accel::bench::ParseList(FLAGS_stages);
