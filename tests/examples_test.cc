@@ -78,6 +78,31 @@ TEST(ExamplesTest, TrainDemoPrintsTheSameAccuraciesOnceForAnyProcessCount) {
   }
 }
 
+// fsdp_example: sharded training state shows in each rank's peak host
+// memory (ZeRO stage 2 holds about 10 of DDP's 16 bytes per parameter at 2
+// processes, fewer at 3), and DDP's ranks each hold everything.
+TEST(ExamplesTest, FsdpExamplePrintsPeakMemoryThatShardingLowers) {
+  auto peak_of = [](const std::vector<std::string>& args) {
+    const ProcessResult r = RunExample("fsdp_example", args);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(Matches(r.output, "Epoch \\d - accuracy").size(), 2u) << r.output;
+    const std::vector<std::string> peaks =
+        Matches(r.output, "Peak host memory per rank: [0-9.]+");
+    EXPECT_EQ(peaks.size(), 2u) << r.output;
+    return peaks.empty()
+               ? 0.0
+               : std::stod(peaks.back().substr(peaks.back().rfind(' ')));
+  };
+  const double one = peak_of({"--num_processes=1"});
+  const double ddp = peak_of({"--num_processes=2", "--zero_stage=0"});
+  const double two = peak_of({"--num_processes=2", "--zero_stage=2"});
+  const double three = peak_of({"--num_processes=3", "--zero_stage=2"});
+  EXPECT_GT(one, 5.0);
+  EXPECT_GT(ddp, 0.95 * one);
+  EXPECT_LT(two, 0.75 * one);
+  EXPECT_LT(three, two);
+}
+
 TEST(ExamplesTest, ResumedTrainingEqualsUninterruptedTrainingBitForBit) {
   const std::string dir = MakeTempDir("resume");
   const ProcessResult straight = RunExample(
