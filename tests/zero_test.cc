@@ -57,8 +57,8 @@ struct Run {
   int accumulation = 1;
   int steps = kSteps;
   int first_step = 0;
-  std::string save_to;    // save_state here after the steps.
-  std::string load_from;  // load_state from here before them.
+  std::string save_to = "";    // save_state here after the steps.
+  std::string load_from = "";  // load_state from here before them.
   // Backwards per step outside accumulate(), each syncing, before one step
   // (their gradients add up).
   int backwards = 1;
