@@ -31,6 +31,7 @@
 #include "accel/runtime/comm/process_group.h"
 #include "accel/runtime/launch/mpirun.h"
 #include "accel/runtime/launch/program.h"
+#include "tools/bench/driver.h"
 #include "tools/bench/rows.h"
 
 DEFINE_string(sizes, "4096,65536,1048576,16777216,67108864",
@@ -107,16 +108,8 @@ Samples RunBaseline(const std::string& name,
   }
   command = "env " + command;
   for (const auto& arg : argv) command += "'" + arg + "' ";
-  std::fprintf(stderr, "measuring %s: %s\n", name.c_str(), command.c_str());
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(command.c_str(), "r"),
-                                             pclose);
+  const std::string output = accel::bench::RunCommand(name, command);
   Samples results;
-  if (!pipe) return results;
-  std::string output;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe.get())) {
-    output.append(buffer, n);
-  }
   const size_t open = output.rfind("\n{");
   const std::string last =
       output.substr(open == std::string::npos ? 0 : open + 1);

@@ -40,17 +40,22 @@ std::string SelfPath() {
   return std::string(self, n > 0 ? n : 0);
 }
 
-Results RunAndParse(const std::string& name, const std::string& command) {
+std::string RunCommand(const std::string& name, const std::string& command) {
   std::fprintf(stderr, "measuring %s: %s\n", name.c_str(), command.c_str());
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(command.c_str(), "r"),
                                              pclose);
-  Results results;
-  if (!pipe) return results;
   std::string output;
+  if (!pipe) return output;
   char buffer[4096];
   while (size_t n = fread(buffer, 1, sizeof(buffer), pipe.get())) {
     output.append(buffer, n);
   }
+  return output;
+}
+
+Results RunAndParse(const std::string& name, const std::string& command) {
+  const std::string output = RunCommand(name, command);
+  Results results;
   const size_t open = output.rfind('{');
   try {
     if (open == std::string::npos) throw std::runtime_error("no JSON line");

@@ -25,6 +25,9 @@ std::vector<std::string> ParseNames(const std::string& text);
 // This program's path (to start it again as a worker).
 std::string SelfPath();
 
+// Runs `command` (saying so on stderr) and returns its standard output.
+std::string RunCommand(const std::string& name, const std::string& command);
+
 // Runs `command`; its last line that starts with '{' is JSON of
 // {"name": number}. Prints the command and, when it gave no results, its
 // output (to stderr).
