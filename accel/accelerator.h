@@ -579,7 +579,8 @@ class Accelerator {
   int64_t SamplesToKeep(int64_t gathered) const;
   // What a checkpoint holds: the registry's objects, the scaler, the step
   // and the run id.
-  CheckpointContents Contents() const;
+  // Not const: a sharded save's contents call back into the communicator.
+  CheckpointContents Contents();
   // Calls the hooks for `dir`.
   std::function<void(const std::string&)> Hooks(
       const std::vector<StateHook>& hooks) const;

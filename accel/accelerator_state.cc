@@ -9,21 +9,20 @@
 
 namespace accel {
 
-CheckpointContents Accelerator::Contents() const {
+CheckpointContents Accelerator::Contents() {
   CheckpointContents contents = state_->prepared.Contents();
   contents.scaler = state_->scaler;
   contents.step = step_;
   contents.run_id = run_id_;
   if (!state_->prepared.sharded_optimizers().empty()) {
     contents.zero_stage = options_.zero_stage;
-    Accelerator* self = const_cast<Accelerator*>(this);  // Saving is not const.
-    contents.all_ranks_wrote = [self](bool wrote) {
+    contents.all_ranks_wrote = [this](bool wrote) {
       int32_t all = wrote ? 1 : 0;
-      AllreduceHostValues(self->communicator(), &all, 1, torch::kInt32,
+      AllreduceHostValues(communicator(), &all, 1, torch::kInt32,
                           ReduceOp::kMin,
-                          self->At(CallSite::Here(),
-                                   "save_state (under ZeRO every rank calls "
-                                   "it: each writes its optimizer shard)"));
+                          At(CallSite::Here(),
+                             "save_state (under ZeRO every rank calls "
+                             "it: each writes its optimizer shard)"));
       return all != 0;
     };
   }
