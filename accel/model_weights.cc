@@ -188,13 +188,18 @@ std::map<std::string, torch::Tensor> LoadSharded(const std::string& dir) {
 std::vector<std::string> SaveModelWeights(const torch::nn::Module& module,
                                           const std::string& dir,
                                           const std::string& max_shard_size) {
+  return SaveModelWeights(Named(module), dir, max_shard_size);
+}
+
+std::vector<std::string> SaveModelWeights(const NamedTensors& entries,
+                                          const std::string& dir,
+                                          const std::string& max_shard_size) {
   const int64_t max_bytes = ParseByteSize(max_shard_size);
   if (max_bytes <= 0) {
     throw UsageError(
         "SaveModelWeights: max_shard_size must be positive, found '" +
         max_shard_size + "'");
   }
-  const NamedTensors entries = Named(module);
   const std::vector<NamedTensors> shards = SplitIntoShards(entries, max_bytes);
   MakeDirectories(dir);
 

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace accel {
@@ -35,6 +36,11 @@ namespace accel {
 std::vector<std::string> SaveModelWeights(
     const torch::nn::Module& module, const std::string& dir,
     const std::string& max_shard_size = "10GB");
+// The same for tensors by name, in the order given (a module's state
+// gathered from ZeRO-3 shards).
+std::vector<std::string> SaveModelWeights(
+    const std::vector<std::pair<std::string, torch::Tensor>>& entries,
+    const std::string& dir, const std::string& max_shard_size = "10GB");
 
 // Whether `name` is one SaveModelWeights writes: model.safetensors,
 // model.safetensors.index.json or model-00001-of-00003.safetensors.
