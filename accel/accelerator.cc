@@ -260,10 +260,25 @@ void Accelerator::PrepareModule(
   }
   BroadcastCoalesced(communicator(), names, tensors, 0,
                      At(CallSite::Here(), "prepare"));
-  state_->prepared.AddModel(
-      module, std::make_unique<GradientSynchronizer>(
-                  communicator(), module->parameters(), options_.gradient_sync,
-                  module->buffers()));
+  std::vector<std::shared_ptr<ShardedUnitImpl>> units;
+  if (options_.zero_stage == 3) {
+    units = WrapUnits(*module, options_.fsdp_layer_to_wrap);
+    if (units.empty()) {
+      throw UsageError(
+          "prepare: ZeRO stage 3 shards parameters unit by unit, but the "
+          "model has no " +
+          (options_.fsdp_layer_to_wrap.empty()
+               ? std::string("Sequential child with trainable parameters")
+               : "child of a Sequential of type '" +
+                     options_.fsdp_layer_to_wrap + "'") +
+          " to make a unit of (see accel/sharded_units.h)");
+    }
+  }
+  state_->prepared.AddModel(module,
+                            std::make_unique<GradientSynchronizer>(
+                                communicator(), module->parameters(),
+                                options_.gradient_sync, module->buffers()),
+                            std::move(units));
 }
 
 std::shared_ptr<PreparedOptimizer> Accelerator::PrepareOptimizer(
@@ -309,9 +324,17 @@ std::shared_ptr<PreparedOptimizer> Accelerator::PrepareOptimizer(
     }
   }
   if (model == nullptr) return state_->prepared.AddOptimizer(optimizer);
-  auto zero = std::make_shared<ZeroOptimizer>(communicator(), stage, optimizer,
-                                              model->parameters());
-  if (stage == 2) {
+  const auto& units = state_->prepared.UnitsOf(model.get());
+  std::vector<std::vector<torch::Tensor>> unit_parameters;
+  for (const auto& unit : units) {
+    unit_parameters.push_back(unit->layer()->parameters());
+  }
+  auto zero = std::make_shared<ZeroOptimizer>(
+      communicator(), stage, optimizer, model->parameters(), unit_parameters);
+  for (size_t u = 0; u < units.size(); ++u) {
+    units[u]->Attach(zero->unit_runner(), u);
+  }
+  if (stage >= 2) {
     state_->prepared.ReplaceSynchronizer(
         model.get(),
         zero->MakeGradientReducer(model->buffers(), options_.gradient_sync));
@@ -340,6 +363,15 @@ void Accelerator::backward(const torch::Tensor& loss, CallSite site) {
   if (state_->scaler != nullptr) scaled = state_->scaler->scale(scaled);
   const std::vector<GradientReducer*> synchronizers =
       state_->prepared.synchronizers();
+  for (const auto& model : state_->prepared.models()) {
+    const auto& units = state_->prepared.UnitsOf(model.get());
+    if (!units.empty() && !units.front()->attached()) {
+      throw UsageError(
+          "backward: under ZeRO stage 3 a model is sharded by its optimizer, "
+          "but this model was prepared without one (or its optimizer is "
+          "gone); prepare them together: prepare(model, optimizer)");
+    }
+  }
   for (GradientReducer* synchronizer : synchronizers) {
     synchronizer->set_call_site(site);
     synchronizer->begin_backward();
@@ -418,6 +450,62 @@ void Accelerator::clip_grad_value_(const std::vector<torch::Tensor>& parameters,
 
 bool Accelerator::optimizer_step_was_skipped() const {
   return state_->prepared.any_step_skipped();
+}
+
+ZeroOptimizer* Accelerator::ParameterShardingOf(
+    const torch::nn::Module& model) const {
+  for (ZeroOptimizer* zero : state_->prepared.sharded_optimizers()) {
+    if (zero->stage() != 3) continue;
+    for (const torch::Tensor& p : model.parameters()) {
+      for (const torch::Tensor& sharded : zero->parameters()) {
+        if (sharded.is_same(p)) return zero;
+      }
+    }
+  }
+  return nullptr;
+}
+
+namespace {
+
+// The module's state with ZeRO-3 units gathered one at a time; the main
+// process keeps CPU copies (in state_dict order), the others nothing.
+std::vector<std::pair<std::string, torch::Tensor>> GatheredState(
+    ZeroOptimizer& zero, const torch::nn::Module& model, bool keep) {
+  const std::vector<StateEntry> entries = StateDict(model);
+  std::vector<torch::Tensor> tensors;
+  for (const StateEntry& entry : entries) tensors.push_back(entry.tensor);
+  std::vector<std::pair<std::string, torch::Tensor>> kept;
+  zero.ForEachGathered(tensors, [&](size_t i) {
+    if (!keep) return;
+    kept.emplace_back(entries[i].name,
+                      entries[i].tensor.detach().to(torch::kCPU, true, true));
+  });
+  return kept;
+}
+
+}  // namespace
+
+std::map<std::string, torch::Tensor> Accelerator::StateDictOf(
+    const torch::nn::Module& model) {
+  ZeroOptimizer* zero = ParameterShardingOf(model);
+  if (zero == nullptr) return StateDictOnCpu(model);
+  std::map<std::string, torch::Tensor> state;
+  for (auto& [name, tensor] : GatheredState(*zero, model, is_main_process())) {
+    state[name] = std::move(tensor);
+  }
+  return state;
+}
+
+void Accelerator::SaveModelOf(const torch::nn::Module& model,
+                              const std::string& dir,
+                              const std::string& max_shard_size) {
+  ZeroOptimizer* zero = ParameterShardingOf(model);
+  if (zero == nullptr) {
+    if (is_main_process()) SaveModelWeights(model, dir, max_shard_size);
+    return;
+  }
+  const auto state = GatheredState(*zero, model, is_main_process());
+  if (is_main_process()) SaveModelWeights(state, dir, max_shard_size);
 }
 
 void Accelerator::set_seed(uint64_t seed, bool device_specific) {

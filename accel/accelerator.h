@@ -441,21 +441,21 @@ class Accelerator {
   int64_t save_iteration() const;
 
   // --- Weights ------------------------------------------------------------
-  // The model's parameters and buffers by name, on the CPU.
+  // The model's parameters and buffers by name, on the CPU. Under ZeRO
+  // stage 3 every rank calls it: the units are gathered one at a time and
+  // the main process gets the copies (the others an empty map).
   template <typename Model>
-  std::map<std::string, torch::Tensor> get_state_dict(
-      const Model& model) const {
-    return StateDictOnCpu(*detail::ModulePointer(model));
+  std::map<std::string, torch::Tensor> get_state_dict(const Model& model) {
+    return StateDictOf(*detail::ModulePointer(model));
   }
   // Writes the model's weights as safetensors (model.safetensors, or shards
   // of at most max_shard_size with model.safetensors.index.json) on the main
-  // process; read them back with accel::LoadModelWeightsInto.
+  // process; read them back with accel::LoadModelWeightsInto. Under ZeRO
+  // stage 3 every rank calls it (as get_state_dict).
   template <typename Model>
   void save_model(const Model& model, const std::string& dir,
-                  const std::string& max_shard_size = "10GB") const {
-    if (is_main_process()) {
-      SaveModelWeights(*detail::ModulePointer(model), dir, max_shard_size);
-    }
+                  const std::string& max_shard_size = "10GB") {
+    SaveModelOf(*detail::ModulePointer(model), dir, max_shard_size);
   }
   // torch::save(value, path) on the main process, written aside and renamed
   // into place.
@@ -544,6 +544,17 @@ class Accelerator {
       return 0;  // Keeps the compiler from adding errors after this one.
     }
   }
+
+  // get_state_dict and save_model.
+  std::map<std::string, torch::Tensor> StateDictOf(
+      const torch::nn::Module& model);
+  void SaveModelOf(const torch::nn::Module& model, const std::string& dir,
+                   const std::string& max_shard_size);
+  // Runs `work` (a save or load of the training state) with every ZeRO-3
+  // unit's parameters whole, then reshards them with what they hold.
+  void WithWholeParameters(const std::function<void()>& work);
+  // The stage-3 optimizer sharding the model's parameters, or null.
+  ZeroOptimizer* ParameterShardingOf(const torch::nn::Module& model) const;
 
   // The gradient synchronizer of a prepared model (null with one process).
   GradientReducer* SynchronizerOf(const torch::nn::Module* model,

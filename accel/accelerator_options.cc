@@ -65,14 +65,12 @@ void AcceleratorOptions::Validate() const {
                      std::to_string(options.rendezvous_timeout.count()) +
                      " ms");
   }
-  if (options.zero_stage < 0 || options.zero_stage > 2) {
+  if (options.zero_stage < 0 || options.zero_stage > 3) {
     throw UsageError(
         "zero_stage (--zero_stage) must be 0 (DDP), 1 (optimizer state "
-        "sharded) or 2 (optimizer state and gradients sharded), found " +
-        std::to_string(options.zero_stage) +
-        (options.zero_stage == 3 ? " (stage 3, parameters sharded, is not "
-                                   "in this version of accel)"
-                                 : ""));
+        "sharded), 2 (optimizer state and gradients sharded) or 3 (also "
+        "the parameters), found " +
+        std::to_string(options.zero_stage));
   }
   if (options.total_limit < 0) {
     throw UsageError("total_limit must not be negative, found " +

@@ -75,8 +75,14 @@ struct AcceleratorOptions {
   bool reuse_host_memory = true;
   // ZeRO sharding of the training state (accel/zero.h), as DeepSpeed's
   // zero_stage: 0 is DDP; 1 shards the optimizer state; 2 also the
-  // gradients. With one process nothing is sharded.
+  // gradients; 3 also the parameters, unit by unit. With one process
+  // nothing is sharded.
   int zero_stage = 0;
+  // Stage 3: the class of the layers that become units (Accelerate's
+  // fsdp_transformer_layer_cls_to_wrap, e.g. "TransformerEncoderLayer");
+  // empty: the children of the model's outermost Sequentials (see
+  // accel/sharded_units.h).
+  std::string fsdp_layer_to_wrap;
 
   // --backend, --mixed_precision, --gradient_accumulation_steps,
   // --timeout_s, --rendezvous_timeout_s, --collective_checks, --report_to,

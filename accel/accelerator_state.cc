@@ -37,24 +37,49 @@ std::function<void(const std::string&)> Accelerator::Hooks(
   };
 }
 
+void Accelerator::WithWholeParameters(const std::function<void()>& work) {
+  std::vector<ZeroOptimizer*> sharded;
+  for (ZeroOptimizer* zero : state_->prepared.sharded_optimizers()) {
+    if (zero->stage() == 3) sharded.push_back(zero);
+  }
+  for (ZeroOptimizer* zero : sharded) zero->GatherEveryUnit();
+  try {
+    work();
+  } catch (...) {
+    // A load that failed leaves the shards as they were.
+    for (ZeroOptimizer* zero : sharded) zero->ReshardEveryUnit(false);
+    throw;
+  }
+  for (ZeroOptimizer* zero : sharded) zero->ReshardEveryUnit();
+}
+
 void Accelerator::save_state(const std::string& dir) {
-  checkpoints_->Save(dir, Contents(), Hooks(save_hooks_));
+  WithWholeParameters(
+      [&] { checkpoints_->Save(dir, Contents(), Hooks(save_hooks_)); });
 }
 
 std::string Accelerator::save_state(CallSite site) {
-  return checkpoints_->SaveNext(Contents(), Hooks(save_hooks_), site);
+  std::string dir;
+  WithWholeParameters([&] {
+    dir = checkpoints_->SaveNext(Contents(), Hooks(save_hooks_), site);
+  });
+  return dir;
 }
 
 void Accelerator::load_state(const std::string& dir) {
   CheckpointContents contents = Contents();
-  checkpoints_->Load(dir, contents, Hooks(load_hooks_), CallSite::Here());
+  WithWholeParameters([&] {
+    checkpoints_->Load(dir, contents, Hooks(load_hooks_), CallSite::Here());
+  });
   step_ = contents.step;
 }
 
 std::string Accelerator::load_state(CallSite site) {
   CheckpointContents contents = Contents();
-  const std::string dir =
-      checkpoints_->LoadNewest(contents, Hooks(load_hooks_), site);
+  std::string dir;
+  WithWholeParameters([&] {
+    dir = checkpoints_->LoadNewest(contents, Hooks(load_hooks_), site);
+  });
   if (!dir.empty()) step_ = contents.step;
   return dir;
 }

@@ -6,9 +6,21 @@
 
 namespace accel {
 
-void PreparedObjects::AddModel(std::shared_ptr<torch::nn::Module> model,
-                               std::unique_ptr<GradientReducer> synchronizer) {
-  models_.push_back({std::move(model), std::move(synchronizer)});
+void PreparedObjects::AddModel(
+    std::shared_ptr<torch::nn::Module> model,
+    std::unique_ptr<GradientReducer> synchronizer,
+    std::vector<std::shared_ptr<ShardedUnitImpl>> units) {
+  models_.push_back(
+      {std::move(model), std::move(synchronizer), std::move(units)});
+}
+
+const std::vector<std::shared_ptr<ShardedUnitImpl>>& PreparedObjects::UnitsOf(
+    const torch::nn::Module* model) const {
+  static const std::vector<std::shared_ptr<ShardedUnitImpl>> none;
+  for (const Model& entry : models_) {
+    if (entry.module.get() == model) return entry.units;
+  }
+  return none;
 }
 
 std::shared_ptr<PreparedOptimizer> PreparedObjects::AddOptimizer(

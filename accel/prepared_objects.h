@@ -22,6 +22,7 @@
 #include "accel/data_loader_state.h"
 #include "accel/gradient_sync.h"
 #include "accel/scheduler.h"
+#include "accel/sharded_units.h"
 #include "accel/zero.h"
 
 namespace accel {
@@ -40,9 +41,13 @@ class PreparedObjects {
   PreparedObjects(const PreparedObjects&) = delete;
   PreparedObjects& operator=(const PreparedObjects&) = delete;
 
-  // `synchronizer` is null with one process.
+  // `synchronizer` is null with one process; `units` are the model's
+  // ZeRO-3 units (sharded_units.h), if any.
   void AddModel(std::shared_ptr<torch::nn::Module> model,
-                std::unique_ptr<GradientReducer> synchronizer);
+                std::unique_ptr<GradientReducer> synchronizer,
+                std::vector<std::shared_ptr<ShardedUnitImpl>> units = {});
+  const std::vector<std::shared_ptr<ShardedUnitImpl>>& UnitsOf(
+      const torch::nn::Module* model) const;
   std::shared_ptr<PreparedOptimizer> AddOptimizer(
       torch::optim::Optimizer& optimizer);
   void AddScheduler(std::shared_ptr<LRScheduler> scheduler);
@@ -81,6 +86,7 @@ class PreparedObjects {
   struct Model {
     std::shared_ptr<torch::nn::Module> module;
     std::unique_ptr<GradientReducer> synchronizer;
+    std::vector<std::shared_ptr<ShardedUnitImpl>> units;
   };
   std::vector<Model> models_;
   std::vector<std::shared_ptr<PreparedOptimizer>> optimizers_;

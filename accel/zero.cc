@@ -74,6 +74,14 @@ struct ZeroGroup {
   bool shard_grad_held = false;
   torch::Tensor incoming;
   int64_t own_begin = 0;
+  // Stage 3: the unit these parameters belong to, or -1 (the flat buffer
+  // then stays, as under stages 1-2). A unit's group keeps this rank's
+  // share of it in `shard` (shard_size elements, the pieces are views of
+  // it); `flat` has storage only while gathered.
+  int unit = -1;
+  torch::Tensor shard;
+  bool gathered = true;
+  std::shared_ptr<Work> gathering;  // The all-gather filling flat.
 };
 
 namespace {
@@ -104,12 +112,134 @@ void Flatten(ZeroGroup& group) {
   }
 }
 
+// Stage 3's storage resizing: the flat buffer's storage (which its
+// parameters, their views and autograd's saved tensors share) gets memory
+// again, or gives it back.
+void AllocateStorage(const torch::Tensor& flat) {
+  c10::StorageImpl* storage = flat.storage().unsafeGetStorageImpl();
+  const size_t bytes = flat.numel() * flat.element_size();
+  if (storage->nbytes() == bytes) return;
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
+}
+
+void FreeStorage(const torch::Tensor& flat) {
+  c10::StorageImpl* storage = flat.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(c10::DataPtr(nullptr, flat.device()));
+  storage->set_nbytes(0);
+}
+
 }  // namespace
+
+// Stage 3: when each unit's parameters are gathered and freed (zero.h).
+// Every rank runs the same units in the same order, so the all-gathers
+// match; the mutex covers autograd's threads.
+class UnitSchedule : public UnitRunner {
+ public:
+  UnitSchedule(Communicator& comm,
+               const std::vector<std::shared_ptr<ZeroGroup>>& groups,
+               size_t units)
+      : comm_(comm), units_(units) {
+    for (const auto& group : groups) {
+      if (group->unit >= 0) units_[group->unit].push_back(group);
+    }
+  }
+
+  void BeforeForward(size_t unit) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Gather(unit, "forward (ZeRO-3 all-gather of a unit's parameters)");
+    if (unit + 1 < units_.size()) {
+      Start(unit + 1, "forward (ZeRO-3 prefetch of the next unit)");
+    }
+  }
+  void AfterForward(size_t unit) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& group : units_[unit]) Release(*group);
+  }
+  void BeforeBackward(size_t unit) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Gather(unit, "backward (ZeRO-3 all-gather of a unit's parameters)");
+    if (unit > 0) {
+      Start(unit - 1, "backward (ZeRO-3 prefetch of the previous unit)");
+    }
+  }
+
+  // Frees one group (its gradients are in) or all of them.
+  void ReleaseGroup(ZeroGroup& group) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Release(group);
+  }
+  void ReleaseAll() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& unit : units_) {
+      for (auto& group : unit) Release(*group);
+    }
+  }
+  void GatherUnit(size_t unit, const char* api) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Gather(unit, api);
+  }
+  void ReleaseUnit(size_t unit) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& group : units_[unit]) Release(*group);
+  }
+  // Each gathered group's share becomes what its flat buffer holds.
+  void AdoptAndReleaseAll() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    torch::NoGradGuard no_grad;
+    for (auto& unit : units_) {
+      for (auto& group : unit) {
+        Finish(*group);
+        if (!group->gathered) continue;
+        const int64_t share = group->layout.shard_size();
+        group->shard.copy_(group->flat.narrow(0, comm_.rank() * share, share));
+        Release(*group);
+      }
+    }
+  }
+  size_t size() const { return units_.size(); }
+
+ private:
+  void Start(size_t unit, const char* api) {
+    for (auto& group : units_[unit]) {
+      if (group->gathered || group->gathering) continue;
+      AllocateStorage(group->flat);
+      CollectiveOptions options;
+      options.api = api;
+      group->gathering =
+          comm_.allgather_async(group->shard.data_ptr(), group->flat.data_ptr(),
+                                static_cast<size_t>(group->layout.shard_size()),
+                                ToDType(group->flat.scalar_type()), options);
+    }
+  }
+  void Finish(ZeroGroup& group) {
+    if (!group.gathering) return;
+    std::shared_ptr<Work> work = std::move(group.gathering);
+    group.gathering.reset();
+    work->wait();
+    group.gathered = true;
+  }
+  void Gather(size_t unit, const char* api) {
+    Start(unit, api);
+    for (auto& group : units_[unit]) Finish(*group);
+  }
+  void Release(ZeroGroup& group) {
+    if (group.unit < 0) return;
+    Finish(group);  // Its all-gather writes into the storage.
+    if (!group.gathered) return;
+    FreeStorage(group.flat);
+    group.gathered = false;
+  }
+
+  Communicator& comm_;
+  std::vector<std::vector<std::shared_ptr<ZeroGroup>>> units_;
+  std::mutex mutex_;
+};
 
 namespace {
 
-// Stage 2 reduces a model's gradients in the optimizer's flat layout: the
-// optimizer must hold exactly that model's trainable parameters.
+// Stages 2-3 reduce a model's gradients in the optimizer's flat layout:
+// the optimizer must hold exactly that model's trainable parameters.
 void CheckShardsWholeModel(const std::vector<torch::Tensor>& sharded,
                            const std::vector<torch::Tensor>& model_parameters) {
   std::vector<const void*> mine;
@@ -121,7 +251,7 @@ void CheckShardsWholeModel(const std::vector<torch::Tensor>& sharded,
     if (!p.requires_grad()) continue;
     if (!std::binary_search(mine.begin(), mine.end(), Key(p))) {
       throw UsageError(
-          "prepare: under ZeRO stage 2 the prepared optimizer must hold "
+          "prepare: under ZeRO stages 2-3 the prepared optimizer must hold "
           "every trainable parameter of its model, but parameter " +
           std::to_string(i) + " (shape " + Shape(p) +
           ") is not in it; give the optimizer model->parameters() (frozen "
@@ -131,7 +261,7 @@ void CheckShardsWholeModel(const std::vector<torch::Tensor>& sharded,
   }
   if (in_model != sharded.size()) {
     throw UsageError(
-        "prepare: under ZeRO stage 2 one optimizer shards the parameters of "
+        "prepare: under ZeRO stages 2-3 one optimizer shards the parameters of "
         "one model, but this one holds " +
         std::to_string(sharded.size()) +
         " trainable parameters and its "
@@ -142,13 +272,26 @@ void CheckShardsWholeModel(const std::vector<torch::Tensor>& sharded,
 
 }  // namespace
 
-ZeroOptimizer::ZeroOptimizer(Communicator& comm, int stage,
-                             torch::optim::Optimizer& optimizer,
-                             const std::vector<torch::Tensor>& model_parameters)
+ZeroOptimizer::ZeroOptimizer(
+    Communicator& comm, int stage, torch::optim::Optimizer& optimizer,
+    const std::vector<torch::Tensor>& model_parameters,
+    const std::vector<std::vector<torch::Tensor>>& units)
     : comm_(comm), stage_(stage), optimizer_(optimizer) {
-  if (stage < 1 || stage > 2) {
+  if (stage < 1 || stage > 3) {
     throw UsageError("ZeRO stage " + std::to_string(stage) +
-                     " is not one that shards optimizer state (1 or 2)");
+                     " is not one that shards training state (1, 2 or 3)");
+  }
+  if (stage == 3 && units.empty()) {
+    throw UsageError(
+        "prepare: ZeRO stage 3 shards parameters unit by unit, but the "
+        "model has no units (children of a Sequential with trainable "
+        "parameters); see accel/sharded_units.h");
+  }
+  std::map<const void*, int> unit_of;
+  for (size_t u = 0; u < units.size() && stage == 3; ++u) {
+    for (const torch::Tensor& p : units[u]) {
+      unit_of.emplace(Key(p), static_cast<int>(u));
+    }
   }
   if (!optimizer.state().empty()) {
     throw UsageError(
@@ -159,10 +302,10 @@ ZeroOptimizer::ZeroOptimizer(Communicator& comm, int stage,
         " parameter(s); build it over the model's parameters and prepare "
         "it at once");
   }
-  // The trainable parameters, grouped by dtype and device in the order the
-  // optimizer holds them (the same on every rank).
+  // The trainable parameters, grouped by unit, dtype and device in the
+  // order the optimizer holds them (the same on every rank).
   std::map<const void*, std::pair<size_t, size_t>> where;  // group, index
-  std::vector<std::tuple<c10::ScalarType, c10::Device>> kinds;
+  std::vector<std::tuple<int, c10::ScalarType, c10::Device>> kinds;
   for (auto& param_group : optimizer.param_groups()) {
     for (const torch::Tensor& p : param_group.params()) {
       if (!p.requires_grad()) continue;
@@ -173,38 +316,53 @@ ZeroOptimizer::ZeroOptimizer(Communicator& comm, int stage,
                          "param group once");
       }
       ToDType(p.scalar_type());  // Rejects unsupported dtypes early.
-      const auto kind = std::make_tuple(p.scalar_type(), p.device());
+      const auto unit = unit_of.find(Key(p));
+      const int unit_index = unit == unit_of.end() ? -1 : unit->second;
+      const auto kind =
+          std::make_tuple(unit_index, p.scalar_type(), p.device());
       auto found = std::find(kinds.begin(), kinds.end(), kind);
       const size_t index = found - kinds.begin();
       if (found == kinds.end()) kinds.push_back(kind);
       if (groups_.size() <= index) {
-        groups_.push_back(std::make_shared<ZeroGroup>(
-            ZeroGroup{ShardLayout({}, 1), {}, {}, {}, {}, {}, 0}));
+        groups_.push_back(std::make_shared<ZeroGroup>());
+        groups_.back()->unit = unit_index;
       }
       where[Key(p)] = {index, groups_[index]->params.size()};
       groups_[index]->params.push_back(p);
       parameters_.push_back(p);
     }
   }
-  if (stage == 2) CheckShardsWholeModel(parameters_, model_parameters);
+  if (stage >= 2) CheckShardsWholeModel(parameters_, model_parameters);
   const int rank = comm.rank();
   for (auto& group : groups_) {
     std::vector<int64_t> numels;
     for (const auto& p : group->params) numels.push_back(p.numel());
     group->layout = ShardLayout(numels, comm.size());
     Flatten(*group);
+    // The pieces are views of what this rank keeps: the flat buffer, or
+    // under stage 3 its share (starting at element `base` of the flat).
+    torch::Tensor kept = group->flat;
+    int64_t base = 0;
+    if (group->unit >= 0) {
+      base = rank * group->layout.shard_size();
+      group->shard =
+          group->flat.narrow(0, base, group->layout.shard_size()).clone();
+      kept = group->shard;
+      FreeStorage(group->flat);
+      group->gathered = false;
+    }
     group->pieces = group->layout.Pieces(rank);
     for (const auto& piece : group->pieces) {
       torch::Tensor view =
-          group->flat
-              .narrow(0, group->layout.offset(piece.tensor) + piece.begin,
+          kept.narrow(0,
+                      group->layout.offset(piece.tensor) + piece.begin - base,
                       piece.length)
               .detach();
       view.requires_grad_(true);
       group->piece_params.push_back(view);
     }
     group->own_begin = group->layout.begin(rank);
-    if (stage == 2) {
+    if (stage >= 2) {
       const int64_t own = group->layout.end(rank) - group->own_begin;
       group->shard_grad =
           torch::zeros({own + 1}, group->flat.options()).narrow(0, 0, own);
@@ -228,6 +386,9 @@ ZeroOptimizer::ZeroOptimizer(Communicator& comm, int stage,
     }
     param_group.params() = std::move(stepped);
   }
+  if (stage == 3) {
+    units_ = std::make_shared<UnitSchedule>(comm, groups_, units.size());
+  }
 }
 
 ZeroOptimizer::~ZeroOptimizer() = default;
@@ -237,7 +398,7 @@ void ZeroOptimizer::AttachGradients() {
     for (size_t i = 0; i < group->pieces.size(); ++i) {
       const ShardLayout::Piece& piece = group->pieces[i];
       torch::Tensor grad;
-      if (stage_ == 2) {
+      if (stage_ >= 2) {
         grad = group->shard_grad.narrow(
             0,
             group->layout.offset(piece.tensor) + piece.begin - group->own_begin,
@@ -256,15 +417,58 @@ void ZeroOptimizer::AttachGradients() {
 }
 
 void ZeroOptimizer::AllGatherParameters() {
+  // A unit gathered now would hold its parameters from before the step.
+  if (units_ != nullptr) units_->ReleaseAll();
   CollectiveOptions options;
   options.api = "optimizer.step (ZeRO all-gather of the updated parameters)";
   for (auto& group : groups_) {
+    if (group->unit >= 0) continue;
     const int64_t share = group->layout.shard_size();
     char* flat = static_cast<char*>(group->flat.data_ptr());
     comm_.allgather(flat + comm_.rank() * share * group->flat.element_size(),
                     flat, static_cast<size_t>(share),
                     ToDType(group->flat.scalar_type()), options);
   }
+}
+
+std::shared_ptr<UnitRunner> ZeroOptimizer::unit_runner() const {
+  return units_;
+}
+
+void ZeroOptimizer::GatherEveryUnit() {
+  if (units_ == nullptr) return;
+  for (size_t u = 0; u < units_->size(); ++u) {
+    units_->GatherUnit(u, "save_state / load_state (ZeRO-3 all-gather)");
+  }
+}
+
+void ZeroOptimizer::ReshardEveryUnit(bool adopt) {
+  if (units_ == nullptr) return;
+  if (adopt) {
+    units_->AdoptAndReleaseAll();
+  } else {
+    units_->ReleaseAll();
+  }
+}
+
+void ZeroOptimizer::ForEachGathered(const std::vector<torch::Tensor>& tensors,
+                                    const std::function<void(size_t)>& visit) {
+  std::map<const void*, int> unit_of;
+  for (const auto& group : groups_) {
+    for (const auto& p : group->params) unit_of[Key(p)] = group->unit;
+  }
+  int current = -1;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto found = unit_of.find(Key(tensors[i]));
+    const int unit = found == unit_of.end() ? -1 : found->second;
+    if (units_ != nullptr && unit >= 0 && unit != current) {
+      if (current >= 0) units_->ReleaseUnit(current);
+      units_->GatherUnit(unit, "get_state_dict (ZeRO-3 all-gather)");
+      current = unit;
+    }
+    visit(i);
+  }
+  if (current >= 0) units_->ReleaseUnit(current);
 }
 
 void ZeroOptimizer::ZeroGrad() {
@@ -314,11 +518,13 @@ class ShardedGradientReducer : public GradientReducer {
  public:
   ShardedGradientReducer(Communicator& comm,
                          std::vector<std::shared_ptr<ZeroGroup>> groups,
+                         std::shared_ptr<UnitSchedule> units,
                          const GradientSyncOptions& options,
                          const std::vector<torch::Tensor>& buffers)
       : state_(std::make_shared<State>(comm, std::move(groups))),
         buffers_(comm, {}, options, buffers) {
     State& s = *state_;
+    s.units = std::move(units);
     std::vector<torch::Tensor> params;
     for (size_t g = 0; g < s.groups.size(); ++g) {
       const ZeroGroup& group = *s.groups[g];
@@ -360,7 +566,12 @@ class ShardedGradientReducer : public GradientReducer {
     State& s = *state_;
     {
       std::lock_guard<std::mutex> lock(s.mutex);
-      if (!s.enabled) return;
+      if (!s.enabled) {
+        // Under no_sync the gradients stay in .grad; the units' parameters
+        // go until the next forward or backward gathers them.
+        if (s.units != nullptr) s.units->ReleaseAll();
+        return;
+      }
       // Parameters without a gradient this backward contribute what they
       // accumulated before (no_sync), or zeros.
       for (size_t i = 0; i < s.slots.size(); ++i) {
@@ -368,6 +579,7 @@ class ShardedGradientReducer : public GradientReducer {
       }
     }
     s.WaitAll();
+    if (s.units != nullptr) s.units->ReleaseAll();  // Units without grads.
     std::exception_ptr failure;
     {
       std::lock_guard<std::mutex> lock(s.mutex);
@@ -426,6 +638,8 @@ class ShardedGradientReducer : public GradientReducer {
         : comm(c), groups(std::move(g)) {}
     Communicator& comm;
     std::vector<std::shared_ptr<ZeroGroup>> groups;
+    std::shared_ptr<UnitSchedule> units;  // Stage 3.
+    std::vector<size_t> group_pending;    // Gradients not in, per group.
     std::vector<Bucket> buckets;
     std::vector<Slot> slots;
     std::unique_ptr<GradientReadyHooks> hooks;
@@ -437,7 +651,11 @@ class ShardedGradientReducer : public GradientReducer {
     CallSite site;
 
     void ResetStep() {
-      for (auto& slot : slots) slot.arrived = false;
+      group_pending.assign(groups.size(), 0);
+      for (auto& slot : slots) {
+        slot.arrived = false;
+        ++group_pending[slot.group];
+      }
       for (auto& bucket : buckets) {
         bucket.pending = bucket.members.size();
         bucket.buffer = torch::Tensor();
@@ -463,7 +681,7 @@ class ShardedGradientReducer : public GradientReducer {
         // copy, and no second gradient-sized buffer alive.
         bucket.buffer = grad.reshape({-1});
         param.mutable_grad() = torch::Tensor();
-        if (--bucket.pending == 0) LaunchReady();
+        Done(slot);
         return;
       }
       if (!bucket.buffer.defined()) {
@@ -478,7 +696,16 @@ class ShardedGradientReducer : public GradientReducer {
         place.zero_();
       }
       param.mutable_grad() = torch::Tensor();
-      if (--bucket.pending == 0) LaunchReady();
+      Done(slot);
+    }
+
+    // Slot's gradient is in its bucket: under stage 3 the last of a
+    // unit's frees its parameters (its backward no longer needs them).
+    void Done(const Slot& slot) {
+      if (--group_pending[slot.group] == 0 && units != nullptr) {
+        units->ReleaseGroup(*groups[slot.group]);
+      }
+      if (--buckets[slot.bucket].pending == 0) LaunchReady();
     }
 
     static torch::Tensor& Incoming(ZeroGroup& group) {
@@ -550,8 +777,8 @@ class ShardedGradientReducer : public GradientReducer {
 std::unique_ptr<GradientReducer> ZeroOptimizer::MakeGradientReducer(
     const std::vector<torch::Tensor>& model_buffers,
     const GradientSyncOptions& options) {
-  return std::make_unique<ShardedGradientReducer>(comm_, groups_, options,
-                                                  model_buffers);
+  return std::make_unique<ShardedGradientReducer>(comm_, groups_, units_,
+                                                  options, model_buffers);
 }
 
 namespace {

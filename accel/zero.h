@@ -1,7 +1,7 @@
-// ZeRO stages 1 and 2 (DeepSpeed's Zero Redundancy Optimizer, torch's
-// ZeroRedundancyOptimizer and FSDP's SHARD_GRAD_OP): each rank keeps the
-// optimizer state, and under stage 2 the reduced gradients, of its share of
-// the parameters only.
+// ZeRO stages 1-3 (DeepSpeed's Zero Redundancy Optimizer, torch's
+// ZeroRedundancyOptimizer, FSDP's SHARD_GRAD_OP and FULL_SHARD): each rank
+// keeps the optimizer state, under stage 2 also the reduced gradients, and
+// under stage 3 also the parameters, of its share of the parameters only.
 //
 //   accel::ZeroOptimizer zero(comm, /*stage=*/2, adamw, model->parameters());
 //   auto reducer = zero.MakeGradientReducer(model->buffers(), {});
@@ -21,7 +21,7 @@
 //
 // Gradients: under stage 1 the model's DDP allreduce runs as before (every
 // rank holds full gradients, and a piece's gradient is a view of its
-// parameter's). Under stage 2 each gradient goes into its bucket as
+// parameter's). Under stages 2-3 each gradient goes into its bucket as
 // autograd produces it and the parameter's .grad is freed; each bucket is
 // reduce-scattered, one in flight while the next fills, then its buffer
 // goes. Buckets are of GradientSyncOptions::first_bucket_bytes (1 MiB);
@@ -32,6 +32,18 @@
 // makes to the parameter's layout).
 // Inside no_sync the gradients accumulate locally in .grad at full size,
 // as under DDP: accumulation costs the full gradients' memory.
+//
+// Stage 3: each unit (sharded_units.h) has flat buffers of its own, and a
+// rank keeps only its share of them (the pieces the optimizer steps are
+// views of that share). A unit's flat buffer holds data only from just
+// before its forward to just after it, and from the gradient reaching its
+// output to the last of its parameters' gradients: its storage is
+// allocated and all-gathered into, then freed (storage resizing, so that
+// views and tensors autograd saved see the refilled data). The next unit's
+// gather is started before a unit runs (the previous one's in backward),
+// so a rank holds at most two units' parameters at once. Parameters in no
+// unit stay whole on every rank, stepped as under stage 2; frozen ones are
+// not sharded at all.
 //
 // Deliberate differences from DeepSpeed: no fp32 master copy (the
 // parameters' own dtype is stepped, as LibTorch optimizers do), and no
@@ -44,11 +56,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "accel/gradient_sync.h"
 #include "accel/runtime/comm/communicator.h"
+#include "accel/sharded_units.h"
 
 namespace accel {
 
@@ -58,6 +72,7 @@ namespace accel {
 // or empty).
 class ShardLayout {
  public:
+  ShardLayout() = default;
   ShardLayout(const std::vector<int64_t>& numels, int world_size);
 
   int64_t total() const { return total_; }
@@ -86,27 +101,32 @@ class ShardLayout {
   int world_size_ = 1;
 };
 
-struct ZeroGroup;  // One flat buffer (zero.cc).
+struct ZeroGroup;    // One flat buffer (zero.cc).
+class UnitSchedule;  // Stage 3's gathers and frees (zero.cc).
 
 class ZeroOptimizer {
  public:
-  // Takes over `optimizer`'s trainable parameters (see above). UsageError,
-  // before anything changes, for a stage outside 1..2, an optimizer that
-  // already holds state, a parameter that appears twice, or under stage 2
-  // an optimizer that does not hold exactly the trainable parameters of
-  // its model (`model_parameters`).
+  // Takes over `optimizer`'s trainable parameters (see above); under
+  // stage 3 `units` holds each unit's parameters, in the order the model
+  // runs the units. UsageError, before anything changes, for a stage
+  // outside 1..3, an optimizer that already holds state, a parameter that
+  // appears twice, under stages 2-3 an optimizer that does not hold
+  // exactly the trainable parameters of its model (`model_parameters`),
+  // or stage 3 without units.
   ZeroOptimizer(Communicator& comm, int stage,
                 torch::optim::Optimizer& optimizer,
-                const std::vector<torch::Tensor>& model_parameters);
+                const std::vector<torch::Tensor>& model_parameters,
+                const std::vector<std::vector<torch::Tensor>>& units = {});
   ~ZeroOptimizer();
 
   int stage() const { return stage_; }
   // The parameters it shards (the optimizer's trainable ones).
   const std::vector<torch::Tensor>& parameters() const { return parameters_; }
 
-  // Stage 2: the reducer that replaces the model's DDP synchronizer; it
-  // reduce-scatters the gradients of parameters(). The model's buffers
-  // keep DDP's broadcast_buffers.
+  // Stages 2-3: the reducer that replaces the model's DDP synchronizer; it
+  // reduce-scatters the gradients of parameters() (and under stage 3 frees
+  // each unit's parameters once their gradients are in). The model's
+  // buffers keep DDP's broadcast_buffers.
   std::unique_ptr<GradientReducer> MakeGradientReducer(
       const std::vector<torch::Tensor>& model_buffers,
       const GradientSyncOptions& options);
@@ -114,8 +134,26 @@ class ZeroOptimizer {
   // Points each piece's .grad at this rank's part of the reduced gradient
   // (after the sync; idempotent until the next backward).
   void AttachGradients();
-  // After the optimizer stepped: every rank gets every updated share.
+  // After the optimizer stepped: every rank gets every updated share
+  // (under stage 3, of the parameters in no unit; the units' are gathered
+  // when they next run).
   void AllGatherParameters();
+
+  // Stage 3: what the units call around their forward and backward (null
+  // under stages 1-2).
+  std::shared_ptr<UnitRunner> unit_runner() const;
+  // Stage 3: every unit's parameters whole on every rank, for save_state
+  // and load_state; ReshardEveryUnit then takes each rank's share of them
+  // back as it is (a load's values) and frees them. No-ops under stages
+  // 1-2. Every rank calls them.
+  // `adopt` false (a load that failed) frees them without taking values.
+  void GatherEveryUnit();
+  void ReshardEveryUnit(bool adopt = true);
+  // Calls visit(i) for each of `tensors` with its unit's parameters
+  // gathered, one unit at a time (in the order the tensors come); every
+  // rank calls it. Under stages 1-2 it only visits.
+  void ForEachGathered(const std::vector<torch::Tensor>& tensors,
+                       const std::function<void(size_t)>& visit);
   // Zeroes the parameters' gradients and the pieces' (the optimizer alone
   // would zero only the pieces).
   void ZeroGrad();
@@ -133,6 +171,7 @@ class ZeroOptimizer {
   torch::optim::Optimizer& optimizer_;
   std::vector<torch::Tensor> parameters_;
   std::vector<std::shared_ptr<ZeroGroup>> groups_;
+  std::shared_ptr<UnitSchedule> units_;  // Stage 3.
 };
 
 // Accelerator::clip_grad_norm_ when optimizers are sharded: the norm of the

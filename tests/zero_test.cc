@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "accel/checkpoint.h"
+#include "accel/model_weights.h"
 #include "tests/multiprocess_main.h"
 #include "tests/usage_error.h"
 
@@ -57,8 +58,9 @@ struct Run {
   int accumulation = 1;
   int steps = kSteps;
   int first_step = 0;
-  std::string save_to = "";    // save_state here after the steps.
-  std::string load_from = "";  // load_state from here before them.
+  std::string save_to = "";        // save_state here after the steps.
+  std::string load_from = "";      // load_state from here before them.
+  std::string save_model_to = "";  // save_model here after the steps.
   // Backwards per step outside accumulate(), each syncing, before one step
   // (their gradients add up).
   int backwards = 1;
@@ -114,13 +116,20 @@ Result Train(const Run& run) {
       optimizer.zero_grad();
     }
   }
+  if (!run.save_model_to.empty()) {
+    accelerator.save_model(model, run.save_model_to);
+  }
   if (!run.save_to.empty()) {
     accelerator.save_state(run.save_to);
     accelerator.wait_for_everyone();  // Rank 0's file is written last.
   }
+  // By name, from get_state_dict: under stage 3 the units are gathered one
+  // at a time onto the main process, and the others get nothing.
   std::vector<torch::Tensor> flat;
-  for (const auto& p : model->parameters()) flat.push_back(p.reshape({-1}));
-  result.parameters = torch::cat(flat).clone();
+  for (const auto& [name, tensor] : accelerator.get_state_dict(model)) {
+    flat.push_back(tensor.reshape({-1}));
+  }
+  if (!flat.empty()) result.parameters = torch::cat(flat).clone();
   for (const auto& [key, state] : adamw.state()) {
     result.state_elements +=
         static_cast<torch::optim::AdamWParamState&>(*state).exp_avg().numel();
@@ -128,8 +137,21 @@ Result Train(const Run& run) {
   return result;
 }
 
+// Under stage 3 only the main process has the gathered parameters: the
+// others compare nothing.
 double MaxDifference(const torch::Tensor& a, const torch::Tensor& b) {
+  if (!a.defined() || !b.defined()) {
+    EXPECT_FALSE(SharedAccelerator().is_main_process())
+        << "the main process got no parameters";
+    return 0;
+  }
   return (a - b).abs().max().item<double>();
+}
+
+std::string Folder(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return std::string(tmp ? tmp : "/tmp") + "/" + name + "_" +
+         std::to_string(SharedAccelerator().num_processes());
 }
 
 int64_t TrainableElements(bool freeze_first) {
@@ -206,15 +228,45 @@ TEST(ZeroTest, Stage2GivesDdpsParameters) {
   }
 }
 
+TEST(ZeroTest, Stage3GivesDdpsParameters) {
+  const Result ddp = Train({});
+  const Result zero = Train({.stage = 3});
+  const double difference = MaxDifference(zero.parameters, ddp.parameters);
+  EXPECT_EQ(zero.parameters_with_grad,
+            SharedAccelerator().num_processes() == 1 ? 6 : 0);
+  if (SharedAccelerator().is_main_process()) {
+    std::printf(
+        "stage 3 against DDP at %d process(es): max |difference| "
+        "%.3g after %d steps\n",
+        SharedAccelerator().num_processes(), difference, kSteps);
+  }
+  EXPECT_LE(difference, 1e-6);
+  EXPECT_GT(MaxDifference(ddp.parameters, Train({.steps = 0}).parameters),
+            1e-2);
+}
+
+// Rank `rank`'s share of `total` elements cut into n.
+int64_t ShareOf(int64_t total, int n, int rank) {
+  const int64_t share = (total + n - 1) / n;
+  return std::min(total, (rank + 1) * share) - std::min(total, rank * share);
+}
+
 TEST(ZeroTest, EachRankHoldsItsShareOfTheOptimizerState) {
   const int n = SharedAccelerator().num_processes();
+  const int rank = SharedAccelerator().process_index();
   const int64_t total = TrainableElements(false);
-  const int64_t share = (total + n - 1) / n;
-  for (int stage : {1, 2}) {
+  // Stages 1-2 cut all parameters into N shares; stage 3 each unit (each
+  // Linear of the model) on its own.
+  int64_t unit_shares = 0;
+  for (const auto& child : MakeModel()->children()) {
+    int64_t elements = 0;
+    for (const auto& p : child->parameters()) elements += p.numel();
+    unit_shares += ShareOf(elements, n, rank);
+  }
+  for (int stage : {1, 2, 3}) {
     const Result zero = Train({.stage = stage, .steps = 2});
-    const int rank = SharedAccelerator().process_index();
-    EXPECT_EQ(zero.state_elements, std::min(total, (rank + 1) * share) -
-                                       std::min(total, rank * share))
+    EXPECT_EQ(zero.state_elements,
+              stage == 3 ? unit_shares : ShareOf(total, n, rank))
         << "stage " << stage;
   }
   EXPECT_EQ(Train({.steps = 2}).state_elements, total);
@@ -222,7 +274,7 @@ TEST(ZeroTest, EachRankHoldsItsShareOfTheOptimizerState) {
 
 TEST(ZeroTest, ClippedNormIsTheGlobalOneOnEveryStage) {
   const Result ddp = Train({.clip = 0.5});
-  for (int stage : {1, 2}) {
+  for (int stage : {1, 2, 3}) {
     const Result zero = Train({.stage = stage, .clip = 0.5});
     ASSERT_EQ(zero.norms.size(), ddp.norms.size());
     for (size_t i = 0; i < ddp.norms.size(); ++i) {
@@ -250,7 +302,7 @@ TEST(ZeroTest, ClippedNormIsTheGlobalOneOnEveryStage) {
 TEST(ZeroTest, AccumulationAndFrozenParametersAsUnderDdp) {
   const Result ddp =
       Train({.freeze_first = true, .accumulation = 3, .steps = 12});
-  for (int stage : {1, 2}) {
+  for (int stage : {1, 2, 3}) {
     const Result zero = Train(
         {.stage = stage, .freeze_first = true, .accumulation = 3, .steps = 12});
     EXPECT_LE(MaxDifference(zero.parameters, ddp.parameters), 1e-6)
@@ -325,15 +377,93 @@ TEST(ZeroTest, MisuseIsOneClearErrorOnEveryRank) {
                 HasSubstr("must hold every trainable parameter of its "
                           "model, but parameter 2"));
   }
-  AcceleratorOptions three = Options({});
-  three.zero_stage = 3;
-  EXPECT_THAT(UsageErrorOf([&] { three.Validate(); }),
-              HasSubstr("stage 3, parameters sharded, is not"));
+  AcceleratorOptions four = Options({});
+  four.zero_stage = 4;
+  EXPECT_THAT(UsageErrorOf([&] { four.Validate(); }),
+              HasSubstr("or 3 (also the parameters), found 4"));
+}
+
+TEST(ZeroTest, Stage3FreesEachUnitsParametersOutsideItsForwardAndBackward) {
+  if (SharedAccelerator().num_processes() == 1) {
+    GTEST_SKIP() << "one process shards nothing";
+  }
+  Accelerator accelerator(Options({.stage = 3}));
+  torch::nn::Sequential net = MakeModel();
+  std::shared_ptr<torch::nn::LinearImpl> first =
+      net->ptr<torch::nn::LinearImpl>(0);
+  torch::optim::AdamW adamw(net->parameters(),
+                            torch::optim::AdamWOptions(1e-2));
+  auto [model, optimizer] = accelerator.prepare(net, adamw);
+  const auto all_freed = [&] {
+    for (const auto& p : model->parameters()) {
+      if (p.storage().nbytes() != 0) return false;
+    }
+    return true;
+  };
+  EXPECT_TRUE(all_freed());
+  for (int step = 0; step < 2; ++step) {
+    auto [x, y] = Batch(step, accelerator.process_index());
+    torch::Tensor loss =
+        torch::nn::functional::cross_entropy(model->forward(x), y);
+    EXPECT_TRUE(all_freed()) << "after forward";
+    accelerator.backward(loss);
+    EXPECT_TRUE(all_freed()) << "after backward";
+    optimizer.step();
+    optimizer.zero_grad();
+    EXPECT_TRUE(all_freed()) << "after the step";
+  }
+  // A layer run outside its model fails in LibTorch, reading no freed
+  // memory; through the model it gathers.
+  EXPECT_THROW(first->forward(torch::ones({2, 12})), c10::Error);
+  {
+    torch::NoGradGuard no_grad;
+    EXPECT_TRUE(
+        model->forward(torch::ones({2, 12})).isfinite().all().item<bool>());
+  }
+  EXPECT_TRUE(all_freed());
+}
+
+TEST(ZeroTest, Stage3MisuseIsOneClearErrorOnEveryRank) {
+  if (SharedAccelerator().num_processes() == 1) {
+    GTEST_SKIP() << "one process shards nothing";
+  }
+  Accelerator accelerator(Options({.stage = 3}));
+  auto alone = accelerator.prepare(MakeModel());
+  EXPECT_THAT(
+      UsageErrorOf([&] {
+        accelerator.backward(alone->forward(torch::ones({1, 12})).sum());
+      }),
+      HasSubstr("prepared without one"));
+  EXPECT_THAT(
+      UsageErrorOf([&] { accelerator.prepare(torch::nn::Linear(3, 3)); }),
+      HasSubstr("has no Sequential child with trainable parameters"));
+  AcceleratorOptions typed = Options({.stage = 3});
+  typed.fsdp_layer_to_wrap = "TransformerEncoderLayer";
+  Accelerator by_type(typed);
+  EXPECT_THAT(
+      UsageErrorOf([&] { by_type.prepare(MakeModel()); }),
+      HasSubstr("child of a Sequential of type 'TransformerEncoderLayer'"));
+}
+
+TEST(ZeroTest, Stage3SavesDdpsWeightsGatheredOnTheMainProcess) {
+  const std::string ddp_dir = Folder("weights_ddp");
+  const std::string zero_dir = Folder("weights_zero3");
+  Train({.steps = 5, .save_model_to = ddp_dir});
+  Train({.stage = 3, .steps = 5, .save_model_to = zero_dir});
+  SharedAccelerator().wait_for_everyone();
+  if (!SharedAccelerator().is_main_process()) return;
+  const auto ddp = LoadModelWeights(ddp_dir);
+  const auto zero = LoadModelWeights(zero_dir);
+  ASSERT_EQ(zero.size(), ddp.size());
+  for (const auto& [name, tensor] : ddp) {
+    ASSERT_EQ(zero.count(name), 1u) << name;
+    EXPECT_LE(MaxDifference(zero.at(name), tensor), 1e-6) << name;
+  }
 }
 
 TEST(ZeroTest, TwoBackwardsBeforeAStepAddUpAsUnderDdp) {
   const Result ddp = Train({.steps = 12, .backwards = 2});
-  for (int stage : {1, 2}) {
+  for (int stage : {1, 2, 3}) {
     const Result zero = Train({.stage = stage, .steps = 12, .backwards = 2});
     // DDP reduces the sum of both; ZeRO-2 adds the two reductions.
     EXPECT_LE(MaxDifference(zero.parameters, ddp.parameters), 1e-6)
@@ -376,14 +506,8 @@ TEST(ZeroTest, AnInfinityNormWithANanIsNanOnEveryRank) {
   EXPECT_TRUE(std::isnan(norm)) << norm;
 }
 
-std::string Folder(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  return std::string(tmp ? tmp : "/tmp") + "/" + name + "_" +
-         std::to_string(SharedAccelerator().num_processes());
-}
-
 TEST(ZeroTest, ACheckpointResumesBitExactlyAtTheSameProcessCount) {
-  for (int stage : {1, 2}) {
+  for (int stage : {1, 2, 3}) {
     const std::string dir = Folder("zero" + std::to_string(stage));
     const Result whole = Train({.stage = stage, .steps = 20});
     Train({.stage = stage, .steps = 10, .save_to = dir});
