@@ -526,7 +526,10 @@ class ShardedGradientReducer : public GradientReducer {
     State& s = *state_;
     s.units = std::move(units);
     std::vector<torch::Tensor> params;
-    for (size_t g = 0; g < s.groups.size(); ++g) {
+    // Buckets in the order backward fills them (launches go strictly in
+    // bucket order): the last parameters first, so under stage 3 the last
+    // unit's groups first.
+    for (size_t g = s.groups.size(); g-- > 0;) {
       const ZeroGroup& group = *s.groups[g];
       size_t bucket_bytes = 0;
       for (size_t t = group.params.size(); t-- > 0;) {
