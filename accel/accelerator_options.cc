@@ -46,6 +46,8 @@ AcceleratorOptions AcceleratorOptions::FromFlags() {
   options.logging_dir = flags::logging_dir.value();
   options.reuse_host_memory = flags::reuse_host_memory.value();
   options.zero_stage = flags::zero_stage.value();
+  options.fsdp_layer_to_wrap =
+      flags::fsdp_transformer_layer_cls_to_wrap.value();
   return options;
 }
 
@@ -148,6 +150,9 @@ void AcceleratorOptions::AdoptGivenFlags(bool is_main_process) {
             builtin.reuse_host_memory, "reuse_host_memory", same, &overridden);
   AdoptFlag(flags::zero_stage, options.zero_stage, builtin.zero_stage,
             "zero_stage", same, &overridden);
+  AdoptFlag(flags::fsdp_transformer_layer_cls_to_wrap,
+            options.fsdp_layer_to_wrap, builtin.fsdp_layer_to_wrap,
+            "fsdp_layer_to_wrap", same, &overridden);
   if (overridden.empty() || !is_main_process) return;
   std::string listed;
   for (const std::string& item : overridden) {

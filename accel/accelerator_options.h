@@ -86,7 +86,8 @@ struct AcceleratorOptions {
 
   // --backend, --mixed_precision, --gradient_accumulation_steps,
   // --timeout_s, --rendezvous_timeout_s, --collective_checks, --report_to,
-  // --logging_dir, --reuse_host_memory and --zero_stage (see
+  // --logging_dir, --reuse_host_memory, --zero_stage and
+  // --fsdp_transformer_layer_cls_to_wrap (see
   // accel/runtime/launch/program.h).
   static AcceleratorOptions FromFlags();
 

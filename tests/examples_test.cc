@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <fstream>
+#include <map>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -80,27 +81,39 @@ TEST(ExamplesTest, TrainDemoPrintsTheSameAccuraciesOnceForAnyProcessCount) {
 
 // fsdp_example: sharded training state shows in each rank's peak host
 // memory (ZeRO stage 2 holds about 10 of DDP's 16 bytes per parameter at 2
-// processes, fewer at 3), and DDP's ranks each hold everything.
+// processes, fewer at 3; stage 3 fewer again at 3, where its two units of
+// 1 MB in flight weigh less than the parameters it shards), and DDP's
+// ranks each hold everything. Every stage trains the same model.
 TEST(ExamplesTest, FsdpExamplePrintsPeakMemoryThatShardingLowers) {
-  auto peak_of = [](const std::vector<std::string>& args) {
+  std::map<double, std::vector<std::string>> accuracy_of;  // By peak.
+  auto peak_of = [&](const std::vector<std::string>& args) {
     const ProcessResult r = RunExample("fsdp_example", args);
     EXPECT_EQ(r.exit_code, 0) << r.output;
-    EXPECT_EQ(Matches(r.output, "Epoch \\d - accuracy").size(), 2u) << r.output;
+    const std::vector<std::string> accuracy =
+        Matches(r.output, "Epoch \\d - accuracy [0-9.]+");
+    EXPECT_EQ(accuracy.size(), 2u) << r.output;
     const std::vector<std::string> peaks =
         Matches(r.output, "Peak host memory per rank: [0-9.]+");
     EXPECT_EQ(peaks.size(), 2u) << r.output;
-    return peaks.empty()
-               ? 0.0
-               : std::stod(peaks.back().substr(peaks.back().rfind(' ')));
+    const double peak =
+        peaks.empty() ? 0.0
+                      : std::stod(peaks.back().substr(peaks.back().rfind(' ')));
+    accuracy_of[peak] = accuracy;
+    return peak;
   };
   const double one = peak_of({"--num_processes=1"});
   const double ddp = peak_of({"--num_processes=2", "--zero_stage=0"});
   const double two = peak_of({"--num_processes=2", "--zero_stage=2"});
   const double three = peak_of({"--num_processes=3", "--zero_stage=2"});
+  const double full = peak_of({"--num_processes=3", "--zero_stage=3",
+                               "--fsdp_transformer_layer_cls_to_wrap=Linear"});
   EXPECT_GT(one, 5.0);
   EXPECT_GT(ddp, 0.95 * one);
   EXPECT_LT(two, 0.75 * one);
   EXPECT_LT(three, two);
+  EXPECT_LT(full, 0.97 * three);
+  EXPECT_EQ(accuracy_of[full], accuracy_of[three]);
+  EXPECT_EQ(accuracy_of[two], accuracy_of[ddp]);
 }
 
 TEST(ExamplesTest, ResumedTrainingEqualsUninterruptedTrainingBitForBit) {

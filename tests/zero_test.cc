@@ -195,6 +195,51 @@ TEST(ShardLayoutTest, SharesPartitionTheTensorsInRankOrder) {
   }
 }
 
+// A layer holding a Sequential (LibTorch cannot nest Sequentials directly).
+struct BlockImpl : torch::nn::Module {
+  BlockImpl() {
+    layers = register_module(
+        "layers",
+        torch::nn::Sequential(torch::nn::Linear(4, 4), torch::nn::Tanh(),
+                              torch::nn::Linear(4, 4)));
+  }
+  torch::Tensor forward(torch::Tensor x) { return layers->forward(x); }
+  torch::nn::Sequential layers{nullptr};
+};
+TORCH_MODULE(Block);
+
+std::vector<std::string> UnitPaths(const std::string& layer_type) {
+  torch::manual_seed(3);
+  torch::nn::Sequential outer(Block(), torch::nn::ReLU(),
+                              torch::nn::Linear(4, 2));
+  std::vector<std::string> names_before;
+  for (const auto& p : outer->named_parameters())
+    names_before.push_back(p.key());
+  const torch::Tensor x = torch::randn({3, 4});
+  const torch::Tensor before = outer->forward(x);
+  std::vector<std::string> paths;
+  for (const auto& unit : WrapUnits(*outer, layer_type)) {
+    paths.push_back(unit->path());
+  }
+  // Unattached units run their layers as they are; names do not change.
+  EXPECT_TRUE(torch::equal(outer->forward(x), before));
+  std::vector<std::string> names_after;
+  for (const auto& p : outer->named_parameters())
+    names_after.push_back(p.key());
+  EXPECT_EQ(names_after, names_before);
+  return paths;
+}
+
+TEST(WrapUnitsTest, PicksTheOutermostChildrenOrEveryLayerOfAType) {
+  using Paths = std::vector<std::string>;
+  EXPECT_EQ(UnitPaths(""), (Paths{"0", "2"}));
+  EXPECT_EQ(UnitPaths("Linear"), (Paths{"0.layers.0", "0.layers.2", "2"}));
+  EXPECT_EQ(UnitPaths("torch::nn::LinearImpl"),
+            (Paths{"0.layers.0", "0.layers.2", "2"}));
+  EXPECT_EQ(UnitPaths("Block"), (Paths{"0"}));
+  EXPECT_EQ(UnitPaths("Conv2d"), Paths{});
+}
+
 TEST(ZeroTest, Stage1GivesDdpsParametersBitForBit) {
   const Result ddp = Train({});
   const Result zero = Train({.stage = 1});

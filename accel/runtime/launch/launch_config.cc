@@ -72,6 +72,7 @@ const std::vector<std::string>& ConfigurableFlags() {
       "logging_dir",
       "reuse_host_memory",
       "zero_stage",
+      "fsdp_transformer_layer_cls_to_wrap",
   };
   return names;
 }

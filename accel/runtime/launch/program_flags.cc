@@ -181,8 +181,13 @@ ProgramFlag<bool> reuse_host_memory(
 ProgramFlag<int32_t> zero_stage(
     "zero_stage", 0,
     "ZeRO sharding of the training state over the processes: 0 (DDP, every "
-    "rank holds everything), 1 (optimizer state sharded) or 2 (optimizer "
-    "state and gradients sharded).");
+    "rank holds everything), 1 (optimizer state sharded), 2 (optimizer "
+    "state and gradients sharded) or 3 (parameters too, unit by unit).");
+ProgramFlag<std::string> fsdp_transformer_layer_cls_to_wrap(
+    "fsdp_transformer_layer_cls_to_wrap", "",
+    "Under --zero_stage=3: the class of the layers that become units (as "
+    "Accelerate's), e.g. TransformerEncoderLayer; empty: the children of the "
+    "model's outermost Sequentials.");
 
 }  // namespace flags
 
@@ -201,7 +206,8 @@ void ForEachFlag(Fn&& fn) {
   }
   for (auto* flag :
        {&flags::main_process_ip, &flags::config_file, &flags::backend,
-        &flags::mixed_precision, &flags::report_to, &flags::logging_dir}) {
+        &flags::mixed_precision, &flags::report_to, &flags::logging_dir,
+        &flags::fsdp_transformer_layer_cls_to_wrap}) {
     fn(*flag);
   }
   for (auto* flag : {&flags::collective_checks, &flags::reuse_host_memory}) {

@@ -87,6 +87,7 @@ extern ProgramFlag<std::string> report_to;
 extern ProgramFlag<std::string> logging_dir;
 extern ProgramFlag<bool> reuse_host_memory;
 extern ProgramFlag<int32_t> zero_stage;
+extern ProgramFlag<std::string> fsdp_transformer_layer_cls_to_wrap;
 }  // namespace flags
 
 // Registers every flag above with gflags unless the program defines one of
