@@ -15,7 +15,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "accel/accelerator.h"
 #include "accel/runtime/launch/program.h"
@@ -62,9 +65,9 @@ class RandomDataset : public torch::data::datasets::Dataset<RandomDataset> {
 };
 
 // FNV-1a over the bytes of every parameter.
-uint64_t Fingerprint(torch::nn::Module& module) {
+uint64_t Fingerprint(const std::vector<torch::Tensor>& parameters) {
   uint64_t hash = 1469598103934665603ull;
-  for (const auto& parameter : module.parameters()) {
+  for (const auto& parameter : parameters) {
     torch::Tensor data = parameter.detach().cpu().contiguous();
     const auto* bytes = static_cast<const unsigned char*>(data.data_ptr());
     for (int64_t i = 0; i < data.numel() * data.element_size(); ++i) {
@@ -74,9 +77,9 @@ uint64_t Fingerprint(torch::nn::Module& module) {
   return hash;
 }
 
-double ParameterNorm(torch::nn::Module& module) {
+double ParameterNorm(const std::vector<torch::Tensor>& parameters) {
   double squares = 0;
-  for (const auto& parameter : module.parameters()) {
+  for (const auto& parameter : parameters) {
     squares +=
         parameter.detach().to(torch::kFloat64).pow(2).sum().item<double>();
   }
@@ -252,14 +255,22 @@ int Main(int argc, char** argv) {
   // Every rank: each saves its own random state, so that --resume_from can
   // continue at any number of processes.
   accelerator.save_state(FLAGS_output_dir);
+  // On every rank: under --zero_stage=3 it gathers the sharded parameters
+  // unit by unit, and the main process gets them.
+  const std::map<std::string, torch::Tensor> weights =
+      accelerator.get_state_dict(prepared_model);
   if (accelerator.is_main_process()) {
+    std::vector<torch::Tensor> parameters;  // In the model's order.
+    for (const auto& parameter : prepared_model->named_parameters()) {
+      parameters.push_back(weights.at(parameter.key()));
+    }
     // Lets runs be compared bit for bit, e.g. a resumed run with an
     // uninterrupted one.
     std::printf("Parameter fingerprint: %016llx\n",
-                static_cast<unsigned long long>(Fingerprint(*prepared_model)));
+                static_cast<unsigned long long>(Fingerprint(parameters)));
     // Comparable where bits are not: machines that sum gradients in another
     // order (tests/cluster).
-    std::printf("Parameter norm: %.6e\n", ParameterNorm(*prepared_model));
+    std::printf("Parameter norm: %.6e\n", ParameterNorm(parameters));
     std::printf(
         "Trained in %.2f s on %d process(es) (%s); saved the training state "
         "to %s\n",

@@ -116,6 +116,37 @@ TEST(ExamplesTest, FsdpExamplePrintsPeakMemoryThatShardingLowers) {
   EXPECT_EQ(accuracy_of[two], accuracy_of[ddp]);
 }
 
+// train_demo under every ZeRO stage, through the launcher and its flags:
+// DDP's parameters bit for bit at 2 processes (each stage's checkpoint
+// written on the way), and under stage 3 resumable where it stopped.
+TEST(ExamplesTest, TrainDemoUnderEveryZeroStageEndsWithDdpsParameters) {
+  const std::string dir = MakeTempDir("zero_stages");
+  std::string ddp;
+  for (int stage : {0, 1, 2, 3}) {
+    const std::string out = dir + "/stage" + std::to_string(stage);
+    const ProcessResult r =
+        RunExample("train_demo", {"--num_processes=2", "--epochs=2",
+                                  "--zero_stage=" + std::to_string(stage),
+                                  "--output_dir=" + out});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    if (stage == 0) {
+      ddp = Fingerprint(r);
+    } else {
+      EXPECT_EQ(Fingerprint(r), ddp) << "stage " << stage;
+    }
+  }
+  const ProcessResult first = RunExample(
+      "train_demo", {"--num_processes=2", "--epochs=1", "--zero_stage=3",
+                     "--output_dir=" + dir + "/first"});
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const ProcessResult resumed = RunExample(
+      "train_demo",
+      {"--num_processes=2", "--epochs=2", "--zero_stage=3",
+       "--resume_from=" + dir + "/first", "--output_dir=" + dir + "/resumed"});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(Fingerprint(resumed), ddp);
+}
+
 TEST(ExamplesTest, ResumedTrainingEqualsUninterruptedTrainingBitForBit) {
   const std::string dir = MakeTempDir("resume");
   const ProcessResult straight = RunExample(

@@ -155,13 +155,21 @@ check "train_demo nccl 2 ranks ZeRO-2 (1 GPU)" 120 env NCCL_MULTI_RANK_GPU_ENABL
   --backend=nccl --num_processes=2 --main_process_port=0 --zero_stage=2 --noprogress \
   --output_dir="$BUILD/tm3"
 grep -E 'Accuracy|Trained|fingerprint' "$LOGS"/train_demo_nccl_2_ranks_ZeRO-2__1_GPU_.log
+# ZeRO stage 3: each Linear a unit, gathered around its forward and backward
+# on the GPU (storage resized in the CUDA caching allocator).
+check "train_demo nccl 2 ranks ZeRO-3 (1 GPU)" 120 env NCCL_MULTI_RANK_GPU_ENABLE=1 ./train_demo \
+  --backend=nccl --num_processes=2 --main_process_port=0 --zero_stage=3 --noprogress \
+  --output_dir="$BUILD/tm4"
+grep -E 'Accuracy|Trained|fingerprint' "$LOGS"/train_demo_nccl_2_ranks_ZeRO-3__1_GPU_.log
 ddp_print=$(grep -h fingerprint "$LOGS"/train_demo_nccl_2_ranks__1_GPU_.log 2>/dev/null)
-zero_print=$(grep -h fingerprint "$LOGS"/train_demo_nccl_2_ranks_ZeRO-2__1_GPU_.log 2>/dev/null)
-if [ -n "$ddp_print" ] && [ "$ddp_print" = "$zero_print" ]; then
-  record "ZeRO-2 equals DDP" PASS "$zero_print"
-else
-  record "ZeRO-2 equals DDP" FAIL "DDP '$ddp_print', ZeRO-2 '$zero_print'"
-fi
+for stage in 2 3; do
+  zero_print=$(grep -h fingerprint "$LOGS"/train_demo_nccl_2_ranks_ZeRO-${stage}__1_GPU_.log 2>/dev/null)
+  if [ -n "$ddp_print" ] && [ "$ddp_print" = "$zero_print" ]; then
+    record "ZeRO-$stage equals DDP" PASS "$zero_print"
+  else
+    record "ZeRO-$stage equals DDP" FAIL "DDP '$ddp_print', ZeRO-$stage '$zero_print'"
+  fi
+done
 check "bandwidth 1 rank" 120 ./nccl_bandwidth
 cat "$LOGS"/bandwidth_1_rank.log
 check "bandwidth 2 ranks (1 GPU)" 180 env NCCL_MULTI_RANK_GPU_ENABLE=1 ./nccl_bandwidth \
