@@ -25,6 +25,11 @@
 // step are computed, for bandwidth-optimal collectives over B bytes of
 // gradients: allreduce 2(N-1)/N B, reduce-scatter and all-gather (N-1)/N B
 // (stage 3 all-gathers each unit twice, before forward and backward).
+// At 2 ranks torch's ZeroRedundancyOptimizer (stage 1) and DDP run beside
+// them (tools/bench/torch_zero.py, python3-torch over Gloo; torch's FSDP
+// needs CUDA) on the same model; their state is counted over the tensors
+// (parameters, gradients, optimizer state), Python having no allocator
+// counter to install.
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -52,6 +57,11 @@ DEFINE_string(stages, "0,1,2,3", "ZeRO stages (0 is DDP).");
 DEFINE_int32(repetitions, 3, "Runs per model, ranks and stage.");
 DEFINE_int32(warmup, 2, "Untimed steps first (they make AdamW's state).");
 DEFINE_int32(steps, 5, "Timed steps per run.");
+DEFINE_bool(torch_baseline, true,
+            "At 2 ranks, also torch's ZeroRedundancyOptimizer and DDP.");
+DEFINE_string(python, "/usr/bin/python3", "The Python that has torch.");
+DEFINE_string(torch_script, "",
+              "tools/bench/torch_zero.py (default: from the runfiles).");
 DEFINE_bool(worker, false, "Internal: run one measurement as a rank.");
 DEFINE_string(model, "mlp", "Internal: the model a worker measures.");
 
@@ -220,6 +230,56 @@ void PrintTable(const std::string& model, int ranks,
   }
 }
 
+// torch's figures at 2 ranks: "ddp" and "zero1" (ZeroRedundancyOptimizer).
+using TorchCells = std::map<std::string, Cell>;
+
+void MeasureTorch(const std::string& model, TorchCells& cells) {
+  const std::string script =
+      FLAGS_torch_script.empty()
+          ? accel::bench::SelfPath() +
+                ".runfiles/accel/tools/bench/torch_zero.py"
+          : FLAGS_torch_script;
+  for (const char* mode : {"ddp", "zero1"}) {
+    std::ostringstream command;
+    command << FLAGS_python << " " << script
+            << " --world_size=2 --model=" << model << " --mode=" << mode
+            << " --warmup=" << FLAGS_warmup << " --steps=" << FLAGS_steps;
+    const accel::bench::Results r =
+        accel::bench::RunAndParse(std::string("torch ") + mode, command.str());
+    if (!r.count("step_s")) continue;
+    cells[mode].state_mb.values.push_back(r.at("state_bytes") / 1e6);
+    cells[mode].step_s.values.push_back(r.at("step_s"));
+  }
+}
+
+void PrintTorchTable(std::map<int, Cell>& ours, TorchCells& torch) {
+  if (!torch.count("ddp") || !torch.count("zero1")) {
+    std::printf("torch baseline: no figures (see above)\n");
+    return;
+  }
+  std::printf(
+      "beside it, torch 1.13 (python3-torch, Gloo), 2 ranks, the same "
+      "model; min/median/max over %d runs\n",
+      static_cast<int>(torch["ddp"].step_s.values.size()));
+  std::printf("%-26s %14s %16s %20s %16s\n", "", "state MB", "x its DDP",
+              "step ms", "x its DDP");
+  const auto row = [](const char* name, const Cell& cell, const Cell& ddp) {
+    std::printf("%-26s %14s %16s %20s %16s\n", name,
+                accel::bench::Plain(cell.state_mb, "%.0f").c_str(),
+                accel::bench::Ratio(cell.state_mb, ddp.state_mb).c_str(),
+                accel::bench::Ms(cell.step_s).c_str(),
+                accel::bench::Ratio(cell.step_s, ddp.step_s).c_str());
+  };
+  row("torch DDP", torch["ddp"], torch["ddp"]);
+  row("torch ZeroRedundancyOpt.", torch["zero1"], torch["ddp"]);
+  if (ours.count(1)) {
+    row("accel stage 1", ours[1], ours[0]);
+    std::printf(
+        "accel stage 1 step / torch ZeroRedundancyOptimizer step: %s\n",
+        accel::bench::Ratio(ours[1].step_s, torch["zero1"].step_s).c_str());
+  }
+}
+
 int Main(int, char**) {
   if (FLAGS_worker) {
     MeasureRank(accel::HostMemoryTracker::Install());
@@ -229,7 +289,10 @@ int Main(int, char**) {
   for (const std::string& model : accel::bench::ParseNames(FLAGS_models)) {
     for (int ranks : accel::bench::ParseList(FLAGS_ranks)) {
       std::map<int, Cell> cells;
+      TorchCells torch;
+      const bool with_torch = FLAGS_torch_baseline && ranks == 2;
       for (int rep = 0; rep < FLAGS_repetitions; ++rep) {
+        if (with_torch) MeasureTorch(model, torch);
         std::vector<int> order = stages;
         if (rep % 2 == 1) std::reverse(order.begin(), order.end());
         for (int stage : order) {
@@ -255,6 +318,7 @@ int Main(int, char**) {
         continue;
       }
       PrintTable(model, ranks, cells);
+      if (with_torch) PrintTorchTable(cells, torch);
     }
   }
   return 0;
