@@ -153,6 +153,45 @@ std::vector<torch::Tensor> ReadModel(torch::serialize::InputArchive& state,
   return values;
 }
 
+}  // namespace
+
+std::vector<std::pair<std::string, torch::Tensor>> ReadCheckpointWeights(
+    const std::string& dir, int64_t index) {
+  const std::string path = Join(dir, kStateFile);
+  if (!Exists(path)) {
+    throw CheckpointError("'" + path + "' is missing: '" + dir +
+                          "' is not a complete accel checkpoint");
+  }
+  CheckpointFileContents file = ReadCheckpointFile(path, "accelerator_state");
+  const int64_t models = ReadInt(*file.archive, "num_models", path);
+  if (index < 0 || index >= models) {
+    throw CheckpointError("'" + path + "' holds " + std::to_string(models) +
+                          " model(s); there is no model " +
+                          std::to_string(index));
+  }
+  const std::string key = "model_" + std::to_string(index);
+  torch::serialize::InputArchive archive;
+  if (!file.archive->try_read(key, archive)) {
+    throw CheckpointError("'" + path + "' has no " + key);
+  }
+  const c10::IValue names = ReadValue(archive, "names", path);
+  if (!names.isList()) {
+    throw CheckpointError("'" + path + "': " + key + " has no name list");
+  }
+  std::vector<std::pair<std::string, torch::Tensor>> weights;
+  int64_t i = 0;
+  for (const auto& name : names.toListRef()) {
+    std::string text = name.toStringRef();
+    text = text.substr(text.find(' ') + 1);  // "parameter fc.weight"
+    torch::Tensor value;
+    archive.read("t" + std::to_string(i++), value);
+    weights.emplace_back(text, value);
+  }
+  return weights;
+}
+
+namespace {
+
 void Note(const std::string& message) { ACCEL_LOG(INFO) << message; }
 
 // LibTorch's Optimizer::load restores each parameter's state (moments,

@@ -107,6 +107,15 @@ struct CheckpointProblem {
 CheckpointProblem CheckCheckpoint(const std::string& dir, int rank,
                                   int world_size, bool sharded = false);
 
+// Model `index`'s weights as the checkpoint in `dir` holds them (verified),
+// by name in state_dict order ("fc.weight", buffers too): what
+// `accel-merge-weights` writes as model.safetensors. Every stage keeps the
+// whole weights in the shared file (ZeRO-3 gathers them to save).
+// CheckpointError naming the file for a missing, damaged or foreign file,
+// or a model it does not hold.
+std::vector<std::pair<std::string, torch::Tensor>> ReadCheckpointWeights(
+    const std::string& dir, int64_t index = 0);
+
 // Restores `contents` (and this rank's RNG) from `dir`.
 void LoadCheckpoint(const std::string& dir, int rank, int world_size,
                     CheckpointContents& contents);

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -118,7 +119,8 @@ TEST(ExamplesTest, FsdpExamplePrintsPeakMemoryThatShardingLowers) {
 
 // train_demo under every ZeRO stage, through the launcher and its flags:
 // DDP's parameters bit for bit at 2 processes (each stage's checkpoint
-// written on the way), and under stage 3 resumable where it stopped.
+// written on the way), under stage 3 resumable where it stopped, and
+// accel-merge-weights turns the stage-3 checkpoint into DDP's file.
 TEST(ExamplesTest, TrainDemoUnderEveryZeroStageEndsWithDdpsParameters) {
   const std::string dir = MakeTempDir("zero_stages");
   std::string ddp;
@@ -145,6 +147,24 @@ TEST(ExamplesTest, TrainDemoUnderEveryZeroStageEndsWithDdpsParameters) {
        "--resume_from=" + dir + "/first", "--output_dir=" + dir + "/resumed"});
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_EQ(Fingerprint(resumed), ddp);
+  for (int stage : {0, 3}) {
+    const std::string from = dir + "/stage" + std::to_string(stage);
+    const ProcessResult merged = RunProcess(
+        {Runfile("tools/merge_weights"), from, from + "/merged"}, {}, kTimeout);
+    ASSERT_EQ(merged.exit_code, 0) << merged.output;
+    EXPECT_THAT(merged.output, HasSubstr("merged/model.safetensors"));
+  }
+  std::ifstream ddp_file(dir + "/stage0/merged/model.safetensors");
+  std::ifstream zero_file(dir + "/stage3/merged/model.safetensors");
+  const std::string ddp_bytes((std::istreambuf_iterator<char>(ddp_file)), {});
+  const std::string zero_bytes((std::istreambuf_iterator<char>(zero_file)), {});
+  EXPECT_GT(ddp_bytes.size(), 1000u);
+  EXPECT_TRUE(ddp_bytes == zero_bytes);
+  const ProcessResult bad = RunProcess(
+      {Runfile("tools/merge_weights"), dir + "/nothing", dir + "/out"}, {},
+      kTimeout);
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_THAT(bad.output, HasSubstr("is not a complete accel checkpoint"));
 }
 
 TEST(ExamplesTest, ResumedTrainingEqualsUninterruptedTrainingBitForBit) {

@@ -493,16 +493,24 @@ TEST(ZeroTest, Stage3MisuseIsOneClearErrorOnEveryRank) {
 TEST(ZeroTest, Stage3SavesDdpsWeightsGatheredOnTheMainProcess) {
   const std::string ddp_dir = Folder("weights_ddp");
   const std::string zero_dir = Folder("weights_zero3");
+  const std::string checkpoint = Folder("checkpoint_zero3");
   Train({.steps = 5, .save_model_to = ddp_dir});
-  Train({.stage = 3, .steps = 5, .save_model_to = zero_dir});
+  Train({.stage = 3,
+         .steps = 5,
+         .save_to = checkpoint,
+         .save_model_to = zero_dir});
   SharedAccelerator().wait_for_everyone();
   if (!SharedAccelerator().is_main_process()) return;
   const auto ddp = LoadModelWeights(ddp_dir);
   const auto zero = LoadModelWeights(zero_dir);
+  // What accel-merge-weights writes: the checkpoint's gathered weights.
+  const auto merged = ReadCheckpointWeights(checkpoint);
   ASSERT_EQ(zero.size(), ddp.size());
-  for (const auto& [name, tensor] : ddp) {
-    ASSERT_EQ(zero.count(name), 1u) << name;
-    EXPECT_LE(MaxDifference(zero.at(name), tensor), 1e-6) << name;
+  ASSERT_EQ(merged.size(), ddp.size());
+  for (const auto& [name, tensor] : merged) {
+    ASSERT_EQ(ddp.count(name), 1u) << name;
+    EXPECT_TRUE(torch::equal(tensor, ddp.at(name))) << name;
+    EXPECT_TRUE(torch::equal(zero.at(name), ddp.at(name))) << name;
   }
 }
 

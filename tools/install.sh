@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs accel's command-line tools as accel-launch, accel-env,
-# accel-config and accel-plot-metrics in PREFIX/bin (default /usr/local).
+# accel-config, accel-merge-weights and accel-plot-metrics in PREFIX/bin
+# (default /usr/local).
 #
 #   bazel run //tools:install -- [PREFIX]
 #   accel-env    # then, from anywhere
@@ -41,4 +42,5 @@ install_one() {  # built path, installed name
 install_one tools/launch accel-launch
 install_one tools/env/env accel-env
 install_one tools/config accel-config
+install_one tools/merge_weights accel-merge-weights
 install_one tools/plot_metrics.py accel-plot-metrics

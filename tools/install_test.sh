@@ -3,7 +3,8 @@
 set -euo pipefail
 prefix="$TEST_TMPDIR/prefix"
 tools/install "$prefix"
-for tool in accel-launch accel-env accel-config accel-plot-metrics; do
+for tool in accel-launch accel-env accel-config accel-merge-weights \
+    accel-plot-metrics; do
   test -x "$prefix/bin/$tool" || { echo "FAIL: $tool not installed"; exit 1; }
 done
 
@@ -41,6 +42,11 @@ grep -q "accel env takes no arguments, found '--bogus'" "$TEST_TMPDIR/err"
 
 help=$("$prefix/bin/accel-launch" --help 2>&1 || true)
 grep -q "num_processes" <<<"$help" || { echo "FAIL: accel-launch --help"; exit 1; }
+if "$prefix/bin/accel-merge-weights" 2>"$TEST_TMPDIR/err"; then
+  echo "FAIL: accel-merge-weights ran without arguments"; exit 1
+fi
+grep -q "usage: accel-merge-weights CHECKPOINT OUT" "$TEST_TMPDIR/err" ||
+  { echo "FAIL: accel-merge-weights usage"; cat "$TEST_TMPDIR/err"; exit 1; }
 "$prefix/bin/accel-plot-metrics" --help | grep -q "metrics.jsonl" ||
   { echo "FAIL: accel-plot-metrics --help"; exit 1; }
 echo PASS

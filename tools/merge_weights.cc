@@ -1,0 +1,51 @@
+// accel merge-weights: a checkpoint's model weights as one model.safetensors
+// (or Hugging Face's shards and index), as `accelerate merge-weights` turns
+// an FSDP checkpoint into weights a single process loads. The file equals
+// what DDP's save_model writes for the same parameters.
+//
+//   $ bazel run //tools:merge_weights -- run/checkpoints/checkpoint_3 out
+//   $ accel-merge-weights CHECKPOINT OUT [--model=1] [--max_shard_size=5GB]
+//
+// accel keeps every model's whole weights in a checkpoint's shared file at
+// every ZeRO stage (stage 3 gathers them to save), so merging reads that
+// file, verified, and writes no rank's optimizer shard.
+#include <gflags/gflags.h>
+
+#include <cstdio>
+#include <string>
+
+#include "accel/checkpoint.h"
+#include "accel/model_weights.h"
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/launch/program.h"
+
+DEFINE_int32(model, 0, "Which prepared model (in prepare order).");
+DEFINE_string(max_shard_size, "10GB",
+              "Largest safetensors file; more weights are split into shards "
+              "with model.safetensors.index.json.");
+
+namespace {
+
+int Main(int argc, char** argv) {
+  if (argc != 3) {
+    throw accel::UsageError(
+        "usage: accel-merge-weights CHECKPOINT OUT [--model=N] "
+        "[--max_shard_size=SIZE]: CHECKPOINT is a folder save_state wrote, "
+        "OUT the folder for model.safetensors");
+  }
+  const auto weights = accel::ReadCheckpointWeights(argv[1], FLAGS_model);
+  const auto written =
+      accel::SaveModelWeights(weights, argv[2], FLAGS_max_shard_size);
+  std::printf("merged %zu tensors of model %d from %s into", weights.size(),
+              FLAGS_model, argv[1]);
+  for (const std::string& path : written) std::printf(" %s", path.c_str());
+  std::printf("\n");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  return accel::RunAndReportErrors(Main, argc, argv);
+}
