@@ -525,6 +525,10 @@ void Accelerator::end_training(CallSite site) {
 }
 
 void Accelerator::free_memory() {
+  // The models stay the program's: whole again, as before prepare.
+  for (ZeroOptimizer* zero : state_->prepared.sharded_optimizers()) {
+    zero->GatherEveryUnit();
+  }
   state_->prepared.Clear();
   save_hooks_.clear();
   load_hooks_.clear();

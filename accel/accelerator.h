@@ -498,7 +498,8 @@ class Accelerator {
   void end_training(CallSite site = CallSite::Here());
   // Forgets every prepared object (models, optimizers, schedulers, loaders,
   // registered objects) and frees accel's gradient buffers; the objects
-  // themselves stay the program's.
+  // themselves stay the program's. Under ZeRO stage 3 every rank calls it:
+  // it gathers the models' parameters back whole first.
   // Also forgets the state hooks.
   void free_memory();
   void clear() { free_memory(); }

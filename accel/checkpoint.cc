@@ -367,6 +367,20 @@ bool CheckShardedOptimizers(torch::serialize::InputArchive& state,
         "), but this job runs " + here +
         "; accel does not re-shard it yet: resume at " + there);
   }
+  // Stages 1 and 2 cut the optimizer state into the same shares; stage 3
+  // cuts each unit on its own.
+  if ((saved_stage == 3) != (contents.zero_stage == 3)) {
+    throw CheckpointError(
+        "'" + files.state_path +
+        "' holds optimizer state sharded by ZeRO stage " +
+        std::to_string(saved_stage) + " over " + there +
+        ", but this job shards it by stage " +
+        std::to_string(contents.zero_stage) +
+        (saved_stage == 3 ? " (stage 3 cuts each unit on its own)"
+                          : " (stage 3 cuts each unit on its own, stages 1-2 "
+                            "all parameters together)") +
+        "; resume with --zero_stage=" + std::to_string(saved_stage));
+  }
   if (!files.random) {
     throw CheckpointError("'" + files.random_path +
                           "' is missing: it holds "

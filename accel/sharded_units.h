@@ -19,9 +19,9 @@
 // trainable parameters (activations, dropout) stay as they are.
 //
 // A unit takes one tensor and returns one, as the Sequentials that hold
-// them pass. Calling a layer outside its model while its parameters are
-// freed fails in LibTorch ("...its data is not allocated yet") instead of
-// reading freed memory.
+// them pass. Between uses a unit's parameters hold no values; reading them
+// (or calling the layer outside its model) ends the process with a message
+// saying so (released_memory.h) instead of reading freed memory.
 #pragma once
 
 #include <torch/nn/module.h>

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "accel/gradient_hooks.h"
+#include "accel/released_memory.h"
 #include "accel/runtime/base/errors.h"
 #include "accel/tensor_ops.h"
 
@@ -114,19 +115,22 @@ void Flatten(ZeroGroup& group) {
 
 // Stage 3's storage resizing: the flat buffer's storage (which its
 // parameters, their views and autograd's saved tensors share) gets memory
-// again, or gives it back.
+// again, or gives it back. Released on the CPU it points at a range that
+// faults with a message (released_memory.h) and keeps its size, so that any
+// use of a parameter meets that message; elsewhere it is null and empty.
 void AllocateStorage(const torch::Tensor& flat) {
   c10::StorageImpl* storage = flat.storage().unsafeGetStorageImpl();
   const size_t bytes = flat.numel() * flat.element_size();
-  if (storage->nbytes() == bytes) return;
   storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
   storage->set_nbytes(bytes);
 }
 
 void FreeStorage(const torch::Tensor& flat) {
   c10::StorageImpl* storage = flat.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr_noswap(c10::DataPtr(nullptr, flat.device()));
-  storage->set_nbytes(0);
+  const size_t bytes = flat.numel() * flat.element_size();
+  void* released = flat.device().is_cpu() ? ReleasedMemory(bytes) : nullptr;
+  storage->set_data_ptr_noswap(c10::DataPtr(released, flat.device()));
+  storage->set_nbytes(released != nullptr ? bytes : 0);
 }
 
 }  // namespace
