@@ -549,10 +549,18 @@ CheckpointProblem CheckCheckpoint(const std::string& dir, int rank,
         VerifyCheckpointFile(state, "accelerator_state");
     const std::string random = Join(dir, RandomStatesFile(rank));
     if (sharded && !Exists(random)) {
+      // A job larger than the one that saved finds no file for its new
+      // ranks: say how many the folder holds.
+      int saved_files = 0;
+      for (const std::string& name : ListFolder(dir)) {
+        if (IsRandomStatesFile(name)) ++saved_files;
+      }
       return {Kind::kMissing,
               "'" + random +
                   "' is missing: under ZeRO it holds this rank's shard of "
-                  "the optimizer state"};
+                  "the optimizer state (the folder holds the files of " +
+                  std::to_string(saved_files) + " rank(s); this job runs " +
+                  std::to_string(world_size) + " process(es))"};
     }
     if (Exists(random)) {
       const CheckpointIdentity mine =
@@ -563,7 +571,6 @@ CheckpointProblem CheckCheckpoint(const std::string& dir, int rank,
             "'" + random + "' comes from another save than '" + state + "'"};
       }
     }
-    (void)world_size;
     return {};
   } catch (const Error& e) {
     return {Kind::kDamaged, e.what()};
