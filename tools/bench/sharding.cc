@@ -19,12 +19,14 @@
 // peak holds the parameters, gradients, optimizer state, the reduction's
 // buckets, AdamW's temporaries and the activations (which no ZeRO stage
 // shards); "state" is what a rank holds between steps, the model state
-// itself. The tables show the largest rank's state and peak, the median
-// step time, min/median/max over the repetitions, and
-// each stage over DDP with the target. The bytes a rank sends per
-// step are computed, for bandwidth-optimal collectives over B bytes of
-// gradients: allreduce 2(N-1)/N B, reduce-scatter and all-gather (N-1)/N B
-// (stage 3 all-gathers each unit twice, before forward and backward).
+// itself; "model peak" is the peak less the activations (what a forward
+// left alive for backward, measured each step: the model state at its
+// peak, which the targets are about). The tables show the largest
+// rank's state and peak, the median step time, min/median/max over the
+// repetitions, and each stage over DDP with the target. The bytes a
+// rank sends per step are computed, for bandwidth-optimal collectives over B
+// bytes of gradients: allreduce 2(N-1)/N B, reduce-scatter and all-gather
+// (N-1)/N B (stage 3 all-gathers each unit twice, before forward and backward).
 // At 2 ranks torch's ZeroRedundancyOptimizer (stage 1) and DDP run beside
 // them (tools/bench/torch_zero.py, python3-torch over Gloo; torch's FSDP
 // needs CUDA) on the same model; their state is counted over the tensors
@@ -111,16 +113,23 @@ void MeasureRank(accel::HostMemoryTracker& counter) {
   namespace nn = torch::nn;
   std::unique_ptr<torch::optim::AdamW> owned;
   int64_t parameters = 0;
+  double activations = 0;  // The most a forward left alive for backward.
   auto train = [&](auto net, torch::Tensor inputs) {
     const torch::Tensor labels = torch::randint(0, 16, {kBatch});
     owned = std::make_unique<torch::optim::AdamW>(
         net->parameters(), torch::optim::AdamWOptions(1e-4));
     parameters = Parameters(*net);
     auto [model, optimizer] = accelerator.prepare(net, *owned);
-    auto step = [&accelerator, model = model, optimizer = optimizer, inputs,
-                 labels]() mutable {
-      accelerator.backward(
-          torch::nn::functional::cross_entropy(model->forward(inputs), labels));
+    auto step = [&accelerator, &counter, &activations, model = model,
+                 optimizer = optimizer, inputs, labels]() mutable {
+      const double before = static_cast<double>(counter.held_bytes());
+      torch::Tensor loss =
+          torch::nn::functional::cross_entropy(model->forward(inputs), labels);
+      // Activations and autograd's saved tensors: no stage shards them
+      // (stage 3 has freed every unit's parameters by now).
+      activations = std::max(
+          activations, static_cast<double>(counter.held_bytes()) - before);
+      accelerator.backward(loss);
       optimizer.step();
       optimizer.zero_grad();
     };
@@ -153,14 +162,15 @@ void MeasureRank(accel::HostMemoryTracker& counter) {
   }
   // The peak over the timed steps, and what stays between steps (the
   // model state itself), of the largest rank.
-  double bytes[2] = {static_cast<double>(counter.peak_bytes()),
-                     static_cast<double>(counter.held_bytes())};
-  accelerator.communicator().allreduce(bytes, 2, accel::DType::kFloat64,
+  double bytes[3] = {static_cast<double>(counter.peak_bytes()),
+                     static_cast<double>(counter.held_bytes()), activations};
+  accelerator.communicator().allreduce(bytes, 3, accel::DType::kFloat64,
                                        accel::ReduceOp::kMax);
   if (accelerator.is_main_process()) {
     nlohmann::json results = {{"step_s", step_s},
                               {"peak_bytes", bytes[0]},
                               {"state_bytes", bytes[1]},
+                              {"activation_bytes", bytes[2]},
                               {"parameters", static_cast<double>(parameters)}};
     std::printf("%s\n", results.dump().c_str());
   }
@@ -169,7 +179,8 @@ void MeasureRank(accel::HostMemoryTracker& counter) {
 // --- The driver -----------------------------------------------------------
 
 struct Cell {
-  Spread peak_mb, state_mb, step_s;
+  // model_peak_mb: the peak less the activations (model state at its peak).
+  Spread peak_mb, model_peak_mb, state_mb, step_s;
   double parameters = 0;
 };
 
@@ -207,22 +218,26 @@ void PrintTable(const std::string& model, int ranks,
       model.c_str(), ddp.parameters / 1e6, static_cast<long>(kBatch), ranks,
       ranks > 2 ? " (oversubscribed on 2 cores: time not a target)" : "",
       static_cast<int>(ddp.peak_mb.values.size()));
-  std::printf("%-8s %14s %16s %-12s %14s %16s %-12s %20s %16s %-12s %8s\n",
-              "stage", "state MB", "x DDP", "target", "peak MB", "x DDP",
-              "target", "step ms", "x DDP", "target", "sent MB");
+  std::printf(
+      "%-8s %12s %15s %-11s %12s %15s %-11s %10s %15s %18s %15s %-11s %7s\n",
+      "stage", "state MB", "x DDP", "target", "model peak", "x DDP", "target",
+      "peak MB", "x DDP", "step ms", "x DDP", "target", "sent MB");
   const auto memory = [&](const Spread& ours, const Spread& theirs, int stage) {
     return Verdict(ours, theirs, Target(stage, ranks, true));
   };
   for (auto& [stage, cell] : cells) {
     std::printf(
-        "%-8s %14s %16s %-12s %14s %16s %-12s %20s %16s %-12s %8.1f\n",
+        "%-8s %12s %15s %-11s %12s %15s %-11s %10s %15s %18s %15s %-11s "
+        "%7.1f\n",
         stage == 0 ? "0 (DDP)" : std::to_string(stage).c_str(),
         accel::bench::Plain(cell.state_mb, "%.0f").c_str(),
         accel::bench::Ratio(cell.state_mb, ddp.state_mb).c_str(),
         memory(cell.state_mb, ddp.state_mb, stage).c_str(),
+        accel::bench::Plain(cell.model_peak_mb, "%.0f").c_str(),
+        accel::bench::Ratio(cell.model_peak_mb, ddp.model_peak_mb).c_str(),
+        memory(cell.model_peak_mb, ddp.model_peak_mb, stage).c_str(),
         accel::bench::Plain(cell.peak_mb, "%.0f").c_str(),
         accel::bench::Ratio(cell.peak_mb, ddp.peak_mb).c_str(),
-        memory(cell.peak_mb, ddp.peak_mb, stage).c_str(),
         accel::bench::Ms(cell.step_s).c_str(),
         accel::bench::Ratio(cell.step_s, ddp.step_s).c_str(),
         Verdict(cell.step_s, ddp.step_s, Target(stage, ranks, false)).c_str(),
@@ -307,6 +322,8 @@ int Main(int, char**) {
           if (!r.count("step_s")) continue;
           Cell& cell = cells[stage];
           cell.peak_mb.values.push_back(r.at("peak_bytes") / 1e6);
+          cell.model_peak_mb.values.push_back(
+              (r.at("peak_bytes") - r.at("activation_bytes")) / 1e6);
           cell.state_mb.values.push_back(r.at("state_bytes") / 1e6);
           cell.step_s.values.push_back(r.at("step_s"));
           cell.parameters = r.at("parameters");
