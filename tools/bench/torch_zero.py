@@ -13,16 +13,16 @@ Run by the C++ benchmark as `/usr/bin/python3 torch_zero.py --world_size=2
 import argparse
 import json
 import os
-import socket
 import statistics
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.optim import ZeroRedundancyOptimizer
+
+import torch_ranks
 
 BATCH = 8
 
@@ -114,14 +114,7 @@ def main():
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    mp.start_processes(worker, args=(args, port, queue),
-                       nprocs=args.world_size, join=True, start_method="spawn")
-    print(json.dumps(queue.get()))
+    print(json.dumps(torch_ranks.run(worker, args)))
 
 
 if __name__ == "__main__":
