@@ -425,8 +425,9 @@ TEST(ZeroTest, AnOverflowOnOneShardSkipsTheStepOnEveryRank) {
     optimizer.step();
     EXPECT_FALSE(optimizer.step_was_skipped()) << "stage " << stage;
     const double moved = MaxDifference(Snapshot(accelerator, model), before);
-    if (accelerator.is_main_process())
+    if (accelerator.is_main_process()) {
       EXPECT_GT(moved, 0.0) << "stage " << stage;
+    }
   }
 }
 
