@@ -36,7 +36,7 @@ class MeanHead(nn.Module):
         return self.linear(x.mean(0))
 
 
-def build(model_name):
+def build(model_name, transformer_layers):
     """The models and batches of tools/bench/sharding.cc."""
     torch.manual_seed(0)
     if model_name == "mlp":
@@ -48,7 +48,7 @@ def build(model_name):
     elif model_name == "transformer":
         model = nn.Sequential(*[
             nn.TransformerEncoderLayer(256, 4, dim_feedforward=1024,
-                                       dropout=0.0) for _ in range(8)],
+                                       dropout=0.0) for _ in range(transformer_layers)],
             MeanHead())
         inputs = torch.randn(32, BATCH, 256)
     else:
@@ -67,7 +67,7 @@ def worker(rank, args, port, queue):
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
         world_size=args.world_size)
-    model, inputs, labels = build(args.model)
+    model, inputs, labels = build(args.model, args.transformer_layers)
     ddp = nn.parallel.DistributedDataParallel(model)
     if args.mode == "zero1":
         optimizer = ZeroRedundancyOptimizer(
@@ -110,6 +110,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--world_size", type=int, default=2)
     parser.add_argument("--model", default="mlp")
+    parser.add_argument("--transformer_layers", type=int, default=24)
     parser.add_argument("--mode", choices=["ddp", "zero1"], default="zero1")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
