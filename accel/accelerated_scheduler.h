@@ -8,6 +8,9 @@
 //     split_batches (one batch split across processes) once;
 //   - never past the end of a schedule that has one (OneCycleLR's
 //     total_steps), as Accelerate guards torch's OneCycleLR.
+// A ReduceLROnPlateau (reduce_lr_on_plateau.h) steps with its metric
+// instead, step(metric), once per call: the ranks first agree on the
+// metric, so that they all reduce their lrs at the same evaluation.
 //
 //   auto scheduler = accelerator.prepare(
 //       accel::get_linear_schedule_with_warmup(optimizer, 100, 1000));
@@ -20,6 +23,8 @@
 #include <optional>
 #include <vector>
 
+#include "accel/reduce_lr_on_plateau.h"
+#include "accel/runtime/base/errors.h"
 #include "accel/scheduler.h"
 #include "accel/training_state.h"
 
@@ -47,6 +52,23 @@ class AcceleratedScheduler {
       if (total && scheduler_->last_epoch() >= *total) break;
       scheduler_->step();
     }
+  }
+  // A ReduceLROnPlateau's evaluation: the ranks' metrics agreed (one value
+  // on every rank: the same one as it is, different ones averaged), then one
+  // step. UsageError for a scheduler that takes no metric.
+  void step(double metric) {
+    auto* plateau = dynamic_cast<ReduceLROnPlateau*>(scheduler_.get());
+    if (plateau == nullptr) {
+      throw UsageError(
+          "AcceleratedScheduler::step(metric): only a ReduceLROnPlateau "
+          "steps with a metric; call step() for this scheduler");
+    }
+    if (!state_->agree_metric) {
+      throw UsageError(
+          "AcceleratedScheduler::step(metric): the Accelerator that "
+          "prepared this scheduler is gone");
+    }
+    plateau->step(state_->agree_metric(metric));
   }
   std::vector<double> get_last_lr() const { return scheduler_->get_last_lr(); }
   LRScheduler& scheduler() const { return *scheduler_; }

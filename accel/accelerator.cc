@@ -3,6 +3,8 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/utils.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -98,6 +100,9 @@ Accelerator::Accelerator(AcceleratorOptions options)
 
   state_->num_processes = num_processes();
   state_->split_batches = options_.split_batches;
+  state_->agree_metric = [this](double metric) {
+    return AgreeOnMetric(metric);
+  };
   state_->gradients.set_accumulation_steps(
       options_.gradient_accumulation_steps);
   state_->gradients.set_sync_with_dataloader(options_.sync_with_dataloader);
@@ -212,12 +217,32 @@ std::string Accelerator::AgreeOnRunId() {
   return FromMainProcess("run_id", id);
 }
 
+double Accelerator::AgreeOnMetric(double metric) {
+  if (num_processes() == 1) return metric;
+  std::vector<double> metrics(static_cast<size_t>(num_processes()));
+  CollectiveOptions options;
+  options.api = "ReduceLROnPlateau step(metric)";
+  communicator().allgather(&metric, metrics.data(), 1, DType::kFloat64,
+                           options);
+  const bool same =
+      std::all_of(metrics.begin(), metrics.end(), [&](double value) {
+        return value == metrics.front() ||
+               (std::isnan(value) && std::isnan(metrics.front()));
+      });
+  if (same) return metrics.front();
+  double sum = 0;
+  for (double value : metrics) sum += value;
+  return sum / static_cast<double>(metrics.size());
+}
+
 Accelerator::~Accelerator() {
   // The trackers finish (see TrackerSet) before the job is left.
   trackers_.reset();
   // Prepared optimizers and schedulers may outlive the Accelerator; models'
-  // gradient sync may not outlive the job.
+  // gradient sync and a plateau scheduler's agreement may not outlive the
+  // job.
   state_->prepared.DropSynchronizers();
+  state_->agree_metric = nullptr;
   // Leaving because of an error: at once, so that the others learn why.
   // Otherwise the group stays for the next Accelerator, or until exit.
   if (std::uncaught_exceptions() > 0) {

@@ -59,9 +59,11 @@
 #include "accel/data_loader.h"
 #include "accel/grad_scaler.h"
 #include "accel/gradient_sync.h"
+#include "accel/lr_schedulers.h"
 #include "accel/model_weights.h"
 #include "accel/prepare_traits.h"
 #include "accel/process_control.h"
+#include "accel/reduce_lr_on_plateau.h"
 #include "accel/runtime/base/files.h"
 #include "accel/runtime/base/preemption.h"
 #include "accel/runtime/comm/communicator.h"
@@ -569,6 +571,9 @@ class Accelerator {
   void JoinOrShareTheJob();
   void LeaveTheJob();
   std::string AgreeOnRunId();
+  // A plateau scheduler's metric, one value on every rank: the same
+  // everywhere as it is, else the mean summed in rank order.
+  double AgreeOnMetric(double metric);
   void MakeLossScaler();
   void MakeCheckpointManager();
   void PrepareModule(const std::shared_ptr<torch::nn::Module>& module);

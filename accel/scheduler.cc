@@ -125,6 +125,10 @@ std::vector<double> LRScheduler::get_last_lr() const {
 
 int64_t LRScheduler::last_epoch() const { return last_epoch_; }
 
+double LRScheduler::current_lr(size_t group) const {
+  return GroupLearningRate(optimizer_, group);
+}
+
 torch::optim::Optimizer& LRScheduler::optimizer() { return optimizer_; }
 
 const torch::optim::Optimizer& LRScheduler::optimizer() const {
@@ -220,7 +224,7 @@ std::vector<double> StepLR::ComputeLearningRates(int64_t step) const {
   const bool decay = step != 0 && step % step_size_ == 0;
   std::vector<double> lrs;
   for (size_t group = 0; group < base_lrs().size(); ++group) {
-    const double lr = GroupLearningRate(optimizer(), group);
+    const double lr = current_lr(group);
     lrs.push_back(decay ? lr * gamma_ : lr);
   }
   return lrs;

@@ -151,6 +151,10 @@ class LRScheduler {
   // Torch's initial step: last_epoch becomes 0 and every lr is set.
   void InitialStep();
 
+  // A param group's lr now (what torch's chainable schedules start from);
+  // UsageError for an optimizer whose options have no lr.
+  double current_lr(size_t group) const;
+
   // Called once the lrs of `step` are set, and after load(): a schedule
   // that sets other options too (OneCycleLR's momentum) sets them here.
   virtual void ApplyOtherOptions(int64_t step) {}

@@ -17,7 +17,7 @@
 
 #include "accel/runtime/base/errors.h"
 #include "accel/state_archive.h"
-#include "tests/subprocess.h"
+#include "tests/torch_reference.h"
 
 namespace accel {
 namespace {
@@ -160,11 +160,7 @@ std::map<std::string, Factory> Cases() {
 TEST(SchedulerTest, MatchesTorchAndTransformersStepByStep) {
   std::string script = kPythonSchedules;
   script.replace(script.find("STEPS"), 5, std::to_string(kSteps));
-  const testing::ProcessResult python = testing::RunProcess(
-      {"/usr/bin/python3", "-c", script}, {}, std::chrono::seconds(120));
-  ASSERT_EQ(python.exit_code, 0) << python.output;
-  const nlohmann::json expected =
-      nlohmann::json::parse(python.output.substr(python.output.find('{')));
+  const nlohmann::json expected = testing::TorchReference(script);
 
   const auto cases = Cases();
   ASSERT_EQ(expected.size(), cases.size());
@@ -232,12 +228,7 @@ double Momentum(torch::optim::Optimizer& optimizer) {
 }
 
 TEST(SchedulerTest, OneCycleMatchesTorchStepByStepAndStopsAtItsEnd) {
-  const testing::ProcessResult python =
-      testing::RunProcess({"/usr/bin/python3", "-c", kPythonOneCycle}, {},
-                          std::chrono::seconds(120));
-  ASSERT_EQ(python.exit_code, 0) << python.output;
-  const nlohmann::json expected =
-      nlohmann::json::parse(python.output.substr(python.output.find('{')));
+  const nlohmann::json expected = testing::TorchReference(kPythonOneCycle);
   auto param_groups = [] {
     std::vector<torch::optim::OptimizerParamGroup> groups;
     groups.emplace_back(std::vector<torch::Tensor>{torch::ones({2})});

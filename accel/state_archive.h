@@ -25,7 +25,8 @@
 
 namespace accel {
 
-// T is bool, int64_t, double or std::vector<double>.
+// T is bool, int64_t, double, std::string, std::vector<int64_t> or
+// std::vector<double>.
 template <typename T>
 T ReadArchiveValue(torch::serialize::InputArchive& archive,
                    const std::string& owner, const std::string& key) {
@@ -40,9 +41,14 @@ T ReadArchiveValue(torch::serialize::InputArchive& archive,
       return value.toInt();
     } else if constexpr (std::is_same_v<T, double>) {
       return value.toDouble();
+    } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+      return value.toIntVector();
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      return value.toStringRef();
     } else {
       static_assert(std::is_same_v<T, std::vector<double>>,
-                    "ReadArchiveValue reads bool, int64_t, double or "
+                    "ReadArchiveValue reads bool, int64_t, double, "
+                    "std::string, std::vector<int64_t> or "
                     "std::vector<double>");
       return value.toDoubleVector();
     }

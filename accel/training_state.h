@@ -4,6 +4,7 @@
 // schedulers respect.
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "accel/grad_scaler.h"
@@ -20,6 +21,9 @@ struct TrainingState {
   // Whether the prepared data loaders split each batch across processes
   // (then a scheduler steps once per optimizer step, else once per process).
   bool split_batches = false;
+  // One value every rank agrees on from each rank's `metric` (a prepared
+  // ReduceLROnPlateau's step); set by the Accelerator while it lives.
+  std::function<double(double metric)> agree_metric;
 };
 
 }  // namespace accel

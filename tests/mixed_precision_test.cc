@@ -177,6 +177,40 @@ TEST_F(MixedPrecisionTest, WithSplitBatchesTheSchedulerStepsOncePerStep) {
   EXPECT_EQ(scheduler->last_epoch(), 4);
 }
 
+// Rank 0 alone would reduce at the third evaluation (1, 5, 5 at patience
+// 1), rank 1 alone never (3, -1, -1): agreed, the mean is 2 each time at 2
+// processes, and every rank reduces at the third, stepping once per call.
+TEST_F(MixedPrecisionTest, APreparedPlateauAgreesOnTheMetricAndStepsOnce) {
+  torch::nn::Sequential net = MakeModel();
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  ReduceLROnPlateauOptions options;
+  options.patience = 1;
+  options.factor = 0.5;
+  auto [model, optimizer, plateau] =
+      A().prepare(net, sgd, std::make_unique<ReduceLROnPlateau>(sgd, options));
+  const double first = R() == 0 ? 1.0 : R() == 1 ? 3.0 : 2.0;
+  const double later = R() == 0 ? 5.0 : R() == 1 ? -1.0 : 2.0;
+  plateau.step(first);
+  EXPECT_EQ(plateau->last_epoch(), 1);
+  plateau.step(later);
+  EXPECT_EQ(sgd.param_groups()[0].options().get_lr(), 0.1);
+  plateau.step(later);
+  EXPECT_EQ(plateau->last_epoch(), 3);
+  EXPECT_EQ(sgd.param_groups()[0].options().get_lr(), 0.05);
+  auto& reduce = static_cast<ReduceLROnPlateau&>(plateau.scheduler());
+  EXPECT_EQ(reduce.best(), N() == 1 ? 1.0 : 2.0);
+  // The same value on every rank is used as it is, bit for bit.
+  plateau.step(0.1 + 0.2);
+  EXPECT_EQ(reduce.best(), 0.1 + 0.2);
+  EXPECT_THAT([&] { plateau.step(); },
+              ::testing::ThrowsMessage<UsageError>(
+                  HasSubstr("step() needs the metric")));
+  auto other = A().prepare(get_constant_schedule(sgd));
+  EXPECT_THAT([&] { other.step(1.0); },
+              ::testing::ThrowsMessage<UsageError>(
+                  HasSubstr("only a ReduceLROnPlateau steps with a metric")));
+}
+
 TEST_F(MixedPrecisionTest, ScalerAndSchedulerStateComeBackFromACheckpoint) {
   torch::nn::Sequential net = MakeModel();
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
