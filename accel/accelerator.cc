@@ -91,12 +91,12 @@ Accelerator::Accelerator(AcceleratorOptions options)
   if (trackers_->writes_files()) {
     CheckWritableFolder(logging_dir(), "logging_dir");
   }
-  backend_ = ResolveBackend(options_.backend);
+  backend_ = ResolveBackend(options_.backend, options_.cpu);
   JoinOrShareTheJob();
   // An MPI launcher gives ranks through MPI rather than the environment.
   env_ = group_->environment();
   const int gpu = group_->communicator().device_index();
-  if (gpu >= 0) device_ = torch::Device(torch::kCUDA, gpu);
+  if (gpu >= 0 && !options_.cpu) device_ = torch::Device(torch::kCUDA, gpu);
 
   state_->num_processes = num_processes();
   state_->split_batches = options_.split_batches;

@@ -45,6 +45,7 @@ AcceleratorOptions AcceleratorOptions::FromFlags() {
   options.log_with = ParseTrackerNames(flags::report_to.value());
   options.logging_dir = flags::logging_dir.value();
   options.reuse_host_memory = flags::reuse_host_memory.value();
+  options.cpu = flags::cpu.value();
   options.zero_stage = flags::zero_stage.value();
   options.fsdp_layer_to_wrap =
       flags::fsdp_transformer_layer_cls_to_wrap.value();
@@ -73,6 +74,11 @@ void AcceleratorOptions::Validate() const {
         "sharded), 2 (optimizer state and gradients sharded) or 3 (also "
         "the parameters), found " +
         std::to_string(options.zero_stage));
+  }
+  if (options.cpu && options.backend == "nccl") {
+    throw UsageError(
+        "cpu (--cpu) asks to train on the CPU, but backend (--backend) is "
+        "nccl, which runs on GPUs; use --backend=gloo (or auto) with --cpu");
   }
   if (options.total_limit < 0) {
     throw UsageError("total_limit must not be negative, found " +
@@ -148,6 +154,7 @@ void AcceleratorOptions::AdoptGivenFlags(bool is_main_process) {
             "logging_dir", same, &overridden);
   AdoptFlag(flags::reuse_host_memory, options.reuse_host_memory,
             builtin.reuse_host_memory, "reuse_host_memory", same, &overridden);
+  AdoptFlag(flags::cpu, options.cpu, builtin.cpu, "cpu", same, &overridden);
   AdoptFlag(flags::zero_stage, options.zero_stage, builtin.zero_stage,
             "zero_stage", same, &overridden);
   AdoptFlag(flags::fsdp_transformer_layer_cls_to_wrap,

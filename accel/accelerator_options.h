@@ -30,6 +30,9 @@ MixedPrecision ParseMixedPrecision(const std::string& text);
 struct AcceleratorOptions {
   // "gloo", "nccl", or "auto": nccl when it is linked and a GPU is visible.
   std::string backend = "auto";
+  // Accelerate's cpu=True: train on the CPU even where GPUs are visible
+  // (device() is the CPU; "auto" never picks nccl, and "nccl" is refused).
+  bool cpu = false;
   // "no", "bf16" (autocast to bfloat16, CPU or GPU) or "fp16" (autocast to
   // float16 on a GPU, with loss scaling; LibTorch 1.13's CPU autocast has no
   // float16, so on a CPU only the loss scaling runs).
@@ -86,7 +89,7 @@ struct AcceleratorOptions {
 
   // --backend, --mixed_precision, --gradient_accumulation_steps,
   // --timeout_s, --rendezvous_timeout_s, --collective_checks, --report_to,
-  // --logging_dir, --reuse_host_memory, --zero_stage and
+  // --logging_dir, --reuse_host_memory, --cpu, --zero_stage and
   // --fsdp_transformer_layer_cls_to_wrap (see
   // accel/runtime/launch/program.h).
   static AcceleratorOptions FromFlags();

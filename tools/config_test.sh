@@ -68,6 +68,14 @@ printf -- '--num_processes=2\n--main_process_port=0\n--reuse_host_memory=false\n
   >"$dir/memory.flags"
 out=$("$launch" --config_file="$dir/memory.flags" -- "$demo" --v=1 2>&1)
 has "$out" "[rank 1/2] host memory: malloc left as it is (--reuse_host_memory=false)"
+# --cpu (Accelerate's cpu=True) reaches the ranks; with nccl it is refused.
+printf -- '--num_processes=2\n--main_process_port=0\n--cpu=true\n' >"$dir/cpu.flags"
+out=$("$demo" --config_file="$dir/cpu.flags" 2>&1)
+has "$out" "tensor([1, 2, 3, 1, 2, 3])"
+if out=$("$demo" --config_file="$dir/cpu.flags" --backend=nccl 2>&1); then
+  fail "--cpu with --backend=nccl was accepted"
+fi
+has "$out" "cpu (--cpu) asks to train on the CPU, but backend (--backend) is nccl"
 
 # Bad files are errors naming the file and line.
 printf -- '--num_processes=2\nnum_machines 2\n' >"$dir/broken.flags"

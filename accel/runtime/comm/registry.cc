@@ -33,9 +33,10 @@ void RegisterBackend(const std::string& name, BackendFactory factory,
   registry.probes[name] = std::move(usable);
 }
 
-std::string ResolveBackend(const std::string& name) {
+std::string ResolveBackend(const std::string& name, bool cpu_only) {
   if (name != "auto") return name;
   for (const char* candidate : {"nccl", "mpi", "gloo"}) {
+    if (cpu_only && std::string(candidate) == "nccl") continue;
     BackendProbe probe;
     {
       Registry& registry = GetRegistry();

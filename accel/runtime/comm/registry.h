@@ -32,10 +32,10 @@ void RegisterBackend(
     const std::string& name, BackendFactory factory,
     BackendProbe usable = [] { return true; });
 
-// "auto" becomes the first usable of "nccl", "mpi" (usable when an MPI
-// launcher started the process), "gloo"; other names are returned as they
-// are (CreateCommunicator checks them).
-std::string ResolveBackend(const std::string& name);
+// "auto" becomes the first usable of "nccl" (not when `cpu_only`), "mpi"
+// (usable when an MPI launcher started the process), "gloo"; other names
+// are returned as they are (CreateCommunicator checks them).
+std::string ResolveBackend(const std::string& name, bool cpu_only = false);
 
 // For a backend whose launcher already knows the job (MPI under mpirun or
 // srun): returns `env` with this process's rank, world size and local rank,

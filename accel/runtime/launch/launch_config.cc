@@ -71,6 +71,7 @@ const std::vector<std::string>& ConfigurableFlags() {
       "report_to",
       "logging_dir",
       "reuse_host_memory",
+      "cpu",
       "zero_stage",
       "fsdp_transformer_layer_cls_to_wrap",
   };

@@ -14,7 +14,7 @@
 // --machine_rank,
 // --main_process_ip, --main_process_port, --num_cpu_threads_per_process,
 // --max_restarts, --mixed_precision, --gradient_accumulation_steps,
-// --report_to, --logging_dir, --zero_stage,
+// --report_to, --logging_dir, --cpu, --zero_stage,
 // --fsdp_transformer_layer_cls_to_wrap, and
 // accel's --backend, --timeout_s, --rendezvous_timeout_s and
 // --collective_checks. With

@@ -178,6 +178,10 @@ ProgramFlag<bool> reuse_host_memory(
     "Keep memory that tensors free in the process for reuse, rather than "
     "returning each large block to the system (which costs a page fault per "
     "4 KiB page the next time; see accel/runtime/base/host_memory.h).");
+ProgramFlag<bool> cpu(
+    "cpu", false,
+    "Train on the CPU even where GPUs are visible (Accelerate's --cpu): the "
+    "device is the CPU and --backend=auto never picks nccl.");
 ProgramFlag<int32_t> zero_stage(
     "zero_stage", 0,
     "ZeRO sharding of the training state over the processes: 0 (DDP, every "
@@ -210,7 +214,8 @@ void ForEachFlag(Fn&& fn) {
         &flags::fsdp_transformer_layer_cls_to_wrap}) {
     fn(*flag);
   }
-  for (auto* flag : {&flags::collective_checks, &flags::reuse_host_memory}) {
+  for (auto* flag :
+       {&flags::collective_checks, &flags::reuse_host_memory, &flags::cpu}) {
     fn(*flag);
   }
 }

@@ -86,6 +86,7 @@ extern ProgramFlag<bool> collective_checks;
 extern ProgramFlag<std::string> report_to;
 extern ProgramFlag<std::string> logging_dir;
 extern ProgramFlag<bool> reuse_host_memory;
+extern ProgramFlag<bool> cpu;
 extern ProgramFlag<int32_t> zero_stage;
 extern ProgramFlag<std::string> fsdp_transformer_layer_cls_to_wrap;
 }  // namespace flags
