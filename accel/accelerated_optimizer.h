@@ -15,13 +15,16 @@
 // zero_grad() also zeroes the model's gradients.
 //
 // A handle: copies refer to the same optimizer, which the program keeps
-// alive (as with any LibTorch optimizer passed by reference).
+// alive (as with any LibTorch optimizer passed by reference), and to what
+// accel made for it (under ZeRO its flat buffers), which lives while a
+// handle does.
 #pragma once
 
 #include <torch/optim/optimizer.h>
 
 #include <memory>
 
+#include "accel/runtime/base/errors.h"
 #include "accel/training_state.h"
 
 namespace accel {
@@ -33,37 +36,59 @@ class AcceleratedOptimizerBase {
       : state_(std::move(state)), prepared_(std::move(prepared)) {}
 
   void step() {
+    prepared();  // A UsageError after reset().
     if (!state_->gradients.sync_gradients()) return;
-    ZeroOptimizer* zero = prepared_->zero.get();
+    ZeroOptimizer* zero = prepared().zero.get();
     if (zero != nullptr) zero->AttachGradients();
     GradScaler* scaler = state_->scaler.get();
     if (scaler != nullptr && scaler->is_enabled()) {
-      prepared_->step_was_skipped = !scaler->step(*prepared_->optimizer);
+      prepared().step_was_skipped = !scaler->step(*prepared().optimizer);
       scaler->update();
     } else {
-      prepared_->optimizer->step();
-      prepared_->step_was_skipped = false;
+      prepared().optimizer->step();
+      prepared().step_was_skipped = false;
     }
     // Every rank skipped or stepped alike (the scaler agrees on overflow).
-    if (zero != nullptr && !prepared_->step_was_skipped) {
+    if (zero != nullptr && !prepared().step_was_skipped) {
       zero->AllGatherParameters();
     }
   }
   void zero_grad() {
+    prepared();  // A UsageError after reset().
     if (!state_->gradients.sync_gradients()) return;
-    if (prepared_->zero != nullptr) {
-      prepared_->zero->ZeroGrad();
+    if (prepared().zero != nullptr) {
+      prepared().zero->ZeroGrad();
     } else {
-      prepared_->optimizer->zero_grad();
+      prepared().optimizer->zero_grad();
     }
   }
   // Whether the last step() was skipped because of an inf/nan gradient.
-  bool step_was_skipped() const { return prepared_->step_was_skipped; }
+  bool step_was_skipped() const { return prepared().step_was_skipped; }
   std::vector<torch::optim::OptimizerParamGroup>& param_groups() {
-    return prepared_->optimizer->param_groups();
+    return prepared().optimizer->param_groups();
+  }
+
+  // The torch optimizer; null after reset().
+  torch::optim::Optimizer* torch_optimizer() const {
+    return prepared_ == nullptr ? nullptr : prepared_->optimizer;
+  }
+  // Drops this handle's reference (Accelerator::free_memory(handle)); any
+  // later use is a UsageError.
+  void reset() {
+    state_.reset();
+    prepared_.reset();
   }
 
  protected:
+  PreparedOptimizer& prepared() const {
+    if (prepared_ == nullptr) {
+      throw UsageError(
+          "AcceleratedOptimizer: used after accelerator.free_memory() "
+          "released this handle; prepare the optimizer again");
+    }
+    return *prepared_;
+  }
+
   std::shared_ptr<TrainingState> state_;
   std::shared_ptr<PreparedOptimizer> prepared_;
 };
@@ -73,7 +98,7 @@ class AcceleratedOptimizer : public AcceleratedOptimizerBase {
  public:
   using AcceleratedOptimizerBase::AcceleratedOptimizerBase;
   Optimizer& optimizer() const {
-    return static_cast<Optimizer&>(*prepared_->optimizer);
+    return static_cast<Optimizer&>(*prepared().optimizer);
   }
   Optimizer* operator->() const { return &optimizer(); }
 };

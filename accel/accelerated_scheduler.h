@@ -37,27 +37,28 @@ class AcceleratedScheduler {
       : state_(std::move(state)), scheduler_(std::move(scheduler)) {}
 
   void step() {
+    scheduler();  // A UsageError after reset().
     if (!state_->gradients.sync_gradients()) return;
     for (const auto& prepared : state_->prepared.optimizers()) {
-      if (prepared->optimizer == &scheduler_->optimizer() &&
+      if (prepared->optimizer == &scheduler().optimizer() &&
           prepared->step_was_skipped) {
         return;
       }
     }
     const int steps = state_->split_batches ? 1 : state_->num_processes;
-    const std::optional<int64_t> total = scheduler_->total_steps();
+    const std::optional<int64_t> total = scheduler().total_steps();
     for (int i = 0; i < steps; ++i) {
       // N steps at once can overshoot a schedule that has an end (the
       // program counted steps at another N): stop at its end.
-      if (total && scheduler_->last_epoch() >= *total) break;
-      scheduler_->step();
+      if (total && scheduler().last_epoch() >= *total) break;
+      scheduler().step();
     }
   }
   // A ReduceLROnPlateau's evaluation: the ranks' metrics agreed (one value
   // on every rank: the same one as it is, different ones averaged), then one
   // step. UsageError for a scheduler that takes no metric.
   void step(double metric) {
-    auto* plateau = dynamic_cast<ReduceLROnPlateau*>(scheduler_.get());
+    auto* plateau = dynamic_cast<ReduceLROnPlateau*>(&scheduler());
     if (plateau == nullptr) {
       throw UsageError(
           "AcceleratedScheduler::step(metric): only a ReduceLROnPlateau "
@@ -70,9 +71,22 @@ class AcceleratedScheduler {
     }
     plateau->step(state_->agree_metric(metric));
   }
-  std::vector<double> get_last_lr() const { return scheduler_->get_last_lr(); }
-  LRScheduler& scheduler() const { return *scheduler_; }
-  LRScheduler* operator->() const { return scheduler_.get(); }
+  std::vector<double> get_last_lr() const { return scheduler().get_last_lr(); }
+  LRScheduler& scheduler() const {
+    if (scheduler_ == nullptr) {
+      throw UsageError(
+          "AcceleratedScheduler: used after accelerator.free_memory() "
+          "released this handle; prepare the scheduler again");
+    }
+    return *scheduler_;
+  }
+  LRScheduler* operator->() const { return &scheduler(); }
+  // Drops this handle's reference (Accelerator::free_memory(handle)); any
+  // later use is a UsageError.
+  void reset() {
+    state_.reset();
+    scheduler_.reset();
+  }
 
  private:
   std::shared_ptr<TrainingState> state_;

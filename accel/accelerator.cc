@@ -549,15 +549,27 @@ void Accelerator::end_training(CallSite site) {
   if (tracker_error) std::rethrow_exception(tracker_error);
 }
 
-void Accelerator::free_memory() {
+Accelerator::FreedMemory Accelerator::ForgetPreparedObjects(
+    TensorCensus& census) {
   // The models stay the program's: whole again, as before prepare.
   for (ZeroOptimizer* zero : state_->prepared.sharded_optimizers()) {
     zero->GatherEveryUnit();
   }
+  FreedMemory freed;
+  for (const auto& model : state_->prepared.models()) {
+    census.AddModule(*model);
+    ++freed.models;
+  }
+  // Not their state: a prepared optimizer may be gone by now (the program
+  // owns it); the handles given are counted (free_memory).
+  freed.optimizers = static_cast<int>(state_->prepared.optimizers().size());
+  freed.schedulers = state_->prepared.scheduler_count();
+  freed.data_loaders = state_->prepared.loader_count();
   state_->prepared.Clear();
   save_hooks_.clear();
   load_hooks_.clear();
   state_->split_batches = options_.split_batches;
+  return freed;
 }
 
 }  // namespace accel

@@ -72,6 +72,7 @@
 #include "accel/runtime/launch/program.h"  // InitProgram, for main().
 #include "accel/scheduler.h"
 #include "accel/state_dict.h"
+#include "accel/tensor_census.h"
 #include "accel/tracking/tracker.h"
 #include "accel/training_state.h"
 
@@ -498,12 +499,38 @@ class Accelerator {
   // Finishes the trackers (main process), then waits for every process and
   // leaves the job: later collectives fail.
   void end_training(CallSite site = CallSite::Here());
+  // What free_memory released.
+  struct FreedMemory {
+    // The prepared objects accel forgot.
+    int models = 0, optimizers = 0, schedulers = 0, data_loaders = 0;
+    int handles = 0;  // The program's handles it reset.
+    // Bytes of tensors (parameters, gradients, buffers, optimizer state,
+    // ZeRO's flat buffers and shards) that nothing references any more.
+    int64_t bytes = 0;
+  };
   // Forgets every prepared object (models, optimizers, schedulers, loaders,
-  // registered objects) and frees accel's gradient buffers; the objects
-  // themselves stay the program's. Under ZeRO stage 3 every rank calls it:
-  // it gathers the models' parameters back whole first.
-  // Also forgets the state hooks.
-  void free_memory();
+  // registered objects) and the state hooks, and frees accel's gradient
+  // buffers; then resets each handle given, as Accelerate's
+  // free_memory(*objects) sets them to None: models (ModuleHolders) become
+  // null, std::shared_ptr / std::unique_ptr are reset, and the optimizers
+  // and schedulers prepare returned refuse any later use. The program's own
+  // objects stay the program's (a torch optimizer it holds by value, a model
+  // another handle still refers to): `bytes` counts what actually went.
+  // Under ZeRO stage 3 every rank calls it: it gathers the models'
+  // parameters back whole first.
+  //
+  //   auto freed = accelerator.free_memory(model, optimizer, scheduler);
+  //   // freed.models == 1, freed.handles == 3, freed.bytes: what went
+  template <typename... Handles>
+  FreedMemory free_memory(Handles&... handles) {
+    TensorCensus census;
+    (CountHandle(census, handles), ...);
+    FreedMemory freed = ForgetPreparedObjects(census);
+    (ResetHandle(handles), ...);
+    freed.handles = static_cast<int>(sizeof...(Handles));
+    freed.bytes = census.FreedBytes();
+    return freed;
+  }
   void clear() { free_memory(); }
 
  private:
@@ -571,6 +598,31 @@ class Accelerator {
   void JoinOrShareTheJob();
   void LeaveTheJob();
   std::string AgreeOnRunId();
+  // free_memory's forgetting; `census` records what the objects held.
+  FreedMemory ForgetPreparedObjects(TensorCensus& census);
+  // An optimizer given to free_memory (its state); models are counted as
+  // prepared.
+  template <typename Handle>
+  static void CountHandle(TensorCensus& census, Handle& handle) {
+    if constexpr (std::is_base_of_v<AcceleratedOptimizerBase, Handle>) {
+      if (handle.torch_optimizer() != nullptr) {
+        census.AddOptimizer(*handle.torch_optimizer());
+      }
+    } else if constexpr (detail::IsOptimizerPointer<Handle>::value) {
+      if (handle != nullptr) census.AddOptimizer(*handle);
+    }
+  }
+  template <typename Handle>
+  static void ResetHandle(Handle& handle) {
+    if constexpr (std::is_base_of_v<torch::detail::ModuleHolderIndicator,
+                                    Handle>) {
+      handle = nullptr;
+    } else {
+      // std::shared_ptr, std::unique_ptr, AcceleratedOptimizer,
+      // AcceleratedScheduler.
+      handle.reset();
+    }
+  }
   // A plateau scheduler's metric, one value on every rank: the same
   // everywhere as it is, else the mean summed in rank order.
   double AgreeOnMetric(double metric);

@@ -54,6 +54,15 @@ struct IsScheduler<std::unique_ptr<S>> : std::is_base_of<LRScheduler, S> {};
 template <typename S>
 struct IsScheduler<std::shared_ptr<S>> : std::is_base_of<LRScheduler, S> {};
 
+template <typename T>
+struct IsOptimizerPointer : std::false_type {};
+template <typename O>
+struct IsOptimizerPointer<std::unique_ptr<O>>
+    : std::is_base_of<torch::optim::Optimizer, O> {};
+template <typename O>
+struct IsOptimizerPointer<std::shared_ptr<O>>
+    : std::is_base_of<torch::optim::Optimizer, O> {};
+
 template <typename M>
 inline constexpr bool kIsModel =
     std::is_base_of_v<torch::detail::ModuleHolderIndicator, M> ||

@@ -79,6 +79,8 @@ class PreparedObjects {
   CheckpointContents Contents() const;
   // Stops every model's gradient sync for good (the job is left).
   void DropSynchronizers();
+  int scheduler_count() const { return static_cast<int>(schedulers_.size()); }
+  int loader_count() const { return static_cast<int>(loaders_.size()); }
   // Forgets everything (the objects stay the program's).
   void Clear();
 

@@ -425,6 +425,58 @@ RunResult Train(const std::string& save_to, int save_after_steps,
   return run;
 }
 
+// Accelerate's free_memory(*objects): the handles given are reset and the
+// memory that went with them is counted; a handle kept elsewhere keeps it.
+TEST_F(TrainingLoopTest, FreeMemoryResetsTheHandlesAndCountsWhatWent) {
+  auto train_one_step = [](auto& model, auto& optimizer) {
+    A().backward(model->forward(torch::ones({4, 6})).pow(2).sum());
+    optimizer.step();
+  };
+  int64_t parameters = 0;
+  for (const auto& p : MakeModel()->parameters()) parameters += p.numel();
+  const int64_t state_bytes = 16 * parameters;  // fp32 weights, grads, m, v.
+
+  torch::nn::Sequential net = MakeModel();
+  auto adamw = std::make_unique<torch::optim::AdamW>(
+      net->parameters(), torch::optim::AdamWOptions(1e-2));
+  auto [model, optimizer, scheduler] =
+      A().prepare(net, *adamw, get_constant_schedule(*adamw));
+  net = nullptr;  // The prepared handles are the only ones left.
+  train_one_step(model, optimizer);
+
+  const Accelerator::FreedMemory freed =
+      A().free_memory(model, optimizer, scheduler, adamw);
+  EXPECT_EQ(freed.models, 1);
+  EXPECT_EQ(freed.optimizers, 1);
+  EXPECT_EQ(freed.schedulers, 1);
+  EXPECT_EQ(freed.data_loaders, 0);
+  EXPECT_EQ(freed.handles, 4);
+  // Parameters, gradients (in DDP's buckets at N > 1) and AdamW's state.
+  EXPECT_GE(freed.bytes, state_bytes);
+  EXPECT_LE(freed.bytes, 2 * state_bytes);
+  EXPECT_TRUE(model.is_empty());
+  EXPECT_EQ(adamw, nullptr);
+  EXPECT_THAT([&] { optimizer.step(); },
+              ::testing::ThrowsMessage<UsageError>(
+                  HasSubstr("AcceleratedOptimizer: used after "
+                            "accelerator.free_memory() released this handle")));
+  EXPECT_THAT([&] { scheduler.step(); },
+              ::testing::ThrowsMessage<UsageError>(
+                  HasSubstr("AcceleratedScheduler: used after")));
+
+  // The program keeps its own handle to the model: its parameters stay.
+  torch::nn::Sequential kept = MakeModel();
+  torch::optim::AdamW kept_adamw(kept->parameters(),
+                                 torch::optim::AdamWOptions(1e-2));
+  auto [again, again_optimizer] = A().prepare(kept, kept_adamw);
+  train_one_step(again, again_optimizer);
+  const Accelerator::FreedMemory kept_freed = A().free_memory(again);
+  EXPECT_EQ(kept_freed.handles, 1);
+  EXPECT_LT(kept_freed.bytes, 4 * parameters);
+  EXPECT_FALSE(kept.is_empty());
+  EXPECT_EQ(kept->parameters().size(), 4u);
+}
+
 TEST_F(TrainingLoopTest, ResumingInTheMiddleOfAnEpochGivesTheSameParameters) {
   const std::string dir = std::string(std::getenv("TEST_TMPDIR")) +
                           "/mid_epoch_" + std::to_string(N());
