@@ -47,21 +47,20 @@ struct IsUniquePointer : std::false_type {};
 template <typename P>
 struct IsUniquePointer<std::unique_ptr<P>> : std::true_type {};
 
-template <typename T>
-struct IsScheduler : std::is_base_of<LRScheduler, T> {};
-template <typename S>
-struct IsScheduler<std::unique_ptr<S>> : std::is_base_of<LRScheduler, S> {};
-template <typename S>
-struct IsScheduler<std::shared_ptr<S>> : std::is_base_of<LRScheduler, S> {};
+// A std::unique_ptr or std::shared_ptr to a Base (or a class derived from it).
+template <typename Base, typename T>
+struct PointsTo : std::false_type {};
+template <typename Base, typename P>
+struct PointsTo<Base, std::unique_ptr<P>> : std::is_base_of<Base, P> {};
+template <typename Base, typename P>
+struct PointsTo<Base, std::shared_ptr<P>> : std::is_base_of<Base, P> {};
 
 template <typename T>
-struct IsOptimizerPointer : std::false_type {};
-template <typename O>
-struct IsOptimizerPointer<std::unique_ptr<O>>
-    : std::is_base_of<torch::optim::Optimizer, O> {};
-template <typename O>
-struct IsOptimizerPointer<std::shared_ptr<O>>
-    : std::is_base_of<torch::optim::Optimizer, O> {};
+struct IsScheduler : std::bool_constant<std::is_base_of_v<LRScheduler, T> ||
+                                        PointsTo<LRScheduler, T>::value> {};
+
+template <typename T>
+using IsOptimizerPointer = PointsTo<torch::optim::Optimizer, T>;
 
 template <typename M>
 inline constexpr bool kIsModel =
