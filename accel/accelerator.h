@@ -112,6 +112,8 @@ class Accelerator {
   }
   bool split_batches() const { return options_.split_batches; }
   bool even_batches() const { return options_.even_batches; }
+  // 0 (DDP) to 3 (parameters sharded too): options' zero_stage.
+  int zero_stage() const { return options_.zero_stage; }
   // The communication backend in use ("gloo", "nccl").
   const std::string& backend() const { return backend_; }
   // "no", "bf16" or "fp16", as Accelerate's state prints it.
