@@ -33,6 +33,12 @@ int Main(int argc, char** argv) {
         "[--max_shard_size=SIZE]: CHECKPOINT is a folder save_state wrote, "
         "OUT the folder for model.safetensors");
   }
+  if (std::string(argv[2]).empty()) {
+    throw accel::UsageError(
+        "merge-weights: OUT is empty: give the folder "
+        "for model.safetensors");
+  }
+  accel::EnterUserDirectory();  // Under `bazel run`, relative paths.
   const auto weights = accel::ReadCheckpointWeights(argv[1], FLAGS_model);
   const auto written =
       accel::SaveModelWeights(weights, argv[2], FLAGS_max_shard_size);

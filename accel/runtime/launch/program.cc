@@ -68,15 +68,22 @@ void InitProgram(int* argc, char*** argv) {
   UseLaunchConfig(*argc, *argv);
   PrintHelpAndExitIfAsked(*argc, *argv);
   gflags::ParseCommandLineFlags(argc, argv, /*remove_flags=*/true);
-  // Under `bazel run`, relative paths (--output_dir=trained_model) mean the
-  // user's directory, not Bazel's runfiles tree.
-  if (const char* dir = std::getenv("BUILD_WORKING_DIRECTORY")) {
-    if (chdir(dir) != 0) {
-      std::fprintf(stderr, "error: cannot enter %s\n", dir);
-      std::exit(2);
-    }
+  // Relative paths (--output_dir=trained_model) mean the user's directory.
+  try {
+    EnterUserDirectory();
+  } catch (const UsageError& error) {
+    std::fprintf(stderr, "error: %s\n", error.what());
+    std::exit(2);
   }
   SelfLaunchIfAsked(std::move(command));
+}
+
+void EnterUserDirectory() {
+  const char* dir = std::getenv("BUILD_WORKING_DIRECTORY");
+  if (dir != nullptr && chdir(dir) != 0) {
+    throw UsageError(std::string("cannot enter ") + dir +
+                     " ($BUILD_WORKING_DIRECTORY, where bazel run started)");
+  }
 }
 
 int RunAndReportErrors(int (*body)(int, char**), int argc, char** argv) {

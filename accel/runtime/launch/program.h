@@ -39,6 +39,12 @@ void InitProgram(int* argc, char*** argv);
 // file. InitProgram and the launcher call it.
 void UseLaunchConfig(int argc, char** argv);
 
+// Under `bazel run`, enters the directory it was started from
+// ($BUILD_WORKING_DIRECTORY), so that relative paths are the user's, not
+// Bazel's runfiles tree; throws UsageError when it cannot. InitProgram
+// calls it; tools that parse their own flags call it themselves.
+void EnterUserDirectory();
+
 // LaunchOptions from the flags above.
 LaunchOptions LaunchOptionsFromFlags();
 
