@@ -83,6 +83,14 @@ Accelerator::Accelerator(AcceleratorOptions options)
           ? ReuseFreedHostMemory()
           : "malloc left as it is (--reuse_host_memory=false)";
   ACCEL_VLOG(1) << "host memory: " << host_memory;
+  if (!options_.fsdp_layer_to_wrap.empty() && options_.zero_stage != 3 &&
+      env_.rank == 0) {
+    ACCEL_LOG(WARNING) << "fsdp_transformer_layer_cls_to_wrap '"
+                       << options_.fsdp_layer_to_wrap
+                       << "' is ignored: units exist only under zero_stage 3 "
+                          "(this job runs zero_stage "
+                       << options_.zero_stage << ")";
+  }
   // Before joining, every rank alike: a bad --report_to, or an unusable
   // folder, fails at once rather than some ranks finding only that rank 0
   // left.

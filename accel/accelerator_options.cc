@@ -18,6 +18,55 @@ MixedPrecision ParseMixedPrecision(const std::string& text) {
       Excerpt(text));
 }
 
+int ParseShardingStrategy(const std::string& text) {
+  if (text == "FULL_SHARD" || text == "1") return 3;
+  if (text == "SHARD_GRAD_OP" || text == "2") return 2;
+  if (text == "NO_SHARD" || text == "3") return 0;
+  if (text == "HYBRID_SHARD" || text == "HYBRID_SHARD_ZERO2" || text == "4" ||
+      text == "5") {
+    throw UsageError(
+        "--fsdp_sharding_strategy=" + text +
+        ": hybrid sharding (shard within a machine, replicate across "
+        "machines) is not in accel; use FULL_SHARD (--zero_stage=3) or "
+        "SHARD_GRAD_OP (--zero_stage=2) over every process");
+  }
+  throw UsageError(
+      "--fsdp_sharding_strategy must be FULL_SHARD, SHARD_GRAD_OP or "
+      "NO_SHARD (or Accelerate's numbers 1-3 for them), found " +
+      Excerpt(text) + " (" + flags::fsdp_sharding_strategy.source() + ")");
+}
+
+int ZeroStageFromFlags() {
+  const int stage = flags::zero_stage.value();
+  if (stage < 0 || stage > 3) {
+    throw UsageError(
+        "--zero_stage (" + flags::zero_stage.source() +
+        ") must be 0 (DDP), 1 (optimizer state sharded), 2 (optimizer state "
+        "and gradients sharded) or 3 (also the parameters), found " +
+        std::to_string(stage));
+  }
+  if (!flags::use_fsdp.value()) {
+    if (flags::fsdp_sharding_strategy.given()) {
+      throw UsageError(
+          "--fsdp_sharding_strategy (" +
+          flags::fsdp_sharding_strategy.source() +
+          ") is read with --use_fsdp, as accelerate launch reads it: add "
+          "--use_fsdp, or give --zero_stage alone");
+    }
+    return stage;
+  }
+  const int fsdp_stage =
+      ParseShardingStrategy(flags::fsdp_sharding_strategy.value());
+  if (flags::zero_stage.given() && stage != fsdp_stage) {
+    throw UsageError("--use_fsdp with --fsdp_sharding_strategy=" +
+                     flags::fsdp_sharding_strategy.value() + " is zero_stage " +
+                     std::to_string(fsdp_stage) + ", but --zero_stage=" +
+                     std::to_string(stage) + " was also given (" +
+                     flags::zero_stage.source() + "): give one of them");
+  }
+  return fsdp_stage;
+}
+
 AcceleratorOptions AcceleratorOptions::FromFlags() {
   // Checked here too, so that the message names the flag.
   for (const auto& [flag, value] :
@@ -46,7 +95,7 @@ AcceleratorOptions AcceleratorOptions::FromFlags() {
   options.logging_dir = flags::logging_dir.value();
   options.reuse_host_memory = flags::reuse_host_memory.value();
   options.cpu = flags::cpu.value();
-  options.zero_stage = flags::zero_stage.value();
+  options.zero_stage = ZeroStageFromFlags();
   options.fsdp_layer_to_wrap =
       flags::fsdp_transformer_layer_cls_to_wrap.value();
   return options;
@@ -155,8 +204,14 @@ void AcceleratorOptions::AdoptGivenFlags(bool is_main_process) {
   AdoptFlag(flags::reuse_host_memory, options.reuse_host_memory,
             builtin.reuse_host_memory, "reuse_host_memory", same, &overridden);
   AdoptFlag(flags::cpu, options.cpu, builtin.cpu, "cpu", same, &overridden);
+  // --use_fsdp and its strategy name a stage too; ZeroStageFromFlags checks
+  // that they agree with --zero_stage.
+  const int stage_given = ZeroStageFromFlags();
+  const auto given_stage = [&](auto) { return stage_given; };
   AdoptFlag(flags::zero_stage, options.zero_stage, builtin.zero_stage,
-            "zero_stage", same, &overridden);
+            "zero_stage", given_stage, &overridden);
+  AdoptFlag(flags::use_fsdp, options.zero_stage, builtin.zero_stage,
+            "zero_stage", given_stage, &overridden);
   AdoptFlag(flags::fsdp_transformer_layer_cls_to_wrap,
             options.fsdp_layer_to_wrap, builtin.fsdp_layer_to_wrap,
             "fsdp_layer_to_wrap", same, &overridden);

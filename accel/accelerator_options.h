@@ -27,6 +27,13 @@ enum class MixedPrecision { kNo, kBf16, kFp16 };
 // "no" -> kNo, "bf16", "fp16"; UsageError for anything else.
 MixedPrecision ParseMixedPrecision(const std::string& text);
 
+// Accelerate's FSDP sharding strategy as a ZeRO stage: FULL_SHARD (or 1) is
+// 3, SHARD_GRAD_OP (2) is 2, NO_SHARD (3) is 0; hybrid sharding is refused.
+int ParseShardingStrategy(const std::string& text);
+// The stage --zero_stage, or --use_fsdp with --fsdp_sharding_strategy,
+// asks for; a UsageError naming the flags when they disagree.
+int ZeroStageFromFlags();
+
 struct AcceleratorOptions {
   // "gloo", "nccl", or "auto": nccl when it is linked and a GPU is visible.
   std::string backend = "auto";
@@ -89,7 +96,8 @@ struct AcceleratorOptions {
 
   // --backend, --mixed_precision, --gradient_accumulation_steps,
   // --timeout_s, --rendezvous_timeout_s, --collective_checks, --report_to,
-  // --logging_dir, --reuse_host_memory, --cpu, --zero_stage and
+  // --logging_dir, --reuse_host_memory, --cpu, --zero_stage (or --use_fsdp
+  // with --fsdp_sharding_strategy) and
   // --fsdp_transformer_layer_cls_to_wrap (see
   // accel/runtime/launch/program.h).
   static AcceleratorOptions FromFlags();

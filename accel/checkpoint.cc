@@ -341,14 +341,18 @@ bool CheckShardedOptimizers(torch::serialize::InputArchive& state,
   const std::string here = std::to_string(world_size) + " process(es)";
   const std::string there = std::to_string(saved_world) + " process(es)";
   if (saved && !wanted) {
-    throw CheckpointError("'" + files.state_path +
-                          "' holds optimizer state sharded by ZeRO "
-                          "stage " +
-                          std::to_string(saved_stage) + " over " + there +
-                          ", but this job does not shard it (zero_stage " +
-                          std::to_string(contents.zero_stage) + " at " + here +
-                          "); resume with --zero_stage=" +
-                          std::to_string(saved_stage) + " at " + there);
+    throw CheckpointError(
+        "'" + files.state_path +
+        "' holds optimizer state sharded by ZeRO "
+        "stage " +
+        std::to_string(saved_stage) + " over " + there +
+        ", but this job does not shard it (" +
+        (world_size == 1 ? std::string("one process shards nothing, "
+                                       "whatever its zero_stage")
+                         : "zero_stage " + std::to_string(contents.zero_stage) +
+                               " at " + here) +
+        "); resume with --zero_stage=" + std::to_string(saved_stage) + " at " +
+        there);
   }
   if (!saved && wanted) {
     throw CheckpointError(

@@ -1,6 +1,7 @@
 // The seed's training demo: a small classifier trained data-parallel on one
-// process or many, with the same results for any process count that
-// divides the data (the global batch is split across processes).
+// process or many, with the same results up to float rounding (each rank
+// averages its share of the batch, then the shares are averaged) for any
+// process count that divides the data (the global batch is split).
 //
 //   bazel run //examples:train_demo -- --num_processes=2
 //   bazel run //examples:train_demo -- --resume_from=trained_model --epochs=4
@@ -253,7 +254,8 @@ int Main(int argc, char** argv) {
   }
   accelerator.wait_for_everyone();
   // Every rank: each saves its own random state, so that --resume_from can
-  // continue at any number of processes.
+  // continue at any number of processes (under --zero_stage >= 1 only at
+  // this one: the optimizer state is sharded; see the README).
   accelerator.save_state(FLAGS_output_dir);
   // On every rank: under --zero_stage=3 it gathers the sharded parameters
   // unit by unit, and the main process gets them.

@@ -124,18 +124,44 @@ TEST(ExamplesTest, FsdpExamplePrintsPeakMemoryThatShardingLowers) {
 TEST(ExamplesTest, TrainDemoUnderEveryZeroStageEndsWithDdpsParameters) {
   const std::string dir = MakeTempDir("zero_stages");
   std::string ddp;
-  for (int stage : {0, 1, 2, 3}) {
-    const std::string out = dir + "/stage" + std::to_string(stage);
-    const ProcessResult r =
-        RunExample("train_demo", {"--num_processes=2", "--epochs=2",
-                                  "--zero_stage=" + std::to_string(stage),
-                                  "--output_dir=" + out});
+  // Each stage, then Accelerate's FSDP names for stages 2 and 3.
+  const std::vector<std::vector<std::string>> stages = {
+      {"--zero_stage=0"},
+      {"--zero_stage=1"},
+      {"--zero_stage=2"},
+      {"--zero_stage=3"},
+      {"--use_fsdp", "--fsdp_sharding_strategy=SHARD_GRAD_OP"},
+      {"--use_fsdp"}};
+  for (size_t i = 0; i < stages.size(); ++i) {
+    std::vector<std::string> args = {
+        "--num_processes=2", "--epochs=2",
+        "--output_dir=" + dir + "/stage" + std::to_string(i)};
+    args.insert(args.end(), stages[i].begin(), stages[i].end());
+    const ProcessResult r = RunExample("train_demo", args);
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    if (stage == 0) {
+    if (i == 0) {
       ddp = Fingerprint(r);
     } else {
-      EXPECT_EQ(Fingerprint(r), ddp) << "stage " << stage;
+      EXPECT_EQ(Fingerprint(r), ddp) << stages[i].back();
     }
+  }
+  for (const auto& [args, error] :
+       std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--use_fsdp", "--zero_stage=1"},
+            "--use_fsdp with --fsdp_sharding_strategy=FULL_SHARD is "
+            "zero_stage 3, but --zero_stage=1 was also given (the command "
+            "line)"},
+           {{"--fsdp_sharding_strategy=NO_SHARD"}, "is read with --use_fsdp"},
+           {{"--use_fsdp", "--fsdp_sharding_strategy=HYBRID_SHARD"},
+            "hybrid sharding (shard within a machine, replicate across "
+            "machines) is not in accel"},
+           {{"--zero_stage=7"}, "--zero_stage (the command line) must be 0"}}) {
+    std::vector<std::string> bad = {"--num_processes=1",
+                                    "--output_dir=" + dir + "/bad"};
+    bad.insert(bad.end(), args.begin(), args.end());
+    const ProcessResult r = RunExample("train_demo", bad);
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_THAT(r.output, HasSubstr(error));
   }
   const ProcessResult first = RunExample(
       "train_demo", {"--num_processes=2", "--epochs=1", "--zero_stage=3",

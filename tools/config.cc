@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
@@ -161,14 +162,36 @@ int Configure(const std::string& path) {
   keep("num_cpu_threads_per_process",
        Ask("How many CPU threads per process (OMP_NUM_THREADS)?",
            "num_cpu_threads_per_process", IntegerIn(1, 4096)));
-  // Anything else the command line set, kept as given.
+  keep("zero_stage",
+       Ask("Shard the training state (ZeRO stage): 0 = no (DDP), 1 = the "
+           "optimizer state, 2 = also the gradients, 3 = also the parameters "
+           "(FSDP's FULL_SHARD)?",
+           "zero_stage", IntegerIn(0, 3)));
+  // Anything else the command line set, kept as given once checked where
+  // the value has a known form (programs would refuse it at the next run).
+  const std::map<std::string, Check> checks = {
+      {"gradient_accumulation_steps", IntegerIn(1, 1 << 30)},
+      {"max_restarts", IntegerIn(0, 1000000)},
+      {"timeout_s", IntegerIn(1, 1 << 30)},
+      {"rendezvous_timeout_s", IntegerIn(1, 1 << 30)},
+      {"network_timeout_s", IntegerIn(1, 1 << 30)},
+      {"fsdp_sharding_strategy",
+       OneOf({"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "1", "2", "3"})},
+  };
   for (const std::string& flag : accel::ConfigurableFlags()) {
     bool asked = false;
     for (const auto& entry : flags) asked |= entry.first == flag;
-    if (!asked &&
-        !gflags::GetCommandLineFlagInfoOrDie(flag.c_str()).is_default) {
-      keep(flag, Current(flag));
+    if (asked || gflags::GetCommandLineFlagInfoOrDie(flag.c_str()).is_default) {
+      continue;
     }
+    const auto check = checks.find(flag);
+    if (check != checks.end()) {
+      const std::string problem = check->second(Current(flag));
+      if (!problem.empty()) {
+        throw accel::UsageError("--" + flag + ": " + problem);
+      }
+    }
+    keep(flag, Current(flag));
   }
   accel::WriteLaunchConfig(path, flags);
   std::printf("accel config: wrote %s\n", path.c_str());
@@ -195,12 +218,7 @@ int main(int argc, char** argv) {
   }
   accel::PrintHelpAndExitIfAsked(argc, argv, &shown);
   try {
-    // Under `bazel run`, relative paths are the user's.
-    if (const char* dir = std::getenv("BUILD_WORKING_DIRECTORY")) {
-      if (chdir(dir) != 0) {
-        throw accel::UsageError(std::string("cannot enter ") + dir);
-      }
-    }
+    accel::EnterUserDirectory();
     bool show = false;
     for (int i = 1; i < argc; ++i) show |= std::string(argv[i]) == "--show";
     // What programs read now (for --show), before flags change anything.

@@ -12,18 +12,20 @@ has() { grep -qF -- "$2" <<<"$1" || fail "no '$2' in: $1"; }
 
 # Asked on a terminal (here: --interactive with answers on stdin). A bad
 # answer is asked again; an empty one keeps the default.
-out=$(printf '0\n1\nthree\n2\nmpich\ngloo\nbf16\n\n' |
+out=$(printf '0\n1\nthree\n2\nmpich\ngloo\nbf16\n\n5\n2\n' |
       "$config" --interactive --config_file="$dir/asked.flags")
 echo "$out"
 has "$out" "expected a whole number from 1 to 100000, found \"0\""
 has "$out" "expected a whole number from 1 to 1000000, found \"three\""
 has "$out" "expected one of auto, gloo, nccl, mpi, found \"mpich\""
+has "$out" "expected a whole number from 0 to 3, found \"5\""
 has "$out" "accel config: wrote $dir/asked.flags"
 expected="--num_machines=1
 --num_processes=2
 --backend=gloo
 --mixed_precision=bf16
---num_cpu_threads_per_process=1"
+--num_cpu_threads_per_process=1
+--zero_stage=2"
 [ "$(grep -v '^#' "$dir/asked.flags")" = "$expected" ] ||
   fail "asked.flags: $(cat "$dir/asked.flags")"
 
@@ -41,6 +43,14 @@ has "$(cat "$dir/flags.flags")" "--reuse_host_memory=false"
 if "$config" --nointeractive --config_file="$dir/bad.flags" \
     --mixed_precision=fp8 2>"$dir/err"; then fail "fp8 was accepted"; fi
 has "$(cat "$dir/err")" "--mixed_precision: expected one of no, bf16, fp16, found \"fp8\""
+# Values programs would refuse at the next run are refused now.
+for bad in "--zero_stage=9:from 0 to 3, found \"9\"" \
+    "--gradient_accumulation_steps=0:from 1 to 1073741824, found \"0\"" \
+    "--fsdp_sharding_strategy=BOGUS:expected one of FULL_SHARD, SHARD_GRAD_OP, NO_SHARD"; do
+  if "$config" --nointeractive --config_file="$dir/bad.flags" "${bad%%:*}" \
+      2>"$dir/err"; then fail "${bad%%:*} was accepted"; fi
+  has "$(cat "$dir/err")" "${bad#*:}"
+done
 # Earlier values are the next run's defaults.
 "$config" --nointeractive --config_file="$dir/flags.flags" --backend=gloo >/dev/null
 has "$(cat "$dir/flags.flags")" "--num_processes=3"

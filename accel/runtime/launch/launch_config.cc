@@ -74,6 +74,8 @@ const std::vector<std::string>& ConfigurableFlags() {
       "cpu",
       "zero_stage",
       "fsdp_transformer_layer_cls_to_wrap",
+      "use_fsdp",
+      "fsdp_sharding_strategy",
   };
   return names;
 }

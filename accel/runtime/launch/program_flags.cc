@@ -192,6 +192,14 @@ ProgramFlag<std::string> fsdp_transformer_layer_cls_to_wrap(
     "Under --zero_stage=3: the class of the layers that become units (as "
     "Accelerate's), e.g. TransformerEncoderLayer; empty: the children of the "
     "model's outermost Sequentials.");
+ProgramFlag<bool> use_fsdp(
+    "use_fsdp", false,
+    "Accelerate's FSDP switch: the same as --zero_stage=3, or the stage "
+    "--fsdp_sharding_strategy names.");
+ProgramFlag<std::string> fsdp_sharding_strategy(
+    "fsdp_sharding_strategy", "FULL_SHARD",
+    "With --use_fsdp: FULL_SHARD (--zero_stage=3), SHARD_GRAD_OP (2) or "
+    "NO_SHARD (0), or Accelerate's numbers 1-3 for them.");
 
 }  // namespace flags
 
@@ -211,11 +219,12 @@ void ForEachFlag(Fn&& fn) {
   for (auto* flag :
        {&flags::main_process_ip, &flags::config_file, &flags::backend,
         &flags::mixed_precision, &flags::report_to, &flags::logging_dir,
-        &flags::fsdp_transformer_layer_cls_to_wrap}) {
+        &flags::fsdp_transformer_layer_cls_to_wrap,
+        &flags::fsdp_sharding_strategy}) {
     fn(*flag);
   }
-  for (auto* flag :
-       {&flags::collective_checks, &flags::reuse_host_memory, &flags::cpu}) {
+  for (auto* flag : {&flags::collective_checks, &flags::reuse_host_memory,
+                     &flags::cpu, &flags::use_fsdp}) {
     fn(*flag);
   }
 }

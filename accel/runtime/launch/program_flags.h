@@ -89,6 +89,9 @@ extern ProgramFlag<bool> reuse_host_memory;
 extern ProgramFlag<bool> cpu;
 extern ProgramFlag<int32_t> zero_stage;
 extern ProgramFlag<std::string> fsdp_transformer_layer_cls_to_wrap;
+// Accelerate's FSDP names for a ZeRO stage (see AcceleratorOptions).
+extern ProgramFlag<bool> use_fsdp;
+extern ProgramFlag<std::string> fsdp_sharding_strategy;
 }  // namespace flags
 
 // Registers every flag above with gflags unless the program defines one of
