@@ -20,9 +20,15 @@ struct GradientSynchronizer::State {
     std::shared_ptr<Work> work;
   };
   struct Slot {
-    size_t bucket;
+    size_t bucket = 0;
     torch::Tensor view;  // The parameter's gradient inside the bucket.
     bool arrived = false;
+    bool used = false;  // Its gradient came from backward this step.
+    // Whether it had a gradient before finish() put it in its bucket (for
+    // find_unused_parameters), and its own gradient tensor when gradients
+    // are not bucket views.
+    bool had_gradient = false;
+    torch::Tensor own_gradient;
   };
 
   // Buffers of one dtype and device, packed for one broadcast.
@@ -43,11 +49,18 @@ struct GradientSynchronizer::State {
   bool enabled = true;
   bool step_started = false;
   CallSite site;
+  GradientSyncOptions options;
+  // find_unused_parameters: a byte per parameter, 1 where it was used, and
+  // (static_graph) whether the first syncing step has agreed it already.
+  torch::Tensor used_anywhere;
+  std::shared_ptr<Work> used_work;
+  bool usage_known = false;
 
   explicit State(Communicator& c) : comm(c) {}
 
   void ResetStep() {
-    for (auto& slot : slots) slot.arrived = false;
+    for (auto& slot : slots) slot.arrived = slot.used = false;
+    used_work.reset();
     for (auto& bucket : buckets) {
       bucket.pending = bucket.members.size();
       bucket.work.reset();
@@ -96,12 +109,67 @@ struct GradientSynchronizer::State {
     if (--buckets[slots[index].bucket].pending == 0) LaunchReady();
   }
 
+  // find_unused_parameters: after every bucket (so that the ranks' queues
+  // stay in the same order), one allreduce of which parameters each rank
+  // used; with static_graph only at the first syncing step.
+  void LaunchUsageAgreement() {
+    if (!options.find_unused_parameters || usage_known) return;
+    if (!used_anywhere.defined()) {
+      used_anywhere = torch::zeros({static_cast<int64_t>(parameters.size())},
+                                   torch::kUInt8);
+    }
+    uint8_t* used = used_anywhere.data_ptr<uint8_t>();
+    for (size_t index = 0; index < slots.size(); ++index) {
+      used[index] = slots[index].used ? 1 : 0;
+    }
+    CollectiveOptions options;
+    options.api = "backward (find_unused_parameters)";
+    options.site = site;
+    used_work = comm.allreduce_async(used, slots.size(), DType::kUInt8,
+                                     ReduceOp::kMax, options);
+  }
+
+  // What finish() waits for: every bucket, and the usage agreement.
+  std::vector<Work*> StepWorks() {
+    std::vector<Work*> works;
+    for (auto& bucket : buckets) {
+      if (bucket.work) works.push_back(bucket.work.get());
+    }
+    if (used_work) works.push_back(used_work.get());
+    return works;
+  }
+
+  // After the averages: a parameter no rank used gets back what it had
+  // (find_unused_parameters), and without bucket views every gradient
+  // becomes a tensor of its own.
+  void PlaceGradients() {
+    if (used_work) usage_known = options.static_graph;
+    const bool agreed = used_anywhere.defined();
+    for (size_t index = 0; index < parameters.size(); ++index) {
+      Slot& slot = slots[index];
+      torch::Tensor& param = parameters[index];
+      if (agreed && used_anywhere.data_ptr<uint8_t>()[index] == 0 &&
+          !slot.used && !slot.had_gradient) {
+        param.mutable_grad() = torch::Tensor();
+        continue;
+      }
+      if (options.gradient_as_bucket_view) continue;
+      if (!slot.own_gradient.defined()) {
+        slot.own_gradient = slot.view.clone();
+      } else {
+        slot.own_gradient.copy_(slot.view);
+      }
+      param.mutable_grad() = slot.own_gradient;
+    }
+  }
+
   // Runs on the autograd thread once parameter `index`'s gradient has been
   // accumulated into .grad.
   void OnGradientReady(size_t index) {
     std::lock_guard<std::mutex> lock(mutex);
     if (!enabled || slots[index].arrived) return;
     step_started = true;
+    slots[index].used = true;
     MarkArrived(index);
   }
 };
@@ -138,6 +206,8 @@ GradientSynchronizer::GradientSynchronizer(
     const std::vector<torch::Tensor>& buffers)
     : state_(std::make_shared<State>(comm)) {
   State& s = *state_;
+  s.options = options;
+  if (options.static_graph) s.options.find_unused_parameters = true;
   if (options.broadcast_buffers) {
     for (const torch::Tensor& buffer : buffers) {
       if (!buffer.defined() || buffer.numel() == 0) continue;
@@ -179,7 +249,10 @@ GradientSynchronizer::GradientSynchronizer(
               ? bucket.flat.as_strided(p.sizes(), p.strides(), offset)
               : bucket.flat.narrow(0, offset, p.numel()).view(p.sizes());
       bucket.members.push_back(s.parameters.size());
-      s.slots.push_back({s.buckets.size(), view.detach()});
+      State::Slot slot;
+      slot.bucket = s.buckets.size();
+      slot.view = view.detach();
+      s.slots.push_back(std::move(slot));
       s.parameters.push_back(p);
       offset += p.numel();
     }
@@ -266,13 +339,16 @@ void GradientSynchronizer::finish() {
     }
     // Parameters without a gradient this step contribute what they hold.
     for (size_t index = 0; index < s.parameters.size(); ++index) {
-      if (!s.slots[index].arrived) s.MarkArrived(index);
+      if (s.slots[index].arrived) continue;
+      s.slots[index].had_gradient = s.parameters[index].grad().defined();
+      s.MarkArrived(index);
     }
+    s.LaunchUsageAgreement();
   }
   std::exception_ptr failure = buffer_failure;
-  for (auto& bucket : s.buckets) {
+  for (auto* work : s.StepWorks()) {
     try {
-      if (bucket.work) bucket.work->wait();
+      work->wait();
     } catch (...) {
       if (!failure) failure = std::current_exception();
     }
@@ -286,6 +362,7 @@ void GradientSynchronizer::finish() {
   // The gradients are views of the buckets: this averages them.
   for (auto& bucket : s.buckets) bucket.flat.div_(s.comm.size());
   std::lock_guard<std::mutex> lock(s.mutex);
+  s.PlaceGradients();
   s.ResetStep();
 }
 

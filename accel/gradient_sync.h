@@ -24,7 +24,8 @@
 // A parameter that got no gradient in a step (unused in the forward pass)
 // contributes the gradient it holds (zeros if none); its bucket is launched
 // when finish() runs, so a step never hangs on it. A parameter that none of
-// the ranks used ends the step with a zero gradient rather than none.
+// the ranks used ends the step with a zero gradient rather than none, unless
+// find_unused_parameters (or static_graph) is on: then it keeps what it had.
 #pragma once
 
 #include <torch/types.h>
@@ -46,6 +47,22 @@ struct GradientSyncOptions {
   // torch DDP's broadcast_buffers: every syncing step gives each rank rank
   // 0's buffers (see above).
   bool broadcast_buffers = true;
+  // torch DDP's find_unused_parameters: each syncing step also agrees, in
+  // one allreduce of a byte per parameter, which parameters some rank used;
+  // one that no rank used keeps the gradient it had (none after a
+  // zero_grad that sets them to none), as under DDP, so that the optimizer
+  // skips it (AdamW would otherwise decay it and move it by its momentum).
+  // Off, such a parameter ends the step with a zero gradient. Either way a
+  // parameter that gets no gradient never hangs the step.
+  bool find_unused_parameters = false;
+  // torch DDP's static_graph: the set of used parameters is the same every
+  // step, so find_unused_parameters' agreement runs at the first syncing
+  // step only (and static_graph alone turns it on, as in DDP).
+  bool static_graph = false;
+  // torch DDP's gradient_as_bucket_view (above). False: after each sync the
+  // gradients are tensors of their own, copied out of the buckets (one
+  // more gradient's worth of memory and a copy per step; torch's default).
+  bool gradient_as_bucket_view = true;
 };
 
 // Which parameters share a bucket: indices into `parameters` (those that

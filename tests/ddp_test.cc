@@ -206,6 +206,117 @@ TEST(DdpTest, ParametersWithoutGradientsDoNotHangTheStep) {
   }
 }
 
+// One step over a trunk every rank uses, a head only rank 0 uses and a
+// head no rank uses, synchronized with `options`.
+struct UnusedHeads {
+  torch::nn::Linear trunk{4, 4}, used_on_rank0{4, 1}, never_used{4, 1};
+  std::vector<torch::Tensor> parameters;
+
+  UnusedHeads() {
+    torch::manual_seed(11);
+    trunk = torch::nn::Linear(4, 4);
+    used_on_rank0 = torch::nn::Linear(4, 1);
+    never_used = torch::nn::Linear(4, 1);
+    for (auto* m : {trunk.ptr().get(), used_on_rank0.ptr().get(),
+                    never_used.ptr().get()}) {
+      for (auto& p : m->parameters()) parameters.push_back(p);
+    }
+  }
+  void Step(GradientSynchronizer& sync) {
+    torch::Tensor hidden = trunk->forward(torch::ones({2, 4}));
+    torch::Tensor loss = hidden.sum();
+    if (SharedAccelerator().is_main_process()) {
+      loss = loss + used_on_rank0->forward(hidden).sum();
+    }
+    loss.backward();
+    sync.finish();
+  }
+};
+
+// Collectives the communicator ran during `fn`.
+template <typename Fn>
+uint64_t CollectivesDuring(Fn&& fn) {
+  Communicator& comm = SharedAccelerator().communicator();
+  const uint64_t before = comm.barrier();
+  fn();
+  return comm.barrier() - before - 1;
+}
+
+TEST(DdpTest, FindUnusedParametersLeavesNoGradientWhereNoRankUsedOne) {
+  Accelerator& accelerator = SharedAccelerator();
+  GradientSyncOptions options;
+  options.find_unused_parameters = true;
+  UnusedHeads model;
+  GradientSynchronizer sync(accelerator.communicator(), model.parameters,
+                            options);
+  const uint64_t ran = CollectivesDuring([&] { model.Step(sync); });
+  // DDP's semantics: none, so that an optimizer skips it (weight decay and
+  // momentum would move it otherwise).
+  EXPECT_FALSE(model.never_used->weight.grad().defined());
+  EXPECT_FALSE(model.never_used->bias.grad().defined());
+  // Used somewhere: averaged as always, zeros from the ranks that did not.
+  ASSERT_TRUE(model.used_on_rank0->weight.grad().defined());
+  EXPECT_TRUE(model.trunk->weight.grad().defined());
+  // One more collective than the buckets: the agreement on what was used.
+  EXPECT_EQ(ran, sync.num_buckets() + 1);
+  // Each step agrees again: still none after a second one.
+  for (auto& p : model.parameters) p.mutable_grad() = torch::Tensor();
+  EXPECT_EQ(CollectivesDuring([&] { model.Step(sync); }),
+            sync.num_buckets() + 1);
+  EXPECT_FALSE(model.never_used->weight.grad().defined());
+}
+
+TEST(DdpTest, WithoutFindUnusedParametersAnUnusedOneEndsWithZeros) {
+  Accelerator& accelerator = SharedAccelerator();
+  UnusedHeads model;
+  GradientSynchronizer sync(accelerator.communicator(), model.parameters, {});
+  EXPECT_EQ(CollectivesDuring([&] { model.Step(sync); }), sync.num_buckets());
+  ASSERT_TRUE(model.never_used->weight.grad().defined());
+  EXPECT_EQ(model.never_used->weight.grad().abs().sum().item<float>(), 0);
+}
+
+TEST(DdpTest, StaticGraphAgreesOnTheUsedParametersOnce) {
+  Accelerator& accelerator = SharedAccelerator();
+  GradientSyncOptions options;
+  options.static_graph = true;  // Implies finding them, as in DDP.
+  UnusedHeads model;
+  GradientSynchronizer sync(accelerator.communicator(), model.parameters,
+                            options);
+  EXPECT_EQ(CollectivesDuring([&] { model.Step(sync); }),
+            sync.num_buckets() + 1);
+  for (auto& p : model.parameters) p.mutable_grad() = torch::Tensor();
+  EXPECT_EQ(CollectivesDuring([&] { model.Step(sync); }), sync.num_buckets());
+  EXPECT_FALSE(model.never_used->weight.grad().defined());
+  EXPECT_TRUE(model.used_on_rank0->weight.grad().defined());
+}
+
+TEST(DdpTest, GradientsAsCopiesEqualTheBucketViews) {
+  Accelerator& accelerator = SharedAccelerator();
+  UnusedHeads viewed, copied;
+  GradientSyncOptions as_copies;
+  as_copies.gradient_as_bucket_view = false;
+  GradientSynchronizer view_sync(accelerator.communicator(), viewed.parameters,
+                                 {});
+  GradientSynchronizer copy_sync(accelerator.communicator(), copied.parameters,
+                                 as_copies);
+  for (int step = 0; step < 3; ++step) {  // Accumulating: no zero_grad.
+    viewed.Step(view_sync);
+    copied.Step(copy_sync);
+  }
+  for (size_t i = 0; i < viewed.parameters.size(); ++i) {
+    EXPECT_TRUE(
+        torch::equal(viewed.parameters[i].grad(), copied.parameters[i].grad()))
+        << "parameter " << i;
+  }
+  // The trunk's weight and bias share a bucket; as copies they share no
+  // storage with it or with each other.
+  const auto storage = [](UnusedHeads& m, bool bias) {
+    return (bias ? m.trunk->bias : m.trunk->weight).grad().storage().data();
+  };
+  EXPECT_EQ(storage(viewed, false), storage(viewed, true));
+  EXPECT_NE(storage(copied, false), storage(copied, true));
+}
+
 // A model with BatchNorm (running mean and variance, a step count) trained
 // on different data on every rank; each rank's buffers as rows of a gather.
 torch::Tensor BufferRowsAfterSteps(bool broadcast_buffers, int steps) {
