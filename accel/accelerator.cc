@@ -74,6 +74,7 @@ Accelerator::Accelerator(AcceleratorOptions options)
       state_(std::make_shared<TrainingState>()) {
   InstallTerminateHandler();
   InstallPreemptionHandlers();
+  options_.ApplyKwargsHandlers();
   options_.AdoptGivenFlags(env_.rank == 0);
   options_.Validate();
   precision_ = ParseMixedPrecision(options_.mixed_precision);
@@ -90,6 +91,18 @@ Accelerator::Accelerator(AcceleratorOptions options)
                        << "' is ignored: units exist only under zero_stage 3 "
                           "(this job runs zero_stage "
                        << options_.zero_stage << ")";
+  }
+  const GradientSyncOptions& sync = options_.gradient_sync;
+  if (options_.zero_stage >= 2 && env_.rank == 0 &&
+      (sync.find_unused_parameters || sync.static_graph ||
+       !sync.gradient_as_bucket_view)) {
+    ACCEL_LOG(WARNING)
+        << "DistributedDataParallelKwargs' find_unused_parameters, "
+           "static_graph and gradient_as_bucket_view apply to DDP's "
+           "reduction (zero_stage 0 and 1); zero_stage "
+        << options_.zero_stage
+        << " reduces each gradient into its shard, and a parameter no "
+           "rank used gets a zero gradient there";
   }
   // Before joining, every rank alike: a bad --report_to, or an unusable
   // folder, fails at once rather than some ranks finding only that rank 0
@@ -430,13 +443,19 @@ void Accelerator::set_gradient_accumulation_steps(int steps) {
 }
 
 AutocastScope Accelerator::autocast() const {
+  return autocast(options_.autocast);
+}
+
+AutocastScope Accelerator::autocast(const AutocastKwargs& handler) const {
   std::optional<c10::ScalarType> dtype;
-  if (precision_ == MixedPrecision::kBf16) {
+  if (!handler.enabled) {
+    // Accelerate's AutocastKwargs(enabled=False): full precision here.
+  } else if (precision_ == MixedPrecision::kBf16) {
     dtype = c10::ScalarType::BFloat16;
   } else if (precision_ == MixedPrecision::kFp16 && device_.is_cuda()) {
     dtype = c10::ScalarType::Half;
   }
-  return AutocastScope(device_.type(), dtype);
+  return AutocastScope(device_.type(), dtype, handler.cache_enabled);
 }
 
 void Accelerator::unscale_gradients() {

@@ -215,8 +215,11 @@ class Accelerator {
     return state_->gradients.accumulation_steps();
   }
   void set_gradient_accumulation_steps(int steps);
-  // Mixed precision's autocast for the scope (none with "no").
+  // Mixed precision's autocast for the scope (none with "no"), as
+  // AcceleratorOptions::autocast says, or as `handler` says (Accelerate's
+  // accelerator.autocast(autocast_handler=...)).
   AutocastScope autocast() const;
+  AutocastScope autocast(const AutocastKwargs& handler) const;
   // Clips the gradients' total norm (unscaling them first under fp16) and
   // returns the norm before clipping. Call on steps that sync gradients.
   // Under ZeRO the norm is over every rank's shards (the same on every

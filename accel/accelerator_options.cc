@@ -1,5 +1,7 @@
 #include "accel/accelerator_options.h"
 
+#include <variant>
+
 #include "accel/runtime/base/errors.h"
 #include "accel/runtime/base/excerpt.h"
 #include "accel/runtime/base/logging.h"
@@ -99,6 +101,60 @@ AcceleratorOptions AcceleratorOptions::FromFlags() {
   options.fsdp_layer_to_wrap =
       flags::fsdp_transformer_layer_cls_to_wrap.value();
   return options;
+}
+
+namespace {
+
+// Applies one handler to `options`; `name` gets the handler's Python name.
+struct HandlerApplier {
+  AcceleratorOptions& options;
+  const char*& name;
+
+  void operator()(const DistributedDataParallelKwargs& ddp) {
+    name = "DistributedDataParallelKwargs";
+    if (ddp.bucket_cap_mb <= 0) {
+      throw UsageError(
+          "DistributedDataParallelKwargs: bucket_cap_mb must be positive, "
+          "found " +
+          std::to_string(ddp.bucket_cap_mb));
+    }
+    GradientSyncOptions& sync = options.gradient_sync;
+    sync.bucket_cap_bytes = static_cast<size_t>(ddp.bucket_cap_mb) << 20;
+    sync.broadcast_buffers = ddp.broadcast_buffers;
+    sync.find_unused_parameters = ddp.find_unused_parameters;
+    sync.gradient_as_bucket_view = ddp.gradient_as_bucket_view;
+    sync.static_graph = ddp.static_graph;
+  }
+  void operator()(const InitProcessGroupKwargs& process_group) {
+    name = "InitProcessGroupKwargs";
+    if (!process_group.backend.empty()) {
+      options.backend = process_group.backend;
+    }
+    if (process_group.timeout) options.timeout = *process_group.timeout;
+  }
+  void operator()(const GradScalerKwargs& scaler) {
+    name = "GradScalerKwargs";
+    options.scaler = scaler;
+  }
+  void operator()(const AutocastKwargs& autocast) {
+    name = "AutocastKwargs";
+    options.autocast = autocast;
+  }
+};
+
+}  // namespace
+
+void AcceleratorOptions::ApplyKwargsHandlers() {
+  std::vector<bool> seen(std::variant_size_v<KwargsHandler>, false);
+  for (const KwargsHandler& handler : kwargs_handlers) {
+    const char* name = "";
+    std::visit(HandlerApplier{*this, name}, handler);
+    if (seen[handler.index()]) {
+      throw UsageError(std::string("kwargs_handlers: two ") + name +
+                       "; pass at most one of each kind (as Accelerate)");
+    }
+    seen[handler.index()] = true;
+  }
 }
 
 void AcceleratorOptions::Validate() const {

@@ -19,6 +19,7 @@
 
 #include "accel/grad_scaler.h"
 #include "accel/gradient_sync.h"
+#include "accel/kwargs_handlers.h"
 
 namespace accel {
 
@@ -93,6 +94,12 @@ struct AcceleratorOptions {
   // empty: the children of the model's outermost Sequentials (see
   // accel/sharded_units.h).
   std::string fsdp_layer_to_wrap;
+  // Mixed precision's autocast (Accelerate's AutocastKwargs).
+  AutocastKwargs autocast;
+  // Accelerate's kwargs_handlers (accel/kwargs_handlers.h): each sets the
+  // fields above that it names, at construction, before the flags are
+  // adopted. UsageError for two of one kind or a bucket_cap_mb <= 0.
+  std::vector<KwargsHandler> kwargs_handlers;
 
   // --backend, --mixed_precision, --gradient_accumulation_steps,
   // --timeout_s, --rendezvous_timeout_s, --collective_checks, --report_to,
@@ -102,6 +109,8 @@ struct AcceleratorOptions {
   // accel/runtime/launch/program.h).
   static AcceleratorOptions FromFlags();
 
+  // Sets the fields kwargs_handlers name (the Accelerator calls it first).
+  void ApplyKwargsHandlers();
   // UsageError naming the option for a value out of range.
   void Validate() const;
   // Takes the flag-backed options the user gave (command line or launch

@@ -7,10 +7,15 @@
 namespace accel {
 
 AutocastScope::AutocastScope(c10::DeviceType device,
-                             std::optional<c10::ScalarType> dtype)
+                             std::optional<c10::ScalarType> dtype,
+                             std::optional<bool> cache_enabled)
     : device_(device) {
   if (!dtype) return;
   active_ = true;
+  if (cache_enabled) {
+    previous_cache_enabled_ = at::autocast::is_autocast_cache_enabled();
+    at::autocast::set_autocast_cache_enabled(*cache_enabled);
+  }
   was_enabled_ = compat::AutocastEnabled(device_);
   previous_dtype_ = compat::AutocastDtype(device_);
   compat::SetAutocastDtype(device_, *dtype);
@@ -22,7 +27,8 @@ AutocastScope::AutocastScope(AutocastScope&& other) noexcept
     : active_(other.active_),
       device_(other.device_),
       was_enabled_(other.was_enabled_),
-      previous_dtype_(other.previous_dtype_) {
+      previous_dtype_(other.previous_dtype_),
+      previous_cache_enabled_(other.previous_cache_enabled_) {
   other.active_ = false;
 }
 
@@ -32,6 +38,9 @@ AutocastScope::~AutocastScope() {
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
   compat::SetAutocastEnabled(device_, was_enabled_);
   compat::SetAutocastDtype(device_, previous_dtype_);
+  if (previous_cache_enabled_) {
+    at::autocast::set_autocast_cache_enabled(*previous_cache_enabled_);
+  }
 }
 
 }  // namespace accel

@@ -23,8 +23,11 @@ namespace accel {
 
 class AutocastScope {
  public:
-  // No effect when `dtype` is empty (mixed precision "no").
-  AutocastScope(c10::DeviceType device, std::optional<c10::ScalarType> dtype);
+  // No effect when `dtype` is empty (mixed precision "no"). `cache_enabled`
+  // (AutocastKwargs): whether casted weights are kept for the scope;
+  // empty leaves LibTorch's setting (on by default).
+  AutocastScope(c10::DeviceType device, std::optional<c10::ScalarType> dtype,
+                std::optional<bool> cache_enabled = std::nullopt);
   ~AutocastScope();
   AutocastScope(AutocastScope&& other) noexcept;
   AutocastScope(const AutocastScope&) = delete;
@@ -36,6 +39,7 @@ class AutocastScope {
   c10::DeviceType device_ = c10::DeviceType::CPU;
   bool was_enabled_ = false;
   c10::ScalarType previous_dtype_ = c10::ScalarType::Undefined;
+  std::optional<bool> previous_cache_enabled_;  // Set when we changed it.
 };
 
 }  // namespace accel
