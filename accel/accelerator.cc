@@ -95,10 +95,12 @@ Accelerator::Accelerator(AcceleratorOptions options)
   const GradientSyncOptions& sync = options_.gradient_sync;
   if (options_.zero_stage >= 2 && env_.rank == 0 &&
       (sync.find_unused_parameters || sync.static_graph ||
-       !sync.gradient_as_bucket_view)) {
+       !sync.gradient_as_bucket_view ||
+       sync.comm_hook != DDPCommunicationHookType::kNo)) {
     ACCEL_LOG(WARNING)
         << "DistributedDataParallelKwargs' find_unused_parameters, "
-           "static_graph and gradient_as_bucket_view apply to DDP's "
+           "static_graph, gradient_as_bucket_view and comm_hook apply to "
+           "DDP's "
            "reduction (zero_stage 0 and 1); zero_stage "
         << options_.zero_stage
         << " reduces each gradient into its shard, and a parameter no "

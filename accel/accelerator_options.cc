@@ -124,6 +124,7 @@ struct HandlerApplier {
     sync.find_unused_parameters = ddp.find_unused_parameters;
     sync.gradient_as_bucket_view = ddp.gradient_as_bucket_view;
     sync.static_graph = ddp.static_graph;
+    sync.comm_hook = ddp.comm_hook;
   }
   void operator()(const InitProcessGroupKwargs& process_group) {
     name = "InitProcessGroupKwargs";

@@ -15,6 +15,8 @@ namespace accel {
 struct GradientSynchronizer::State {
   struct Bucket {
     torch::Tensor flat;  // Gradients of this bucket's parameters, packed.
+    // What travels under a compression hook: flat / N in 16 bits.
+    torch::Tensor compressed;
     std::vector<size_t> members;  // Indices into parameters.
     size_t pending = 0;           // Members whose gradient has not arrived.
     std::shared_ptr<Work> work;
@@ -46,6 +48,7 @@ struct GradientSynchronizer::State {
   std::unique_ptr<GradientReadyHooks> hooks;
   std::mutex mutex;
   size_t next_to_launch = 0;
+  uint64_t bytes_reduced = 0;
   bool enabled = true;
   bool step_started = false;
   CallSite site;
@@ -75,12 +78,47 @@ struct GradientSynchronizer::State {
     while (next_to_launch < buckets.size() &&
            buckets[next_to_launch].pending == 0) {
       Bucket& bucket = buckets[next_to_launch++];
-      CollectiveOptions options;
-      options.api = "backward";
-      options.site = site;
+      CollectiveOptions call;
+      call.api = "backward";
+      call.site = site;
+      const torch::Tensor& payload = Compress(bucket);
+      bytes_reduced += payload.numel() * payload.element_size();
       bucket.work = comm.allreduce_async(
-          bucket.flat.data_ptr(), static_cast<size_t>(bucket.flat.numel()),
-          ToDType(bucket.flat.scalar_type()), ReduceOp::kSum, options);
+          payload.data_ptr(), static_cast<size_t>(payload.numel()),
+          ToDType(payload.scalar_type()), ReduceOp::kSum, call);
+    }
+  }
+
+  // The tensor a bucket's allreduce sums: the bucket itself, or under a
+  // compression hook its share of the average in 16 bits (divided first,
+  // as torch's hooks, so that the sum cannot overflow float16).
+  const torch::Tensor& Compress(Bucket& bucket) {
+    const auto type = bucket.flat.scalar_type();
+    if (options.comm_hook == DDPCommunicationHookType::kNo ||
+        (type != torch::kFloat32 && type != torch::kFloat64)) {
+      return bucket.flat;
+    }
+    torch::NoGradGuard no_grad;
+    if (!bucket.compressed.defined()) {
+      bucket.compressed = torch::empty_like(
+          bucket.flat, options.comm_hook == DDPCommunicationHookType::kFp16
+                           ? torch::kFloat16
+                           : torch::kBFloat16);
+    }
+    bucket.compressed.copy_(bucket.flat);
+    bucket.compressed.div_(comm.size());
+    return bucket.compressed;
+  }
+
+  // After the allreduces: every bucket holds its average.
+  void Average() {
+    torch::NoGradGuard no_grad;
+    for (auto& bucket : buckets) {
+      if (bucket.compressed.defined()) {
+        bucket.flat.copy_(bucket.compressed);
+      } else {
+        bucket.flat.div_(comm.size());
+      }
     }
   }
 
@@ -122,11 +160,11 @@ struct GradientSynchronizer::State {
     for (size_t index = 0; index < slots.size(); ++index) {
       used[index] = slots[index].used ? 1 : 0;
     }
-    CollectiveOptions options;
-    options.api = "backward (find_unused_parameters)";
-    options.site = site;
+    CollectiveOptions call;
+    call.api = "backward (find_unused_parameters)";
+    call.site = site;
     used_work = comm.allreduce_async(used, slots.size(), DType::kUInt8,
-                                     ReduceOp::kMax, options);
+                                     ReduceOp::kMax, call);
   }
 
   // What finish() waits for: every bucket, and the usage agreement.
@@ -283,6 +321,11 @@ size_t GradientSynchronizer::num_buckets() const {
   return state_->buckets.size();
 }
 
+uint64_t GradientSynchronizer::bytes_reduced() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->bytes_reduced;
+}
+
 size_t GradientSynchronizer::buckets_launched() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
   return state_->next_to_launch;
@@ -358,9 +401,8 @@ void GradientSynchronizer::finish() {
     s.ResetStep();
     std::rethrow_exception(failure);
   }
-  torch::NoGradGuard no_grad;
   // The gradients are views of the buckets: this averages them.
-  for (auto& bucket : s.buckets) bucket.flat.div_(s.comm.size());
+  s.Average();
   std::lock_guard<std::mutex> lock(s.mutex);
   s.PlaceGradients();
   s.ResetStep();

@@ -39,6 +39,15 @@
 
 namespace accel {
 
+// torch DDP's communication hooks that compress each bucket for its
+// allreduce (Accelerate's DDPCommunicationHookType FP16 and BF16): the
+// bucket is divided by the number of processes, cast to the 16-bit type,
+// summed in it, and cast back. Half the bytes travel; each gradient
+// carries the 16-bit type's rounding (about 3 significant digits for fp16,
+// 2 for bf16, whose range is float32's). Buckets of other dtypes than
+// float32 and float64 travel as they are.
+enum class DDPCommunicationHookType { kNo, kFp16, kBf16 };
+
 struct GradientSyncOptions {
   // As torch DDP: a small first bucket so that communication starts early,
   // then buckets of up to bucket_cap_bytes.
@@ -63,6 +72,7 @@ struct GradientSyncOptions {
   // gradients are tensors of their own, copied out of the buckets (one
   // more gradient's worth of memory and a copy per step; torch's default).
   bool gradient_as_bucket_view = true;
+  DDPCommunicationHookType comm_hook = DDPCommunicationHookType::kNo;
 };
 
 // Which parameters share a bucket: indices into `parameters` (those that
@@ -116,6 +126,9 @@ class GradientSynchronizer : public GradientReducer {
   bool enabled() const override;
 
   size_t num_buckets() const;
+  // Bytes handed to the bucket allreduces since construction (what the
+  // hooks halve; a ring allreduce sends 2 (N - 1) / N of them per rank).
+  uint64_t bytes_reduced() const;
   // Buckets whose allreduce has started in the current step (all of them
   // by the end of a backward in which every parameter got a gradient).
   size_t buckets_launched() const;

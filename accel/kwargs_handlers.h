@@ -21,6 +21,7 @@
 #include <variant>
 
 #include "accel/grad_scaler.h"
+#include "accel/gradient_sync.h"
 
 namespace accel {
 
@@ -34,6 +35,8 @@ struct DistributedDataParallelKwargs {
   // then copies, one more gradient's worth of memory).
   bool gradient_as_bucket_view = true;
   bool static_graph = false;
+  // FP16 or BF16 compression of each bucket (accel/gradient_sync.h).
+  DDPCommunicationHookType comm_hook = DDPCommunicationHookType::kNo;
 };
 
 // Accelerate's InitProcessGroupKwargs: the backend (empty: --backend's)
