@@ -125,6 +125,7 @@ struct HandlerApplier {
     sync.gradient_as_bucket_view = ddp.gradient_as_bucket_view;
     sync.static_graph = ddp.static_graph;
     sync.comm_hook = ddp.comm_hook;
+    sync.powersgd = ddp.comm_state_option;
   }
   void operator()(const InitProcessGroupKwargs& process_group) {
     name = "InitProcessGroupKwargs";

@@ -17,6 +17,7 @@ struct GradientSynchronizer::State {
     torch::Tensor flat;  // Gradients of this bucket's parameters, packed.
     // What travels under a compression hook: flat / N in 16 bits.
     torch::Tensor compressed;
+    std::unique_ptr<PowerSgdBucket> powersgd;
     std::vector<size_t> members;  // Indices into parameters.
     size_t pending = 0;           // Members whose gradient has not arrived.
     std::shared_ptr<Work> work;
@@ -49,6 +50,7 @@ struct GradientSynchronizer::State {
   std::mutex mutex;
   size_t next_to_launch = 0;
   uint64_t bytes_reduced = 0;
+  int64_t synced_steps = 0;  // Steps finish() averaged (PowerSGD's start).
   bool enabled = true;
   bool step_started = false;
   CallSite site;
@@ -78,6 +80,7 @@ struct GradientSynchronizer::State {
     while (next_to_launch < buckets.size() &&
            buckets[next_to_launch].pending == 0) {
       Bucket& bucket = buckets[next_to_launch++];
+      if (PowerSgdRuns()) continue;  // finish() reduces it.
       CollectiveOptions call;
       call.api = "backward";
       call.site = site;
@@ -89,12 +92,47 @@ struct GradientSynchronizer::State {
     }
   }
 
+  // Whether this step's buckets go through PowerSGD: from its start step,
+  // the same on every rank.
+  bool PowerSgdRuns() const {
+    return options.comm_hook == DDPCommunicationHookType::kPowerSgd &&
+           synced_steps >= options.powersgd.start_powerSGD_iter;
+  }
+
+  // PowerSGD's reduction of every floating bucket, in order, after the
+  // usage agreement (the others are summed whole, divided in Average()).
+  void ReduceWithPowerSgd() {
+    CollectiveOptions call;
+    call.api = "backward (PowerSGD)";
+    call.site = site;
+    for (auto& bucket : buckets) {
+      const auto type = bucket.flat.scalar_type();
+      if (type != torch::kFloat32 && type != torch::kFloat64) {
+        bytes_reduced += bucket.flat.numel() * bucket.flat.element_size();
+        bucket.work = comm.allreduce_async(
+            bucket.flat.data_ptr(), static_cast<size_t>(bucket.flat.numel()),
+            ToDType(type), ReduceOp::kSum, call);
+        continue;
+      }
+      if (!bucket.powersgd) {
+        std::vector<std::vector<int64_t>> shapes;
+        for (size_t index : bucket.members) {
+          shapes.push_back(parameters[index].sizes().vec());
+        }
+        bucket.powersgd =
+            std::make_unique<PowerSgdBucket>(options.powersgd, shapes);
+      }
+      bytes_reduced += bucket.powersgd->Reduce(comm, bucket.flat, call);
+    }
+  }
+
   // The tensor a bucket's allreduce sums: the bucket itself, or under a
   // compression hook its share of the average in 16 bits (divided first,
   // as torch's hooks, so that the sum cannot overflow float16).
   const torch::Tensor& Compress(Bucket& bucket) {
     const auto type = bucket.flat.scalar_type();
     if (options.comm_hook == DDPCommunicationHookType::kNo ||
+        options.comm_hook == DDPCommunicationHookType::kPowerSgd ||
         (type != torch::kFloat32 && type != torch::kFloat64)) {
       return bucket.flat;
     }
@@ -116,10 +154,11 @@ struct GradientSynchronizer::State {
     for (auto& bucket : buckets) {
       if (bucket.compressed.defined()) {
         bucket.flat.copy_(bucket.compressed);
-      } else {
+      } else if (!(bucket.powersgd && PowerSgdRuns())) {
         bucket.flat.div_(comm.size());
       }
     }
+    ++synced_steps;
   }
 
   // Makes parameter `index`'s gradient its view of the bucket, copying what
@@ -246,6 +285,9 @@ GradientSynchronizer::GradientSynchronizer(
   State& s = *state_;
   s.options = options;
   if (options.static_graph) s.options.find_unused_parameters = true;
+  if (options.comm_hook == DDPCommunicationHookType::kPowerSgd) {
+    PowerSgdBucket(options.powersgd, {});  // Checks the options now.
+  }
   if (options.broadcast_buffers) {
     for (const torch::Tensor& buffer : buffers) {
       if (!buffer.defined() || buffer.numel() == 0) continue;
@@ -389,6 +431,13 @@ void GradientSynchronizer::finish() {
     s.LaunchUsageAgreement();
   }
   std::exception_ptr failure = buffer_failure;
+  if (s.PowerSgdRuns()) {
+    try {
+      s.ReduceWithPowerSgd();
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
+  }
   for (auto* work : s.StepWorks()) {
     try {
       work->wait();

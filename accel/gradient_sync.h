@@ -35,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "accel/powersgd.h"
 #include "accel/runtime/comm/communicator.h"
 
 namespace accel {
@@ -46,7 +47,10 @@ namespace accel {
 // carries the 16-bit type's rounding (about 3 significant digits for fp16,
 // 2 for bf16, whose range is float32's). Buckets of other dtypes than
 // float32 and float64 travel as they are.
-enum class DDPCommunicationHookType { kNo, kFp16, kBf16 };
+// kPowerSgd: accel/powersgd.h, with GradientSyncOptions::powersgd; its
+// steps reduce each bucket after backward (three allreduces: the members
+// sent whole, the Ps, the Qs) rather than during it.
+enum class DDPCommunicationHookType { kNo, kFp16, kBf16, kPowerSgd };
 
 struct GradientSyncOptions {
   // As torch DDP: a small first bucket so that communication starts early,
@@ -73,6 +77,7 @@ struct GradientSyncOptions {
   // more gradient's worth of memory and a copy per step; torch's default).
   bool gradient_as_bucket_view = true;
   DDPCommunicationHookType comm_hook = DDPCommunicationHookType::kNo;
+  PowerSgdOptions powersgd;  // For kPowerSgd.
 };
 
 // Which parameters share a bucket: indices into `parameters` (those that

@@ -35,8 +35,10 @@ struct DistributedDataParallelKwargs {
   // then copies, one more gradient's worth of memory).
   bool gradient_as_bucket_view = true;
   bool static_graph = false;
-  // FP16 or BF16 compression of each bucket (accel/gradient_sync.h).
+  // FP16 or BF16 compression of each bucket, or PowerSGD
+  // (accel/gradient_sync.h), with PowerSGD's options.
   DDPCommunicationHookType comm_hook = DDPCommunicationHookType::kNo;
+  PowerSgdOptions comm_state_option;
 };
 
 // Accelerate's InitProcessGroupKwargs: the backend (empty: --backend's)

@@ -11,6 +11,7 @@
 
 #include "accel/gradient_sync.h"
 #include "tests/multiprocess_main.h"
+#include "tests/usage_error.h"
 
 namespace accel::testing {
 namespace {
@@ -343,11 +344,13 @@ struct HookedRun {
 
 // 4 epochs of SGD on Halves, the gradients synchronized through `hook`;
 // the accuracy over the whole set, the bytes given to the allreduces.
-HookedRun TrainWithHook(DDPCommunicationHookType hook) {
+HookedRun TrainWithHook(DDPCommunicationHookType hook,
+                        PowerSgdOptions powersgd = {}) {
   Accelerator& accelerator = SharedAccelerator();
   torch::nn::Sequential model = MakeModel();
   GradientSyncOptions options;
   options.comm_hook = hook;
+  options.powersgd = powersgd;
   GradientSynchronizer sync(accelerator.communicator(), model->parameters(),
                             options);
   torch::optim::SGD optimizer(model->parameters(),
@@ -412,6 +415,66 @@ TEST(DdpTest, CompressionHooksHalveTheBytesAndStillLearn) {
     // Measured at 1-3 processes: fp16 up to 1.5e-4, bf16 up to 0.064.
     EXPECT_LT(worst, fp16 ? 0.002 : 0.2);
   }
+}
+
+TEST(DdpTest, PowerSgdSendsAThirdOnceStartedAndStillLearns) {
+  const HookedRun plain = TrainWithHook(DDPCommunicationHookType::kNo);
+  PowerSgdOptions powersgd;
+  powersgd.start_powerSGD_iter = 10;
+  const HookedRun hooked =
+      TrainWithHook(DDPCommunicationHookType::kPowerSgd, powersgd);
+  std::printf(
+      "comm hook PowerSGD rank 1 from step 10: accuracy %.4f (none "
+      "%.4f), %llu bytes (none %llu)\n",
+      hooked.accuracy, plain.accuracy,
+      static_cast<unsigned long long>(hooked.bytes),
+      static_cast<unsigned long long>(plain.bytes));
+  EXPECT_NEAR(hooked.accuracy, plain.accuracy, 0.05);
+  // 10 plain steps of 418 floats; then the 32 x 10 weight travels as
+  // 32 + 10 numbers, and the 2 x 32 one and the biases (98 numbers) gain
+  // too little and travel whole: 140 floats a step.
+  const uint64_t steps = plain.bytes / (418 * sizeof(float));
+  EXPECT_EQ(hooked.bytes, (10 * 418 + (steps - 10) * 140) * sizeof(float));
+  // Before its start step PowerSGD is a plain allreduce, bit for bit.
+  powersgd.start_powerSGD_iter = 1 << 20;
+  const HookedRun late =
+      TrainWithHook(DDPCommunicationHookType::kPowerSgd, powersgd);
+  EXPECT_EQ(late.bytes, plain.bytes);
+  for (size_t i = 0; i < plain.parameters.size(); ++i) {
+    EXPECT_TRUE(torch::equal(late.parameters[i], plain.parameters[i]));
+  }
+}
+
+TEST(DdpTest, PowerSgdReproducesARankOneGradientExactly) {
+  Communicator& comm = SharedAccelerator().communicator();
+  PowerSgdOptions options;
+  options.use_error_feedback = false;
+  PowerSgdBucket bucket(options, {{12, 7}, {5}});
+  torch::manual_seed(9);  // The same gradient on every rank.
+  torch::Tensor matrix = torch::outer(torch::randn({12}), torch::randn({7}));
+  torch::Tensor bias = torch::randn({5});
+  torch::Tensor flat = torch::cat({matrix.reshape({-1}), bias});
+  const torch::Tensor expected = flat.clone();
+  const uint64_t bytes = bucket.Reduce(comm, flat, {});
+  EXPECT_TRUE(torch::allclose(flat, expected, 1e-5, 1e-6))
+      << (flat - expected).abs().max().item<float>();
+  EXPECT_EQ(bytes, (12 + 7 + 5) * sizeof(float));
+}
+
+TEST(DdpTest, PowerSgdRefusesARankBelowOne) {
+  PowerSgdOptions options;
+  options.matrix_approximation_rank = 0;
+  GradientSyncOptions sync;
+  sync.comm_hook = DDPCommunicationHookType::kPowerSgd;
+  sync.powersgd = options;
+  torch::nn::Linear linear(3, 3);
+  EXPECT_THAT(
+      UsageErrorOf([&] {
+        GradientSynchronizer(SharedAccelerator().communicator(),
+                             linear->parameters(), sync);
+      }),
+      ::testing::HasSubstr(
+          "PowerSGD: matrix_approximation_rank must be at least 1, found 0"));
 }
 
 // A model with BatchNorm (running mean and variance, a step count) trained
