@@ -122,7 +122,7 @@ Accelerator::Accelerator(AcceleratorOptions options)
   if (gpu >= 0 && !options_.cpu) device_ = torch::Device(torch::kCUDA, gpu);
 
   state_->num_processes = num_processes();
-  state_->split_batches = options_.split_batches;
+  state_->split_batches = options_.dataloader_config.split_batches;
   state_->agree_metric = [this](double metric) {
     return AgreeOnMetric(metric);
   };
@@ -597,7 +597,7 @@ Accelerator::FreedMemory Accelerator::ForgetPreparedObjects(
   state_->prepared.Clear();
   save_hooks_.clear();
   load_hooks_.clear();
-  state_->split_batches = options_.split_batches;
+  state_->split_batches = options_.dataloader_config.split_batches;
   return freed;
 }
 

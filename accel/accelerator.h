@@ -110,8 +110,13 @@ class Accelerator {
   bool multi_device() const {
     return distributed_type() == DistributedType::kMultiGpu;
   }
-  bool split_batches() const { return options_.split_batches; }
-  bool even_batches() const { return options_.even_batches; }
+  bool split_batches() const {
+    return options_.dataloader_config.split_batches;
+  }
+  bool even_batches() const { return options_.dataloader_config.even_batches; }
+  const DataLoaderConfiguration& dataloader_config() const {
+    return options_.dataloader_config;
+  }
   // 0 (DDP) to 3 (parameters sharded too): options' zero_stage.
   int zero_stage() const { return options_.zero_stage; }
   // The communication backend in use ("gloo", "nccl").
@@ -557,10 +562,12 @@ class Accelerator {
       return AcceleratedOptimizer<U>(state_, PrepareOptimizer(object));
     } else if constexpr (detail::IsDataLoader<U>::value) {
       U configured = object;
-      if (options_.split_batches)
-        configured.mutable_options().split_batches = true;
-      if (!options_.even_batches)
-        configured.mutable_options().even_batches = false;
+      const DataLoaderConfiguration& config = options_.dataloader_config;
+      DataLoaderOptions& loader = configured.mutable_options();
+      if (config.split_batches) loader.split_batches = true;
+      if (!config.even_batches) loader.even_batches = false;
+      if (config.data_seed) loader.seed = *config.data_seed;
+      if (!config.non_blocking) loader.pin_memory = false;
       U sharded = configured.Shard(
           process_index(), num_processes(), device_,
           std::shared_ptr<GradientState>(state_, &state_->gradients));

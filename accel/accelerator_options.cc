@@ -187,6 +187,13 @@ void AcceleratorOptions::Validate() const {
         "cpu (--cpu) asks to train on the CPU, but backend (--backend) is "
         "nccl, which runs on GPUs; use --backend=gloo (or auto) with --cpu");
   }
+  if (!options.dataloader_config.use_seedable_sampler ||
+      !options.dataloader_config.use_stateful_dataloader) {
+    throw UsageError(
+        "dataloader_config: use_seedable_sampler and use_stateful_dataloader "
+        "cannot be false: accel's data loaders always shuffle from their "
+        "seed and always record their position for save_state");
+  }
   if (options.total_limit < 0) {
     throw UsageError("total_limit must not be negative, found " +
                      std::to_string(options.total_limit));

@@ -35,6 +35,28 @@ int ParseShardingStrategy(const std::string& text);
 // asks for; a UsageError naming the flags when they disagree.
 int ZeroStageFromFlags();
 
+// Accelerate's DataLoaderConfiguration: what prepare() changes in every
+// data loader it prepares, over the loader's own DataLoaderOptions.
+struct DataLoaderConfiguration {
+  // Each batch is split across processes (batch_size is the global batch),
+  // whatever the loader's own split_batches says.
+  bool split_batches = false;
+  // When false, the last batches are not padded to the same count on every
+  // process, whatever the loader's own even_batches says.
+  bool even_batches = true;
+  // accel's loaders always shuffle from their seed and always record their
+  // position for save_state: false asks for what accel does not have
+  // (a UsageError says so).
+  bool use_seedable_sampler = true;
+  bool use_stateful_dataloader = true;
+  // When set, the shuffling seed of every prepared loader (each keeps its
+  // own DataLoaderOptions::seed otherwise).
+  std::optional<uint64_t> data_seed;
+  // Batches for a GPU in pinned memory with asynchronous copies; false
+  // turns the loaders' pin_memory off.
+  bool non_blocking = true;
+};
+
 struct AcceleratorOptions {
   // "gloo", "nccl", or "auto": nccl when it is linked and a GPU is visible.
   std::string backend = "auto";
@@ -51,12 +73,8 @@ struct AcceleratorOptions {
   int gradient_accumulation_steps = 1;
   // The last batch of a data loader always ends an accumulation cycle.
   bool sync_with_dataloader = true;
-  // Prepared data loaders split each batch across processes, whatever their
-  // own DataLoaderOptions::split_batches says.
-  bool split_batches = false;
-  // When false, prepared data loaders do not pad the last batches to the
-  // same count on every process, whatever their own options say.
-  bool even_batches = true;
+  // How prepared data loaders shard (Accelerate's dataloader_config).
+  DataLoaderConfiguration dataloader_config;
   // Default timeout of every collective (per call: CollectiveOptions).
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
   // How long ranks wait for each other to start.

@@ -1,7 +1,8 @@
-// Accelerate's kwargs handlers at 1-3 processes: an Accelerator made with
-// DistributedDataParallelKwargs(find_unused_parameters), InitProcessGroupKwargs
-// (timeout) and AutocastKwargs(cache_enabled) behaves as they say, and the
-// handlers set the AcceleratorOptions fields they name.
+// Accelerate's kwargs handlers and dataloader_config at 1-3 processes: an
+// Accelerator made with DistributedDataParallelKwargs(find_unused_parameters),
+// InitProcessGroupKwargs(timeout), AutocastKwargs(cache_enabled) and a
+// DataLoaderConfiguration(data_seed, non_blocking) behaves as they say, and
+// the handlers set the AcceleratorOptions fields they name.
 #include "accel/kwargs_handlers.h"
 
 #include <ATen/autocast_mode.h>
@@ -27,6 +28,8 @@ AcceleratorOptions TestAcceleratorOptions() {
   AutocastKwargs autocast_kwargs;
   autocast_kwargs.cache_enabled = false;
   options.kwargs_handlers = {ddp_kwargs, process_group_kwargs, autocast_kwargs};
+  options.dataloader_config.data_seed = 77;
+  options.dataloader_config.non_blocking = false;
   return options;
 }
 
@@ -91,6 +94,45 @@ TEST(KwargsHandlersTest, AutocastKwargsReachEveryScope) {
     EXPECT_EQ(linear->forward(torch::ones({1, 4})).scalar_type(),
               torch::kFloat32);
   }
+}
+
+class Indices {
+ public:
+  torch::Tensor get(size_t i) { return torch::full({1}, static_cast<int>(i)); }
+  size_t size() const { return 64; }
+};
+
+// This rank's first epoch of a prepared loader whose own seed is `seed`.
+std::vector<int> PreparedOrder(uint64_t seed, bool* pinned) {
+  DataLoaderOptions options;
+  options.batch_size = 4;
+  options.shuffle = true;
+  options.seed = seed;
+  auto loader = A().prepare(DataLoader<Indices>(Indices(), options));
+  *pinned = loader.options().pin_memory;
+  std::vector<int> order;
+  for (auto& batch : loader) {
+    for (int64_t i = 0; i < batch.size(0); ++i) {
+      order.push_back(batch[i].item<int>());
+    }
+  }
+  return order;
+}
+
+TEST(KwargsHandlersTest, DataSeedAndNonBlockingReachEveryPreparedLoader) {
+  bool pinned = true;
+  const std::vector<int> first = PreparedOrder(1, &pinned);
+  EXPECT_FALSE(pinned);                         // non_blocking = false.
+  EXPECT_EQ(PreparedOrder(2, &pinned), first);  // data_seed wins.
+  A().free_memory();
+}
+
+TEST(KwargsHandlersTest, WhatAccelsLoadersAlwaysAreCannotBeTurnedOff) {
+  AcceleratorOptions options;
+  options.dataloader_config.use_seedable_sampler = false;
+  EXPECT_THAT(UsageErrorOf([&] { options.Validate(); }),
+              HasSubstr("use_seedable_sampler and use_stateful_dataloader "
+                        "cannot be false"));
 }
 
 TEST(KwargsHandlersTest, EachHandlerSetsTheFieldsItNames) {

@@ -33,7 +33,7 @@ class Numbered {
 
 int Main(int argc, char** argv) {
   accel::AcceleratorOptions options = accel::AcceleratorOptions::FromFlags();
-  options.split_batches = FLAGS_split_batches;
+  options.dataloader_config.split_batches = FLAGS_split_batches;
   accel::Accelerator accelerator(options);
   torch::nn::Linear model(1, 1);
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.01));
