@@ -62,9 +62,12 @@ pass() { printf 'PASS %-44s %s\n' "$1" "${2:-}"; }
 fail() {
   printf 'FAIL %-44s %s\n' "$1" "$2"
   FAILS=$((FAILS + 1))
-  if [ -n "${3:-}" ] && [ -f "$3" ]; then
-    sed 's/^/    | /' "$3" | tail -15
-  fi
+  local log
+  for log in "${@:3}"; do  # Each log named shows its last lines.
+    [ -f "$log" ] || continue
+    [ $# -gt 3 ] && echo "    $(basename "$log"):"
+    sed 's/^/    | /' "$log" | tail -15
+  done
 }
 
 # The lines of a run that must not depend on how it was started (those that
@@ -389,10 +392,22 @@ if wanted machines; then
         --output_dir="$WORK/$name" ; echo "exit=$? at=$(date +%s)" >>"$WORK/$name.m1") 2>/dev/null &
       pid1=$!
       PIDS+=($pid0 $pid1)
+      started=0
       for i in $(seq 100); do
-        grep -q "Epoch 2 " "$WORK/$name.m0" "$WORK/$name.m1" 2>/dev/null && break
+        grep -q "Epoch 2 " "$WORK/$name.m0" "$WORK/$name.m1" 2>/dev/null &&
+          started=1 && break
         sleep 0.3
       done
+      if [ $started = 0 ]; then
+        fail "machines: machine $gone vanishes, named" \
+          "training did not reach epoch 2 within 30 s" "$WORK/$name.m0" \
+          "$WORK/$name.m1"
+        for pid in $(ip netns pids "$NS0") $(ip netns pids "$NS1"); do
+          kill -9 "$pid" 2>/dev/null
+        done
+        wait $pid0 $pid1 2>/dev/null
+        continue
+      fi
       vanished=$(date +%s)
       ip netns exec "$ns_gone" iptables -A INPUT -j DROP
       ip netns exec "$ns_gone" iptables -A OUTPUT -j DROP
@@ -422,7 +437,8 @@ if wanted machines; then
       if [ "$took" -le 30 ]; then
         pass "machines: machine $gone vanishes, named" "(${took} s after it vanished; limit 30 s)"
       else
-        fail "machines: machine $gone vanishes, named" "${took} s" "$left_log"
+        fail "machines: machine $gone vanishes, named" "${took} s" "$left_log" \
+          "$WORK/$name.m$gone"
       fi
     done
   fi

@@ -103,6 +103,10 @@ int Connect(const std::string& host, int port,
   const auto deadline = Clock::now() + timeout;
   std::string last_error = "no address";
   auto backoff = std::chrono::milliseconds(10);
+  // One attempt waits at most this long, so a SYN that was lost (a neighbour
+  // entry not yet resolved, a full accept queue) costs a fresh attempt
+  // rather than the kernel's retransmission schedule (1, 3, 7, 15, 31 s).
+  auto attempt_limit = std::chrono::milliseconds(1000);
   while (true) {
     AddrInfoPtr info = Resolve(host, port, /*passive=*/false);
     for (addrinfo* ai = info.get(); ai != nullptr; ai = ai->ai_next) {
@@ -114,14 +118,21 @@ int Connect(const std::string& host, int port,
       int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
       if (rc != 0 && errno == EINPROGRESS) {
         pollfd pfd{fd, POLLOUT, 0};
-        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-            deadline - Clock::now());
+        const auto left =
+            std::min(attempt_limit,
+                     std::chrono::duration_cast<std::chrono::milliseconds>(
+                         deadline - Clock::now()));
         const int ready = poll(&pfd, 1, std::max<int64_t>(0, left.count()));
         int err = ETIMEDOUT;
         socklen_t len = sizeof(err);
         if (ready == 1) getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
         rc = err == 0 ? 0 : -1;
         errno = err;
+        // A slow path gets longer attempts; refusals retry at the backoff.
+        if (err == ETIMEDOUT) {
+          attempt_limit =
+              std::min(attempt_limit * 2, std::chrono::milliseconds(8000));
+        }
       }
       if (rc == 0) {
         fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
