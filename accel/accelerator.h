@@ -119,6 +119,8 @@ class Accelerator {
   }
   // 0 (DDP) to 3 (parameters sharded too): options' zero_stage.
   int zero_stage() const { return options_.zero_stage; }
+  // The ProfileKwargs given to the options (or their kwargs_handlers).
+  const ProfileKwargs& profile_handler() const { return options_.profile; }
   // The communication backend in use ("gloo", "nccl").
   const std::string& backend() const { return backend_; }
   // "no", "bf16" or "fp16", as Accelerate's state prints it.

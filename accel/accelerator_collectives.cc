@@ -1,5 +1,8 @@
 // The Accelerator's collectives: tensors, synchronization points, triggers
-// and preemption (see accelerator.h).
+// and preemption (see accelerator.h). Each opens a LibTorch profiler scope
+// ("accel::gather", ...), so accel::Profiler shows the time spent in them.
+#include <ATen/record_function.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -19,6 +22,7 @@ CollectiveOptions Accelerator::At(CallSite site, const char* api) const {
 
 torch::Tensor Accelerator::GatherOne(const torch::Tensor& tensor, CallSite site,
                                      const char* api, bool drop_duplicates) {
+  RECORD_USER_SCOPE("accel::gather");
   torch::Tensor gathered = Gather(communicator(), tensor, At(site, api));
   if (!drop_duplicates || gathered.dim() == 0) return gathered;
   const int64_t keep = SamplesToKeep(gathered.size(0));
@@ -36,11 +40,13 @@ int64_t Accelerator::SamplesToKeep(int64_t gathered) const {
 torch::Tensor Accelerator::ReduceOne(const torch::Tensor& tensor,
                                      const std::string& reduction,
                                      CallSite site) {
+  RECORD_USER_SCOPE("accel::reduce");
   return ReduceTensor(communicator(), tensor, reduction, At(site));
 }
 
 torch::Tensor Accelerator::BroadcastOne(const torch::Tensor& tensor,
                                         int from_process, CallSite site) {
+  RECORD_USER_SCOPE("accel::broadcast");
   return BroadcastTensor(communicator(), tensor, from_process, At(site));
 }
 
@@ -52,6 +58,7 @@ torch::Tensor Accelerator::pad_across_processes(const torch::Tensor& tensor,
 }
 
 void Accelerator::wait_for_everyone(CallSite site) {
+  RECORD_USER_SCOPE("accel::wait_for_everyone");
   communicator().barrier(At(site, "wait_for_everyone"));
 }
 

@@ -142,6 +142,10 @@ struct HandlerApplier {
     name = "AutocastKwargs";
     options.autocast = autocast;
   }
+  void operator()(const ProfileKwargs& profile) {
+    name = "ProfileKwargs";
+    options.profile = profile;
+  }
 };
 
 }  // namespace

@@ -114,6 +114,9 @@ struct AcceleratorOptions {
   std::string fsdp_layer_to_wrap;
   // Mixed precision's autocast (Accelerate's AutocastKwargs).
   AutocastKwargs autocast;
+  // What accel::Profiler(accelerator) profiles (Accelerate's ProfileKwargs
+  // handler; accel/profiler.h).
+  ProfileKwargs profile;
   // Accelerate's kwargs_handlers (accel/kwargs_handlers.h): each sets the
   // fields above that it names, at construction, before the flags are
   // adopted. UsageError for two of one kind or a bucket_cap_mb <= 0.

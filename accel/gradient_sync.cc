@@ -1,5 +1,6 @@
 #include "accel/gradient_sync.h"
 
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
@@ -397,6 +398,8 @@ void GradientSynchronizer::begin_backward() {
 }
 
 void GradientSynchronizer::finish() {
+  // What backward waited for the buckets, in accel::Profiler's table.
+  RECORD_USER_SCOPE("accel::gradient_sync");
   State& s = *state_;
   std::exception_ptr buffer_failure;
   for (auto& group : s.buffer_groups) {

@@ -11,11 +11,13 @@
 //
 // Each handler sets the AcceleratorOptions fields it names (the DDP one
 // gradient_sync, the process group's backend and timeout, the scaler's
-// scaler, autocast's autocast); setting those fields directly does the
-// same. As in Accelerate, at most one handler of each kind.
+// scaler, autocast's autocast, the profiler's profile); setting those
+// fields directly does the same. As in Accelerate, at most one handler of
+// each kind.
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 #include <variant>
@@ -60,8 +62,40 @@ struct AutocastKwargs {
   std::optional<bool> cache_enabled;
 };
 
+class Profiler;
+
+// torch.profiler.schedule's steps: skip_first steps first, then cycles of
+// `wait` steps unrecorded, `warmup` steps with the profiler running but
+// kept out of the trace, and `active` recorded steps; after each cycle the
+// trace is ready. repeat = 0: cycles until the profiler stops.
+struct ProfileSchedule {
+  int wait = 0;
+  int warmup = 0;
+  int active = 1;  // >= 1.
+  int repeat = 0;
+  int skip_first = 0;
+};
+
+// Accelerate's ProfileKwargs, for accel::Profiler (accel/profiler.h): CPU
+// activity only (Debian's LibTorch has no Kineto, so no CUDA timeline).
+struct ProfileKwargs {
+  // Each operator's input shapes (key_averages(true) groups by them).
+  bool record_shapes = false;
+  // The CPU memory each operator allocates (the table's memory columns).
+  bool profile_memory = false;
+  // Empty: one trace from construction to stop().
+  std::optional<ProfileSchedule> schedule_option;
+  // Called when a trace is ready (the end of each scheduled cycle, or
+  // stop()); the profiler's key_averages() and export_chrome_trace() then
+  // show that trace.
+  std::function<void(Profiler&)> on_trace_ready;
+  // Non-empty: stop() writes <output_trace_dir>/profile_<process_index>.json
+  // (a Chrome trace, as Accelerate's) and waits for every process.
+  std::string output_trace_dir;
+};
+
 using KwargsHandler =
     std::variant<DistributedDataParallelKwargs, InitProcessGroupKwargs,
-                 GradScalerKwargs, AutocastKwargs>;
+                 GradScalerKwargs, AutocastKwargs, ProfileKwargs>;
 
 }  // namespace accel
