@@ -420,8 +420,14 @@ void Accelerator::backward(const torch::Tensor& loss, CallSite site) {
           "gone); prepare them together: prepare(model, optimizer)");
     }
   }
+  if (joining_ &&
+      std::any_of(synchronizers.begin(), synchronizers.end(),
+                  [](GradientReducer* s) { return s->enabled(); })) {
+    CountRanksTraining(true);  // join_uneven_inputs: this rank trains.
+  }
   for (GradientReducer* synchronizer : synchronizers) {
     synchronizer->set_call_site(site);
+    synchronizer->set_deferred(joining_);
     synchronizer->begin_backward();
   }
   scaled.backward();

@@ -78,6 +78,7 @@
 
 namespace accel {
 
+class Accelerator;
 class CheckpointManager;
 class ProcessGroup;
 class TrackerSet;
@@ -86,6 +87,37 @@ class TrackerSet;
 enum class DistributedType { kNo, kMultiCpu, kMultiGpu };
 // "NO", "MULTI_CPU", "MULTI_GPU", as Accelerate prints them.
 const char* DistributedTypeName(DistributedType type);
+
+// A prepared model named in join_uneven_inputs' joinables (any model type
+// prepare() takes), so that `{model}` ports Python's `[model]`.
+struct Joinable {
+  template <typename Model>
+  Joinable(const Model& model)  // NOLINT: implicit, for braced lists.
+      : module(detail::ModulePointer(model)) {}
+  const torch::nn::Module* module;
+};
+
+// What join_uneven_inputs returns: while it lives, the prepared models'
+// gradient syncs may see ranks run out of batches; its end waits for the
+// others (see join_uneven_inputs).
+class [[nodiscard]] JoinScope {
+ public:
+  JoinScope() = default;
+  JoinScope(JoinScope&& other) noexcept;
+  JoinScope& operator=(JoinScope&&) = delete;
+  // The join, unless the scope is left by an exception (the other
+  // processes then learn of the failure from this one).
+  ~JoinScope() noexcept(false);
+  // Whether ranks may run out of batches at different steps (even_batches
+  // off, several processes).
+  bool enabled() const { return joining_; }
+
+ private:
+  friend class Accelerator;
+  Accelerator* accelerator_ = nullptr;
+  bool joining_ = false;
+  int exceptions_ = 0;
+};
 
 class Accelerator {
  public:
@@ -189,7 +221,7 @@ class Accelerator {
   // gradient sync is off for the scope.
   template <typename... Models>
   NoSyncScope accumulate(Models&... models) {
-    state_->gradients.Advance();
+    state_->gradients.Advance(/*at_loader_end=*/!joining_);
     NoSyncScope scope;
     if (!state_->gradients.sync_gradients()) {
       (scope.Add(SynchronizerOf(detail::ModulePointer(models), "accumulate")),
@@ -205,6 +237,30 @@ class Accelerator {
     scope.Add(SynchronizerOf(detail::ModulePointer(model), "no_sync"));
     return scope;
   }
+  // Accelerate's join_uneven_inputs (torch's Join over DDP): inside the
+  // scope, prepared loaders run with `even_batches` (default: the
+  // Accelerator's); with it off, ranks may get different numbers of
+  // batches. Each syncing backward then first counts the ranks still
+  // training (one small allreduce); a rank whose loop has ended waits at
+  // the scope's end, taking part in the others' gradient syncs with zero
+  // gradients (so each average is the sum over the ranks that trained,
+  // divided by num_processes, as DDP's default), until every rank is done;
+  // then every prepared model gets the parameters and buffers of a rank
+  // that trained to the end. Under gradient accumulation the end of a
+  // rank's loader does not force a sync (the ranks' loaders end at
+  // different steps): a rank that ran out in the middle of a cycle gives
+  // its unsynced gradients to the others' next sync; micro-steps left once
+  // every rank is done are not applied (a warning counts them), as under
+  // DDP's Join. Inside the scope the buckets are reduced after backward,
+  // model by model (the order a finishing rank can follow), so backward
+  // does not overlap communication there. Only backward's collectives are
+  // shadowed:
+  // other collectives inside the loop would meet a finished rank's count
+  // (the collective checks name both). `joinables` must be prepared models.
+  // UsageError under ZeRO (zero_stage > 0). With one process it only sets
+  // even_batches (a warning, as Accelerate's, when one is given).
+  JoinScope join_uneven_inputs(const std::vector<Joinable>& joinables,
+                               std::optional<bool> even_batches = {});
   // Syncs gradients in the scope's backward even inside no_sync (for a
   // model whose last micro-step must sync).
   template <typename... Models>
@@ -599,6 +655,18 @@ class Accelerator {
   void WithWholeParameters(const std::function<void()>& work);
   // The stage-3 optimizer sharding the model's parameters, or null.
   ZeroOptimizer* ParameterShardingOf(const torch::nn::Module& model) const;
+
+  // join_uneven_inputs' state (accelerator_join.cc).
+  friend class JoinScope;
+  void EndJoin(bool joining, bool unwinding);
+  std::vector<int64_t> CountRanksTraining(bool training);
+  void ShadowGradientSync(bool keep_gradients,
+                          const std::vector<int64_t>& counts);
+  void SyncFromLastTrainer(bool trained_last);
+  bool join_active_ = false;  // Inside a join_uneven_inputs scope.
+  bool joining_ = false;      // ... whose ranks may run out of batches.
+  std::vector<std::pair<std::shared_ptr<DataLoaderState>, std::optional<bool>>>
+      join_saved_even_batches_;
 
   // The gradient synchronizer of a prepared model (null with one process).
   GradientReducer* SynchronizerOf(const torch::nn::Module* model,

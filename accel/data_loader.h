@@ -318,9 +318,8 @@ class DataLoader {
     const size_t b = options_.batch_size;
     const size_t n = static_cast<size_t>(num_replicas_);
     if (options_.drop_last) {
-      samples =
-          options_.even_batches ? samples / (b * n) * (b * n) : samples / b * b;
-    } else if (options_.even_batches && n > 1 && samples > 0) {
+      samples = EvenBatches() ? samples / (b * n) * (b * n) : samples / b * b;
+    } else if (EvenBatches() && n > 1 && samples > 0) {
       samples = (samples + b * n - 1) / (b * n) * (b * n);
     }
     const size_t batches = (samples + b - 1) / b;
@@ -328,11 +327,15 @@ class DataLoader {
     return {samples, batches / n + (r < batches % n ? 1 : 0)};
   }
 
+  bool EvenBatches() const {
+    return state_->even_batches_override.value_or(options_.even_batches);
+  }
+
   // Real samples in the last global batch of a pass over `samples`, when
   // even_batches filled it up with duplicates (what gather_for_metrics
   // keeps); 0 when none were added.
   int64_t Remainder(size_t samples) const {
-    if (options_.drop_last || !options_.even_batches) return 0;
+    if (options_.drop_last || !EvenBatches()) return 0;
     return static_cast<int64_t>(samples % total_batch_size());
   }
 

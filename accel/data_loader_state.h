@@ -54,6 +54,9 @@ struct DataLoaderState {
   int64_t rank_batch_size = 1;
   int64_t num_replicas = 1;
   bool split_batches = false;
+  // join_uneven_inputs' even_batches, over the loader's own, for the
+  // passes that start while it is set.
+  std::optional<bool> even_batches_override;
 
   // The epoch to run next and the samples of it already done: what a
   // checkpoint records.

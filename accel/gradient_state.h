@@ -34,11 +34,20 @@ class GradientState {
   void set_sync_gradients(bool sync) { sync_gradients_ = sync; }
   // Micro-steps taken in the current accumulation cycle.
   int64_t step() const { return step_; }
+  // Whether micro-steps since the last sync hold unsynced gradients.
+  bool pending() const { return step_ % num_steps_ != 0; }
+  // Starts a new cycle (every rank at once: the end of a join).
+  void ResetCycle() {
+    step_ = 0;
+    sync_gradients_ = true;
+  }
 
   // Starts a micro-step (Accelerator::accumulate): syncs on every
-  // accumulation_steps-th one and at the end of the active data loader.
-  void Advance() {
-    if (sync_with_dataloader_ && end_of_dataloader()) {
+  // accumulation_steps-th one and, unless !at_loader_end (inside
+  // join_uneven_inputs, where ranks' loaders end at different steps), at
+  // the end of the active data loader.
+  void Advance(bool at_loader_end = true) {
+    if (at_loader_end && sync_with_dataloader_ && end_of_dataloader()) {
       step_ = 0;
       sync_gradients_ = true;
       return;

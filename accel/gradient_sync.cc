@@ -53,6 +53,7 @@ struct GradientSynchronizer::State {
   uint64_t bytes_reduced = 0;
   int64_t synced_steps = 0;  // Steps finish() averaged (PowerSGD's start).
   bool enabled = true;
+  bool deferred = false;  // Buckets launch in finish() only.
   bool step_started = false;
   CallSite site;
   GradientSyncOptions options;
@@ -184,7 +185,9 @@ struct GradientSynchronizer::State {
   void MarkArrived(size_t index) {
     slots[index].arrived = true;
     PlaceInBucket(index);
-    if (--buckets[slots[index].bucket].pending == 0) LaunchReady();
+    if (--buckets[slots[index].bucket].pending == 0 && !deferred) {
+      LaunchReady();
+    }
   }
 
   // find_unused_parameters: after every bucket (so that the ranks' queues
@@ -353,6 +356,11 @@ void GradientSynchronizer::set_enabled(bool enabled) {
   state_->enabled = enabled;
 }
 
+void GradientSynchronizer::set_deferred(bool deferred) {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->deferred = deferred;
+}
+
 void GradientSynchronizer::set_call_site(CallSite site) {
   std::lock_guard<std::mutex> lock(state_->mutex);
   state_->site = site;
@@ -431,6 +439,7 @@ void GradientSynchronizer::finish() {
       s.slots[index].had_gradient = s.parameters[index].grad().defined();
       s.MarkArrived(index);
     }
+    s.LaunchReady();  // Deferred: every bucket, in order.
     s.LaunchUsageAgreement();
   }
   std::exception_ptr failure = buffer_failure;

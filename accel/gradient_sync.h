@@ -106,6 +106,10 @@ class GradientReducer {
   // Where the backward that the next reductions belong to was called, for
   // their diagnostics.
   virtual void set_call_site(CallSite site) = 0;
+  // Deferred: the reductions all start in finish(), in a fixed order, not
+  // as gradients arrive (join_uneven_inputs: a rank that shadows the
+  // others' backward cannot follow the order their gradients arrive in).
+  virtual void set_deferred(bool /*deferred*/) {}
 };
 
 class GradientSynchronizer : public GradientReducer {
@@ -128,6 +132,7 @@ class GradientSynchronizer : public GradientReducer {
   void set_enabled(bool enabled) override;
   // The bucket allreduces are named "backward".
   void set_call_site(CallSite site) override;
+  void set_deferred(bool deferred) override;
   bool enabled() const override;
 
   size_t num_buckets() const;

@@ -81,6 +81,9 @@ class PreparedObjects {
   void DropSynchronizers();
   int scheduler_count() const { return static_cast<int>(schedulers_.size()); }
   int loader_count() const { return static_cast<int>(loaders_.size()); }
+  const std::vector<std::shared_ptr<DataLoaderState>>& loaders() const {
+    return loaders_;
+  }
   // Forgets everything (the objects stay the program's).
   void Clear();
 
