@@ -629,6 +629,17 @@ class Accelerator {
       U sharded = configured.Shard(
           process_index(), num_processes(), device_,
           std::shared_ptr<GradientState>(state_, &state_->gradients));
+      if (config.dispatch_batches && use_distributed()) {
+        if (!sharded.options().even_batches) {
+          throw UsageError(
+              "prepare: dataloader_config.dispatch_batches needs "
+              "even_batches: every process takes each batch the main "
+              "process sends");
+        }
+        sharded.DispatchFromMainProcess([this](const torch::Tensor& t) {
+          return FromMainProcessTensor(t);
+        });
+      }
       PrepareLoader(sharded.state(), sharded.options().split_batches);
       return sharded;
     } else if constexpr (detail::IsScheduler<U>::value) {
@@ -655,6 +666,10 @@ class Accelerator {
   void WithWholeParameters(const std::function<void()>& work);
   // The stage-3 optimizer sharding the model's parameters, or null.
   ZeroOptimizer* ParameterShardingOf(const torch::nn::Module& model) const;
+
+  // The main process's `tensor` (undefined elsewhere), on every rank, on
+  // this process's device: dispatch_batches' send.
+  torch::Tensor FromMainProcessTensor(const torch::Tensor& tensor);
 
   // join_uneven_inputs' state (accelerator_join.cc).
   friend class JoinScope;

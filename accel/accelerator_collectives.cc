@@ -4,6 +4,7 @@
 #include <ATen/record_function.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <string>
 
@@ -55,6 +56,41 @@ torch::Tensor Accelerator::pad_across_processes(const torch::Tensor& tensor,
                                                 bool pad_first, CallSite site) {
   return PadAcrossProcesses(communicator(), tensor, dim, pad_index, pad_first,
                             At(site));
+}
+
+torch::Tensor Accelerator::FromMainProcessTensor(const torch::Tensor& tensor) {
+  RECORD_USER_SCOPE("accel::dispatch_batches");
+  const CollectiveOptions options = At(CallSite::Here(), "dispatch_batches");
+  // dtype, dim, sizes: the others hold zeros, so a max is the main's.
+  constexpr int kMaxDims = 8;
+  std::array<int64_t, kMaxDims + 2> meta{};
+  torch::Tensor data;
+  if (is_main_process()) {
+    if (!tensor.defined() || tensor.dim() > kMaxDims) {
+      throw UsageError(
+          "dispatch_batches: a batch tensor must be defined and have at most " +
+          std::to_string(kMaxDims) + " dimensions");
+    }
+    data = tensor.to(device_).contiguous();
+    meta[0] = static_cast<int64_t>(data.scalar_type());
+    meta[1] = data.dim();
+    for (int64_t d = 0; d < data.dim(); ++d) meta[2 + d] = data.size(d);
+  }
+  AllreduceHostValues(communicator(), meta.data(), meta.size(), torch::kInt64,
+                      ReduceOp::kMax, options);
+  if (!is_main_process()) {
+    const std::vector<int64_t> sizes(meta.begin() + 2,
+                                     meta.begin() + 2 + meta[1]);
+    data =
+        torch::empty(sizes, torch::TensorOptions()
+                                .dtype(static_cast<torch::ScalarType>(meta[0]))
+                                .device(device_));
+  }
+  if (data.numel() > 0) {
+    communicator().broadcast(data.data_ptr(), static_cast<size_t>(data.numel()),
+                             ToDType(data.scalar_type()), /*root=*/0, options);
+  }
+  return data;
 }
 
 void Accelerator::wait_for_everyone(CallSite site) {

@@ -44,6 +44,10 @@ struct DataLoaderConfiguration {
   // When false, the last batches are not padded to the same count on every
   // process, whatever the loader's own even_batches says.
   bool even_batches = true;
+  // Only the main process reads the data: it makes every process's batch
+  // and sends it; the others read no sample (for a dataset only one
+  // machine can read, or a costly get()). Needs even_batches.
+  bool dispatch_batches = false;
   // accel's loaders always shuffle from their seed and always record their
   // position for save_state: false asks for what accel does not have
   // (a UsageError says so).

@@ -173,45 +173,70 @@ class DataLoader {
     ++state_->epoch;
     auto batches = BatchesOfEpoch(epoch, start_sample);
     const size_t first = std::min(batches.size(), skip_batches);
+    const bool dispatching = dispatch_ && num_replicas_ > 1;
+    if (dispatching && !EvenBatches()) {
+      throw UsageError(
+          "DataLoader: dispatch_batches needs even_batches: every process "
+          "must take each batch the main process sends");
+    }
+    if (dispatching && rank_ == 0) {
+      batches = GlobalBatchesOfEpoch(epoch, start_sample);
+    }
     state_->pass_start = static_cast<int64_t>(start_sample);
     state_->samples_per_batch = static_cast<int64_t>(total_batch_size());
     state_->dataset_size = static_cast<int64_t>(dataset_size_);
-    auto make = [dataset = dataset_, collate = collate_, device = device_,
-                 pin = options_.pin_memory, seed = options_.seed,
-                 epoch](const std::vector<int64_t>& ids) {
-      at::Generator& generator = data::SampleGenerator();
-      std::vector<Sample> samples;
-      samples.reserve(ids.size());
-      for (int64_t i : ids) {
-        generator.set_current_seed(data::SampleSeed(seed, epoch, i));
-        try {
-          samples.push_back(
-              data::GetSample(*dataset, static_cast<size_t>(i), generator));
-        } catch (...) {
-          data::RethrowWithContext("the data set's get(" + std::to_string(i) +
-                                   ") in epoch " + std::to_string(epoch));
-        }
+    typename Iterator::PassType::Make make =
+        [dataset = dataset_, collate = collate_, device = device_,
+         pin = options_.pin_memory, seed = options_.seed,
+         epoch](const std::vector<int64_t>& ids) {
+          at::Generator& generator = data::SampleGenerator();
+          std::vector<Sample> samples;
+          samples.reserve(ids.size());
+          for (int64_t i : ids) {
+            generator.set_current_seed(data::SampleSeed(seed, epoch, i));
+            try {
+              samples.push_back(
+                  data::GetSample(*dataset, static_cast<size_t>(i), generator));
+            } catch (...) {
+              data::RethrowWithContext("the data set's get(" +
+                                       std::to_string(i) + ") in epoch " +
+                                       std::to_string(epoch));
+            }
+          }
+          // Collate's own draws (mixup, ...) follow from the batch's first
+          // sample, under another seed than that sample's.
+          generator.set_current_seed(
+              ~data::SampleSeed(seed, epoch, ids.empty() ? 0 : ids.front()));
+          std::optional<Batch> batch;
+          try {
+            batch.emplace(collate(std::move(samples)));
+          } catch (...) {
+            data::RethrowWithContext("collating the batch of samples " +
+                                     data::ListSamples(ids) + " in epoch " +
+                                     std::to_string(epoch));
+          }
+          generator.set_current_seed(0);
+          data::MoveBatch(*batch, device, pin);
+          return std::move(*batch);
+        };
+    typename Iterator::PassType::Deliver deliver;
+    if (dispatching) {
+      // Only the main process reads samples; the others get their share of
+      // each batch it makes.
+      if (rank_ != 0) {
+        make = [](const std::vector<int64_t>&) { return Batch(); };
       }
-      // Collate's own draws (mixup, ...) follow from the batch's first
-      // sample, under another seed than that sample's.
-      generator.set_current_seed(
-          ~data::SampleSeed(seed, epoch, ids.empty() ? 0 : ids.front()));
-      std::optional<Batch> batch;
-      try {
-        batch.emplace(collate(std::move(samples)));
-      } catch (...) {
-        data::RethrowWithContext("collating the batch of samples " +
-                                 data::ListSamples(ids) + " in epoch " +
-                                 std::to_string(epoch));
+      if constexpr (data::Dispatchable<Batch>::value) {
+        deliver = [from_main = dispatch_, rank = rank_,
+                   n = num_replicas_](Batch batch) {
+          return data::DispatchBatch(batch, from_main, rank, n);
+        };
       }
-      generator.set_current_seed(0);
-      data::MoveBatch(*batch, device, pin);
-      return std::move(*batch);
-    };
+    }
     auto pass = std::make_shared<typename Iterator::PassType>(
         std::move(make), std::move(batches), first, options_.num_workers,
         options_.prefetch_factor, state_, gradient_state_,
-        Remainder(dataset_size_ - start_sample));
+        Remainder(dataset_size_ - start_sample), std::move(deliver));
     current_pass_ = pass;
     return Iterator(std::move(pass), first);
   }
@@ -253,11 +278,42 @@ class DataLoader {
   std::shared_ptr<DataLoaderState> state() const { return state_; }
   Dataset& dataset() { return *dataset_; }
 
+  // Accelerate's dispatch_batches (set by prepare()): the main process
+  // makes every process's batch and `from_main` sends it (returns the main
+  // process's tensor on every rank); the others read no sample. Batches of
+  // the default collate's types only (a UsageError otherwise).
+  void DispatchFromMainProcess(data::FromMainProcess from_main) {
+    if constexpr (!data::Dispatchable<Batch>::value) {
+      throw UsageError(
+          "dispatch_batches: the main process can send batches of "
+          "torch::Tensor, torch::data::Example<> or std::map<std::string, "
+          "torch::Tensor> only, not this loader's collated type");
+    }
+    dispatch_ = std::move(from_main);
+  }
+  bool dispatches_batches() const { return static_cast<bool>(dispatch_); }
+
+  // The batches of every rank, step by step: batch k holds rank 0's k-th
+  // batch, then rank 1's, ... (what the main process makes under
+  // dispatch_batches).
+  std::vector<std::vector<int64_t>> GlobalBatchesOfEpoch(
+      int64_t epoch, size_t start_sample = 0) const {
+    const std::vector<std::vector<int64_t>> all =
+        BatchesOfEpoch(epoch, start_sample, /*every_rank=*/true);
+    const size_t n = static_cast<size_t>(num_replicas_);
+    std::vector<std::vector<int64_t>> global((all.size() + n - 1) / n);
+    for (size_t i = 0; i < all.size(); ++i) {
+      global[i / n].insert(global[i / n].end(), all[i].begin(), all[i].end());
+    }
+    return global;
+  }
+
   // This rank's batches (sample indices) of `epoch`, or of what is left of
   // it after the first `start_sample` samples of its order (a resumed
-  // epoch, laid out over this loader's processes as a fresh one would be).
+  // epoch, laid out over this loader's processes as a fresh one would be);
+  // every_rank: all ranks' batches, in order.
   std::vector<std::vector<int64_t>> BatchesOfEpoch(
-      int64_t epoch, size_t start_sample = 0) const {
+      int64_t epoch, size_t start_sample = 0, bool every_rank = false) const {
     std::vector<int64_t> order(dataset_size_);
     if (options_.shuffle) {
       auto generator = at::make_generator<at::CPUGeneratorImpl>(
@@ -282,7 +338,7 @@ class DataLoader {
     std::vector<std::vector<int64_t>> batches;
     size_t index = 0;
     for (size_t start = 0; start < plan.samples; start += b, ++index) {
-      if (index % n != static_cast<size_t>(rank_)) continue;
+      if (!every_rank && index % n != static_cast<size_t>(rank_)) continue;
       const size_t stop = std::min(plan.samples, start + b);
       batches.emplace_back(pass.begin() + start, pass.begin() + stop);
     }
@@ -350,6 +406,7 @@ class DataLoader {
   torch::Device device_ = torch::kCPU;
   std::optional<int64_t> skip_next_;
   std::weak_ptr<data::Pass<Sample, Batch>> current_pass_;
+  data::FromMainProcess dispatch_;
 };
 
 }  // namespace accel

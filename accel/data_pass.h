@@ -170,6 +170,70 @@ inline void MoveBatch(std::map<std::string, torch::Tensor>& batch,
 template <typename Batch>
 void MoveBatch(Batch&, torch::Device, bool) {}
 
+// dispatch_batches: `from_main` returns the main process's tensor on every
+// rank (it is given an undefined one elsewhere); each rank keeps its share
+// of dim 0: rank r of n the r-th of n equal parts.
+using FromMainProcess = std::function<torch::Tensor(const torch::Tensor&)>;
+
+inline torch::Tensor ShareOf(const torch::Tensor& global, int rank, int n) {
+  const int64_t rows = global.dim() == 0 ? 0 : global.size(0);
+  if (rows % n != 0) {
+    throw DataError(
+        "DataLoader: dispatch_batches: the main process's batch "
+        "has " +
+        std::to_string(rows) +
+        " rows, not a multiple of the number of processes (" +
+        std::to_string(n) + ")");
+  }
+  return global.narrow(0, rank * (rows / n), rows / n);
+}
+
+// Which batch types dispatch_batches can send (those the default collate
+// makes).
+template <typename Batch>
+struct Dispatchable : std::false_type {};
+template <>
+struct Dispatchable<torch::Tensor> : std::true_type {};
+template <>
+struct Dispatchable<torch::data::Example<>> : std::true_type {};
+template <>
+struct Dispatchable<std::map<std::string, torch::Tensor>> : std::true_type {};
+
+inline torch::Tensor DispatchBatch(const torch::Tensor& batch,
+                                   const FromMainProcess& from_main, int rank,
+                                   int n) {
+  return ShareOf(from_main(batch), rank, n);
+}
+inline torch::data::Example<> DispatchBatch(const torch::data::Example<>& batch,
+                                            const FromMainProcess& from_main,
+                                            int rank, int n) {
+  return {ShareOf(from_main(batch.data), rank, n),
+          ShareOf(from_main(batch.target), rank, n)};
+}
+// The keys travel first, as the bytes of "key\0key\0...".
+inline std::map<std::string, torch::Tensor> DispatchBatch(
+    const std::map<std::string, torch::Tensor>& batch,
+    const FromMainProcess& from_main, int rank, int n) {
+  torch::Tensor keys;
+  if (rank == 0) {
+    std::string joined;
+    for (const auto& [key, value] : batch) joined += key + '\0';
+    keys = torch::empty({static_cast<int64_t>(joined.size())}, torch::kUInt8);
+    std::copy(joined.begin(), joined.end(), keys.data_ptr<uint8_t>());
+  }
+  const torch::Tensor all_keys = from_main(keys).to(torch::kCPU);
+  const char* bytes = reinterpret_cast<const char*>(all_keys.data_ptr());
+  std::map<std::string, torch::Tensor> mine;
+  for (int64_t start = 0; start < all_keys.numel();) {
+    const std::string key(bytes + start);
+    const auto it = batch.find(key);
+    mine[key] = ShareOf(
+        from_main(it == batch.end() ? torch::Tensor() : it->second), rank, n);
+    start += static_cast<int64_t>(key.size()) + 1;
+  }
+  return mine;
+}
+
 template <typename Dataset>
 size_t SizeOf(const Dataset& dataset) {
   const auto size = dataset.size();  // c10::optional in torch's datasets.
@@ -189,11 +253,16 @@ template <typename Sample, typename Batch>
 class Pass {
  public:
   using Make = std::function<Batch(const std::vector<int64_t>&)>;
+  // Runs on the thread that iterates, on each batch made (dispatch_batches'
+  // collectives, which must come in order on one thread).
+  using Deliver = std::function<Batch(Batch)>;
 
   Pass(Make make, std::vector<std::vector<int64_t>> batches, size_t first,
        size_t workers, size_t prefetch, std::shared_ptr<DataLoaderState> state,
-       std::shared_ptr<GradientState> gradient_state, int64_t remainder)
+       std::shared_ptr<GradientState> gradient_state, int64_t remainder,
+       Deliver deliver = nullptr)
       : make_(std::move(make)),
+        deliver_(std::move(deliver)),
         batches_(std::move(batches)),
         next_to_make_(first),
         consumed_(first),
@@ -230,6 +299,7 @@ class Pass {
     if (current_position_ != position || !current_) {
       current_.reset();
       current_ = workers_.empty() ? make_(batches_[position]) : Take(position);
+      if (deliver_) current_ = deliver_(std::move(*current_));
       current_position_ = position;
       state_->position = static_cast<int64_t>(position) + 1;
       if (position + 1 == batches_.size() && gradient_state_) {
@@ -285,6 +355,7 @@ class Pass {
   }
 
   const Make make_;
+  const Deliver deliver_;
   const std::vector<std::vector<int64_t>> batches_;
   std::optional<Batch> current_;
   size_t current_position_ = 0;
