@@ -654,6 +654,69 @@ TEST_P(ConformanceFailureTest,
       options);
 }
 
+// How long an interrupting rank keeps its connections open, below.
+constexpr std::chrono::seconds kHoldBack(6);
+
+TEST_P(ConformanceFailureTest,
+       InterruptedCollectivesFailOnEveryRankAndRenewConnectsAgain) {
+  RankOptions options;
+  options.timeout = std::chrono::seconds(30);
+  for (int world_size : {2, 3})
+    Run(
+        world_size,
+        [](Communicator& comm) {
+          auto sum = [&] {
+            int32_t value = comm.rank() + 1;
+            comm.allreduce(&value, 1, DType::kInt32, ReduceOp::kSum);
+            return value;
+          };
+          const int32_t expected = comm.size() * (comm.size() + 1) / 2;
+          EXPECT_EQ(sum(), expected);
+          // Twice: rank 0 gives up, then the last rank, each leaving the
+          // others in a collective it never calls.
+          for (int quitter : {0, comm.size() - 1}) {
+            const int generation = comm.generation();
+            const auto start = std::chrono::steady_clock::now();
+            if (comm.rank() == quitter) {
+              comm.Interrupt("the test gives up");
+              // First the others' watchdogs must find the interruption in
+              // the store; then they learn it from connections that close.
+              if (quitter == 0) std::this_thread::sleep_for(kHoldBack);
+            } else {
+              try {
+                comm.barrier();
+                ADD_FAILURE()
+                    << "a barrier without rank " << quitter << " did not fail";
+              } catch (const InterruptedError& e) {
+                EXPECT_EQ(e.failed_rank(), quitter);
+                EXPECT_THAT(e.what(), HasSubstr("barrier #"));
+                EXPECT_THAT(e.what(),
+                            HasSubstr("rank " + std::to_string(quitter) +
+                                      " interrupted the collectives of every "
+                                      "rank: the test gives up"));
+              }
+              // Broken now: later calls fail at once, with the same cause.
+              EXPECT_THROW(sum(), InterruptedError);
+            }
+            if (comm.rank() != quitter) {
+              // Before rank 0 closed its connections, in the first round.
+              EXPECT_LT(std::chrono::steady_clock::now() - start,
+                        quitter == 0 ? kHoldBack - std::chrono::seconds(1)
+                                     : std::chrono::seconds(10));
+            }
+            comm.Renew();
+            EXPECT_EQ(comm.generation(), generation + 1);
+            EXPECT_EQ(sum(), expected) << "after renewal " << generation + 1;
+            // Numbered from 1 again, so the first is the next call's #2.
+            std::vector<int32_t> all(comm.size());
+            int32_t mine = comm.rank();
+            comm.allgather(&mine, all.data(), 1, DType::kInt32);
+            for (int r = 0; r < comm.size(); ++r) EXPECT_EQ(all[r], r);
+          }
+        },
+        options);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, ConformanceFailureTest,
                          ::testing::ValuesIn(GetConformanceSetup().backends),
                          [](const ::testing::TestParamInfo<std::string>& info) {

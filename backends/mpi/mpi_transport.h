@@ -83,6 +83,7 @@ class MpiTransport : public Transport {
   void RunBarrier(const Op& op) override;
   void Abort() override;
   [[noreturn]] void OnBroken(const std::string& message) override;
+  bool renewable() const override { return false; }
 
  private:
   // Starts a non-blocking collective under the MPI lock and polls it until

@@ -52,6 +52,14 @@ class UnreachableError : public PeerError {
   using PeerError::PeerError;
 };
 
+// Another rank interrupted the collectives on purpose (Communicator::
+// Interrupt), to start the work again on every rank: find_executable_batch_
+// size does when one rank ran out of memory. failed_rank() is that rank.
+class InterruptedError : public PeerError {
+ public:
+  using PeerError::PeerError;
+};
+
 // A checkpoint is missing, partial, corrupt or does not match the model.
 class CheckpointError : public Error {
  public:
@@ -83,6 +91,8 @@ class DataError : public Error {
     throw TimeoutError(prefix + e.what());
   } catch (const UnreachableError& e) {
     throw UnreachableError(prefix + e.what(), e.failed_rank());
+  } catch (const InterruptedError& e) {
+    throw InterruptedError(prefix + e.what(), e.failed_rank());
   } catch (const PeerError& e) {
     throw PeerError(prefix + e.what(), e.failed_rank());
   } catch (const CheckpointError& e) {

@@ -42,15 +42,24 @@ std::string Concat(std::initializer_list<std::string_view> parts) {
 }  // namespace
 
 Communicator::Communicator(std::unique_ptr<Transport> transport,
-                           const BackendContext& context)
+                           const BackendContext& context,
+                           TransportFactory factory)
     : rank_(context.rank),
       size_(context.size),
       timeout_(context.options.timeout),
       checks_enabled_(context.options.check_collectives),
+      context_(context),
+      factory_(std::move(factory)),
       transport_(std::move(transport)) {
   if (transport_ == nullptr) {
     throw UsageError("Communicator: the backend made no transport");
   }
+  Start(context);
+}
+
+Communicator::~Communicator() { Stop(); }
+
+void Communicator::Start(const BackendContext& context) {
   watchdog_ = std::make_unique<Watchdog>(
       context,
       context.store
@@ -59,8 +68,6 @@ Communicator::Communicator(std::unique_ptr<Transport> transport,
       [this] { transport_->RequestAbort(); });
   worker_ = std::thread([this] { WorkerLoop(); });
 }
-
-Communicator::~Communicator() { Stop(); }
 
 void Communicator::Stop() {
   {
@@ -71,6 +78,84 @@ void Communicator::Stop() {
   work_available_.notify_all();
   if (worker_.joinable()) worker_.join();
   watchdog_.reset();
+}
+
+void Communicator::Interrupt(const std::string& reason) {
+  if (watchdog_ != nullptr) watchdog_->Interrupt(reason);
+}
+
+void Communicator::Renew() {
+  if (factory_ == nullptr || !transport_->renewable()) {
+    FailUsage("renew", "the " + backend_name() +
+                           " backend cannot rebuild its communicator after "
+                           "an interrupted collective (MPI cannot cancel "
+                           "one); use --backend=gloo");
+  }
+  // A collective still running here waits for ranks that have left it.
+  transport_->RequestAbort();
+  Stop();
+  transport_.reset();
+  ++generation_;
+  // Keys of their own: the old generation's statuses, connection
+  // addresses and interruption stay apart from the new one's.
+  BackendContext context = context_;
+  if (context.store != nullptr) {
+    context.store = std::make_shared<PrefixStore>(
+        "renewed/" + std::to_string(generation_), context_.store);
+  }
+  context.connect_timeout = std::chrono::milliseconds(0);
+  transport_ = factory_(context);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.clear();
+    next_sequence_ = 1;
+    stopping_ = false;
+    executing_ = false;
+    broken_ = nullptr;
+  }
+  Start(context);
+}
+
+std::vector<std::string> Communicator::ExchangeThroughStore(
+    const std::string& mine) {
+  std::vector<std::string> values(size_);
+  const std::string prefix = "exchange/" + std::to_string(++exchanges_) + "/";
+  if (size_ == 1 || context_.store == nullptr) {
+    values[rank_] = mine;
+    return values;
+  }
+  Store& store = *context_.store;
+  store.set(prefix + std::to_string(rank_), mine);
+  std::vector<bool> have(size_, false);
+  const auto deadline = Clock::now() + timeout_;
+  while (true) {
+    std::string missing;
+    for (int r = 0; r < size_; ++r) {
+      if (!have[r]) {
+        if (std::optional<std::string> value =
+                store.try_get(prefix + std::to_string(r))) {
+          values[r] = std::move(*value);
+          have[r] = true;
+        } else {
+          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        }
+      }
+    }
+    if (missing.empty()) return values;
+    for (const auto& [r, how] : store.departures()) {
+      if (r != rank_ && !have[r]) {
+        throw PeerError(Where() + "exchange through the store: rank " +
+                            std::to_string(r) + " left the job first",
+                        r);
+      }
+    }
+    if (Clock::now() >= deadline) {
+      throw TimeoutError(Where() + "exchange through the store: rank(s) " +
+                         missing + " gave nothing within " +
+                         std::to_string(timeout_.count()) + " ms");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
 }
 
 std::string Communicator::Where() const {
@@ -449,14 +534,18 @@ std::exception_ptr Communicator::Failed(const Op& op,
                            std::to_string(op.sequence) + " (" +
                            op.site.ToString() + "): ";
   if (error == nullptr) {
-    std::string cause = "unknown error";
+    const std::string not_run =
+        what + "not run because an earlier collective failed: ";
     try {
       std::rethrow_exception(broken_);
+    } catch (const InterruptedError& e) {
+      return std::make_exception_ptr(
+          InterruptedError(not_run + e.what(), e.failed_rank()));
     } catch (const std::exception& e) {
-      cause = e.what();
+      return std::make_exception_ptr(PeerError(not_run + e.what()));
+    } catch (...) {
     }
-    return std::make_exception_ptr(PeerError(
-        what + "not run because an earlier collective failed: " + cause));
+    return std::make_exception_ptr(PeerError(not_run + "unknown error"));
   }
   try {
     std::rethrow_exception(error);
@@ -464,12 +553,22 @@ std::exception_ptr Communicator::Failed(const Op& op,
     return std::make_exception_ptr(UsageError(what + e.what()));
   } catch (const std::exception& e) {
     // The watchdog's verdict, when it aborted the call, is the cause.
-    if (std::optional<Watchdog::Verdict> verdict = watchdog_->TakeVerdict()) {
-      broken_ =
-          verdict->kind == Watchdog::Verdict::Kind::kMismatch
-              ? std::make_exception_ptr(UsageError(what + verdict->reason))
-              : std::make_exception_ptr(
-                    PeerError(what + verdict->reason, verdict->rank));
+    std::optional<Watchdog::Verdict> verdict = watchdog_->TakeVerdict();
+    if (!verdict) verdict = watchdog_->ReadInterruption();
+    if (verdict) {
+      switch (verdict->kind) {
+        case Watchdog::Verdict::Kind::kMismatch:
+          broken_ = std::make_exception_ptr(UsageError(what + verdict->reason));
+          break;
+        case Watchdog::Verdict::Kind::kInterrupted:
+          broken_ = std::make_exception_ptr(
+              InterruptedError(what + verdict->reason, verdict->rank));
+          break;
+        case Watchdog::Verdict::Kind::kDeparted:
+          broken_ = std::make_exception_ptr(
+              PeerError(what + verdict->reason, verdict->rank));
+          break;
+      }
     } else {
       broken_ = watchdog_->Diagnose(what, op, e);
     }

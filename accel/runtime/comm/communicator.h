@@ -65,11 +65,17 @@ class Work {
   uint64_t sequence_;
 };
 
+// Makes a backend's transport for one rank (registry.h registers them).
+using TransportFactory =
+    std::function<std::unique_ptr<Transport>(const BackendContext&)>;
+
 class Communicator {
  public:
   // Takes the backend's transport, already joined with the other ranks.
+  // With `factory` (CreateCommunicator passes the backend's), Renew() can
+  // build a new one.
   Communicator(std::unique_ptr<Transport> transport,
-               const BackendContext& context);
+               const BackendContext& context, TransportFactory factory = {});
   ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -132,6 +138,35 @@ class Communicator {
                      const CollectiveOptions& options = {});
   uint64_t barrier(const CollectiveOptions& options = {});
 
+  // Starting the work again on every rank, after one rank gave it up (it
+  // ran out of memory, say) while the others may wait in collectives it
+  // will never call:
+  //
+  //   comm.Interrupt("rank 0 ran out of memory");  // On the rank that quit.
+  //   ... every rank: the work ends (the others' collectives fail with
+  //   InterruptedError within about check_after) and the ranks agree,
+  //   through the store, to start again ...
+  //   comm.Renew();                                 // Every rank.
+  //
+  // Interrupt() makes the collectives that wait on every rank (this one's
+  // included, and those called later) fail with InterruptedError naming
+  // this rank and `reason` once they have waited check_after, or at once
+  // when this rank's Renew() closes its connections.
+  void Interrupt(const std::string& reason);
+  // Collective (every rank calls it, after its work has ended): fails the
+  // operations still queued or running here, drops the transport and makes
+  // a new one with fresh connections, over keys of its own in the store.
+  // Then the communicator works again, numbering collectives from 1.
+  // UsageError when the backend cannot (MPI cannot cancel a collective).
+  void Renew();
+  // How many times Renew() ran.
+  int generation() const { return generation_; }
+  // Collective over the store alone, so it works while the communicator is
+  // broken (between Interrupt and Renew): every rank gives `mine`; returns
+  // every rank's, in rank order. PeerError when a rank left the job first,
+  // TimeoutError naming the ranks missing after the communicator's timeout.
+  std::vector<std::string> ExchangeThroughStore(const std::string& mine);
+
   // "[gloo] rank 0/2: gather #3 (train.cc:75): ", the prefix of every
   // message about one call, for errors found in a collective's result.
   std::string DescribeCall(const CollectiveOptions& options, const char* name,
@@ -179,6 +214,8 @@ class Communicator {
   // Stops the worker (queued operations fail) and the watchdog, before the
   // transport goes.
   void Stop();
+  // Makes the watchdog and starts the worker, over `context`'s store.
+  void Start(const BackendContext& context);
   // Runs one operation; returns its error, if any.
   template <typename Fn>
   std::exception_ptr Execute(const Op& op, Fn& task);
@@ -198,6 +235,10 @@ class Communicator {
   const int size_;
   const std::chrono::milliseconds timeout_;
   const bool checks_enabled_;
+  const BackendContext context_;  // As the first transport got it.
+  const TransportFactory factory_;
+  int generation_ = 0;
+  int exchanges_ = 0;  // ExchangeThroughStore calls, the same on every rank.
   // Declared first, destroyed last: the worker and the watchdog use it.
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<Watchdog> watchdog_;

@@ -105,7 +105,7 @@ std::unique_ptr<Communicator> CreateCommunicator(
     throw UsageError("unknown backend '" + name + "'; available backends: " +
                      (available.empty() ? "(none linked)" : available));
   }
-  return std::make_unique<Communicator>(factory(context), context);
+  return std::make_unique<Communicator>(factory(context), context, factory);
 }
 
 }  // namespace accel

@@ -146,6 +146,9 @@ class Transport {
   // From another thread: make the running operation fail soon.
   virtual void Abort() {}
   virtual void OnBroken(const std::string& message) {}
+  // Whether Communicator::Renew may drop this transport after an aborted
+  // operation and build another (MPI cannot cancel a collective).
+  virtual bool renewable() const { return true; }
 
  protected:
   explicit Transport(const BackendContext& context);

@@ -1,6 +1,7 @@
 #include "accel/runtime/comm/watchdog.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 
@@ -29,6 +30,9 @@ std::string Seconds(Clock::duration d) {
       std::chrono::duration_cast<std::chrono::milliseconds>(d).count() / 100;
   return std::to_string(tenths / 10) + "." + std::to_string(tenths % 10) + " s";
 }
+
+// Set by Watchdog::Interrupt: "<rank>\n<reason>".
+constexpr const char* kInterruptionKey = "interrupted";
 
 // When several ranks left, the one to blame: one that did not simply exit.
 void Blame(int rank, const Departure& how, int* failed_rank) {
@@ -244,7 +248,40 @@ std::string Watchdog::AwaitDepartures(int* failed_rank) {
   }
 }
 
+void Watchdog::Interrupt(const std::string& reason) {
+  if (store_ == nullptr || size_ == 1) return;
+  store_->set(kInterruptionKey, std::to_string(rank_) + "\n" + reason);
+}
+
+std::optional<Watchdog::Verdict> Watchdog::ReadInterruption() {
+  if (store_ == nullptr || size_ == 1) return std::nullopt;
+  std::optional<std::string> value;
+  try {
+    value = store_->try_get(kInterruptionKey);
+  } catch (const std::exception&) {
+    return std::nullopt;  // TakePicture reports what matters about the store.
+  }
+  if (!value) return std::nullopt;
+  const size_t newline = value->find('\n');
+  const int rank = std::atoi(value->substr(0, newline).c_str());
+  const std::string reason =
+      newline == std::string::npos ? "" : value->substr(newline + 1);
+  return Verdict{Verdict::Kind::kInterrupted,
+                 "rank " + std::to_string(rank) +
+                     " interrupted the collectives of every rank: " + reason,
+                 rank};
+}
+
 void Watchdog::Check(const RankStatus& mine) {
+  if (std::optional<Verdict> interruption = ReadInterruption()) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (status_.sequence != mine.sequence || !status_.running) return;
+      verdict_ = std::move(interruption);
+    }
+    abort_();
+    return;
+  }
   const Picture picture = TakePicture(mine);
   std::string reason;
   bool mismatch = false;

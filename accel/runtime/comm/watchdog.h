@@ -41,10 +41,10 @@ class Watchdog {
  public:
   // Why the watchdog aborted the running operation.
   struct Verdict {
-    enum class Kind { kMismatch, kDeparted };
+    enum class Kind { kMismatch, kDeparted, kInterrupted };
     Kind kind;
     std::string reason;  // "ranks called different collectives: ...".
-    int rank = -1;       // The rank that left, when one did.
+    int rank = -1;       // The rank that left (or interrupted), if known.
   };
 
   // `store` null, or one rank: no thread, and Diagnose() knows only this
@@ -59,6 +59,15 @@ class Watchdog {
   // here (a lower bound on every rank's progress, see Completed).
   void Running(const Transport::Op& op);
   void Finished(const Transport::Op& op, bool succeeded);
+
+  // Makes the collectives of every rank that wait (from check_after on)
+  // fail with a kInterrupted verdict naming this rank and `reason`.
+  void Interrupt(const std::string& reason);
+
+  // Whether a rank interrupted the collectives: a kInterrupted verdict.
+  // For a failure without a verdict (the interrupting rank may have closed
+  // its connections before this rank's watchdog looked).
+  std::optional<Verdict> ReadInterruption();
 
   // The verdict behind an abort of the operation `sequence`, once.
   std::optional<Verdict> TakeVerdict();
