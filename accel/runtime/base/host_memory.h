@@ -27,4 +27,11 @@ namespace accel {
 // trim_threshold), whose choice wins. Returns what it did, for the logs.
 std::string ReuseFreedHostMemory();
 
+// Undoes ReuseFreedHostMemory (glibc's defaults: large blocks mapped on
+// their own, the heap trimmed) and hands back what the heap holds free now.
+// For a process that ran out of memory and tries again with less: memory
+// kept for reuse is split among malloc's arenas and sizes, so a try that
+// needs less could still fail where the same blocks, returned, would fit.
+std::string ReturnFreedHostMemory();
+
 }  // namespace accel
