@@ -35,7 +35,8 @@ class AcceleratedOptimizerBase {
                            std::shared_ptr<PreparedOptimizer> prepared)
       : state_(std::move(state)), prepared_(std::move(prepared)) {}
 
-  void step() {
+  // `site`: where the program calls it (ZeRO's all-gather names it).
+  void step(CallSite site = CallSite::Here()) {
     prepared();  // A UsageError after reset().
     if (!state_->gradients.sync_gradients()) return;
     ZeroOptimizer* zero = prepared().zero.get();
@@ -50,7 +51,7 @@ class AcceleratedOptimizerBase {
     }
     // Every rank skipped or stepped alike (the scaler agrees on overflow).
     if (zero != nullptr && !prepared().step_was_skipped) {
-      zero->AllGatherParameters();
+      zero->AllGatherParameters(site);
     }
   }
   void zero_grad() {

@@ -482,13 +482,13 @@ void Accelerator::unscale_gradients() {
 
 double Accelerator::clip_grad_norm_(
     const std::vector<torch::Tensor>& parameters, double max_norm,
-    double norm_type) {
+    double norm_type, CallSite site) {
   unscale_gradients();
   const std::vector<ZeroOptimizer*> sharded =
       state_->prepared.sharded_optimizers();
   if (!sharded.empty()) {
     return ClipGradNormAcrossShards(communicator(), sharded, parameters,
-                                    max_norm, norm_type);
+                                    max_norm, norm_type, site);
   }
   return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
 }

@@ -288,7 +288,8 @@ class Accelerator {
   // Under ZeRO the norm is over every rank's shards (the same on every
   // rank), so every rank must call it.
   double clip_grad_norm_(const std::vector<torch::Tensor>& parameters,
-                         double max_norm, double norm_type = 2.0);
+                         double max_norm, double norm_type = 2.0,
+                         CallSite site = CallSite::Here());
   void clip_grad_value_(const std::vector<torch::Tensor>& parameters,
                         double clip_value);
   // Divides the gradients by the fp16 loss scale now (clip_grad_norm_ does

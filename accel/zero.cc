@@ -210,6 +210,9 @@ class UnitSchedule : public UnitRunner {
       AllocateStorage(group->flat);
       CollectiveOptions options;
       options.api = api;
+      // Called from inside the model's forward or backward: no line of the
+      // program's is known (not this one's either).
+      options.site = CallSite{};
       group->gathering =
           comm_.allgather_async(group->shard.data_ptr(), group->flat.data_ptr(),
                                 static_cast<size_t>(group->layout.shard_size()),
@@ -420,11 +423,12 @@ void ZeroOptimizer::AttachGradients() {
   }
 }
 
-void ZeroOptimizer::AllGatherParameters() {
+void ZeroOptimizer::AllGatherParameters(CallSite site) {
   // A unit gathered now would hold its parameters from before the step.
   if (units_ != nullptr) units_->ReleaseAll();
   CollectiveOptions options;
   options.api = "optimizer.step (ZeRO all-gather of the updated parameters)";
+  options.site = site;
   for (auto& group : groups_) {
     if (group->unit >= 0) continue;
     const int64_t share = group->layout.shard_size();
@@ -577,6 +581,7 @@ class ShardedGradientReducer : public GradientReducer {
         // Under no_sync the gradients stay in .grad; the units' parameters
         // go until the next forward or backward gathers them.
         if (s.units != nullptr) s.units->ReleaseAll();
+        s.ResetStep();
         return;
       }
       // Parameters without a gradient this backward contribute what they
@@ -770,8 +775,22 @@ class ShardedGradientReducer : public GradientReducer {
 
     void OnGradientReady(size_t i) {
       std::lock_guard<std::mutex> lock(mutex);
-      if (!enabled || slots[i].arrived) return;
-      Arrive(i);
+      if (slots[i].arrived) return;
+      if (enabled) {
+        Arrive(i);
+      } else {
+        KeepLocal(i);
+      }
+    }
+
+    // Under no_sync the gradient stays in .grad, but the last of a stage-3
+    // unit's still frees its parameters, as when syncing: otherwise every
+    // unit stayed whole to the end of backward, 4 more bytes a parameter.
+    void KeepLocal(size_t i) {
+      slots[i].arrived = true;
+      if (--group_pending[slots[i].group] == 0 && units != nullptr) {
+        units->ReleaseGroup(*groups[slots[i].group]);
+      }
     }
   };
 
@@ -831,7 +850,8 @@ std::vector<torch::Tensor> GradientsToClip(
 double ClipGradNormAcrossShards(Communicator& comm,
                                 const std::vector<ZeroOptimizer*>& sharded,
                                 const std::vector<torch::Tensor>& parameters,
-                                double max_norm, double norm_type) {
+                                double max_norm, double norm_type,
+                                CallSite site) {
   const bool infinity = norm_type == std::numeric_limits<double>::infinity();
   if (!infinity && norm_type <= 0) {
     throw UsageError(
@@ -861,6 +881,7 @@ double ClipGradNormAcrossShards(Communicator& comm,
   }
   CollectiveOptions options;
   options.api = "clip_grad_norm_ (across ZeRO shards)";
+  options.site = site;
   // With a NaN flag beside the value: a maximum over ranks may drop NaN.
   double values[2] = {std::isnan(local) ? 0.0 : local,
                       std::isnan(local) ? 1.0 : 0.0};

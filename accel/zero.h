@@ -8,7 +8,7 @@
 //   loss.backward();  reducer->finish();          // grads reduce-scattered
 //   zero.AttachGradients();                       // pieces get their grads
 //   adamw.step();                                 // steps this rank's share
-//   zero.AllGatherParameters();                   // everyone's share back
+//   zero.AllGatherParameters(site);               // everyone's share back
 //
 // How: the optimizer's trainable parameters (per dtype and device) become
 // views of one flat buffer, which is cut into num_processes contiguous
@@ -137,7 +137,8 @@ class ZeroOptimizer {
   // After the optimizer stepped: every rank gets every updated share
   // (under stage 3, of the parameters in no unit; the units' are gathered
   // when they next run).
-  void AllGatherParameters();
+  // `site`: the program's optimizer.step(), for diagnostics.
+  void AllGatherParameters(CallSite site);
 
   // Stage 3: what the units call around their forward and backward (null
   // under stages 1-2).
@@ -182,7 +183,8 @@ class ZeroOptimizer {
 double ClipGradNormAcrossShards(Communicator& comm,
                                 const std::vector<ZeroOptimizer*>& sharded,
                                 const std::vector<torch::Tensor>& parameters,
-                                double max_norm, double norm_type);
+                                double max_norm, double norm_type,
+                                CallSite site);
 
 // The gradients clip_grad_value_ clips: this rank's pieces of the sharded
 // parameters, and the whole gradients of the others.

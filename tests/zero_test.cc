@@ -500,6 +500,33 @@ TEST(ZeroTest, Stage3FreesEachUnitsParametersOutsideItsForwardAndBackward) {
     optimizer.zero_grad();
     EXPECT_TRUE(all_freed()) << "after the step";
   }
+  // Under no_sync too, a unit's parameters go once its gradients are in:
+  // when the first layer's weight gets its gradient, the last layer's unit
+  // is freed (it stayed whole to the end of backward, 4 bytes a parameter
+  // more, before that was mended).
+  {
+    std::vector<torch::Tensor> params = model->parameters();
+    int calls = 0;
+    bool last_freed = false;
+    const unsigned hook = params[0].register_hook([&](const torch::Tensor&) {
+      ++calls;
+      last_freed = params[4].storage().data() == ReleasedMemory(0) &&
+                   params[5].storage().data() == ReleasedMemory(0);
+    });
+    for (bool sync : {false, true}) {
+      auto [x, y] = Batch(10 + sync, accelerator.process_index());
+      std::optional<NoSyncScope> no_sync;
+      if (!sync) no_sync.emplace(accelerator.no_sync(model));
+      accelerator.backward(
+          torch::nn::functional::cross_entropy(model->forward(x), y));
+      EXPECT_EQ(calls, sync ? 2 : 1);
+      EXPECT_TRUE(last_freed) << (sync ? "syncing" : "under no_sync");
+      EXPECT_TRUE(all_freed()) << "after backward";
+    }
+    params[0].remove_hook(hook);
+    optimizer.step();
+    optimizer.zero_grad();
+  }
   // Through the model a layer gathers; outside it (or reading a parameter)
   // the process ends, saying why, instead of reading freed memory. Under a
   // sanitizer its own SIGSEGV handler reports instead.
