@@ -665,6 +665,9 @@ class Accelerator {
   // Runs `work` (a save or load of the training state) with every ZeRO-3
   // unit's parameters whole, then reshards them with what they hold.
   void WithWholeParameters(const std::function<void()>& work);
+  // save_state in the middle of an accumulation cycle: warns (on the main
+  // process) that the gradients accumulated since the last step are lost.
+  void WarnIfMidAccumulation() const;
   // The stage-3 optimizer sharding the model's parameters, or null.
   ZeroOptimizer* ParameterShardingOf(const torch::nn::Module& model) const;
 

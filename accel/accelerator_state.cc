@@ -4,6 +4,7 @@
 
 #include "accel/accelerator.h"
 #include "accel/checkpoint_manager.h"
+#include "accel/runtime/base/logging.h"
 #include "accel/tensor_ops.h"
 #include "accel/tracking/tracker_set.h"
 
@@ -53,12 +54,29 @@ void Accelerator::WithWholeParameters(const std::function<void()>& work) {
   for (ZeroOptimizer* zero : sharded) zero->ReshardEveryUnit();
 }
 
+void Accelerator::WarnIfMidAccumulation() const {
+  const GradientState& gradients = state_->gradients;
+  if (!gradients.pending() || !is_main_process()) return;
+  // Neither accel's checkpoints nor Accelerate's hold .grad: each rank's
+  // differs, and a checkpoint is usually taken after a step.
+  ACCEL_LOG(WARNING)
+      << "save_state at micro-step "
+      << gradients.step() % gradients.accumulation_steps() << " of "
+      << gradients.accumulation_steps()
+      << " of a gradient accumulation cycle: the gradients accumulated "
+         "since the last optimizer step are not saved, so a run resumed "
+         "from this checkpoint differs from one that goes on; save when "
+         "accelerator.sync_gradients() is true, after that step";
+}
+
 void Accelerator::save_state(const std::string& dir) {
+  WarnIfMidAccumulation();
   WithWholeParameters(
       [&] { checkpoints_->Save(dir, Contents(), Hooks(save_hooks_)); });
 }
 
 std::string Accelerator::save_state(CallSite site) {
+  WarnIfMidAccumulation();
   std::string dir;
   WithWholeParameters([&] {
     dir = checkpoints_->SaveNext(Contents(), Hooks(save_hooks_), site);

@@ -29,6 +29,7 @@ namespace accel::testing {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 class Numbers : public torch::data::datasets::Dataset<Numbers> {
  public:
@@ -283,6 +284,37 @@ TEST(CheckpointTest, LoadStateRestoresEveryOptionOfEveryParamGroup) {
           o.max_iter(7).history_size(5).tolerance_grad(1e-3);
         });
     EXPECT_TRUE(saved == loaded) << "LBFGS";
+  }
+}
+
+// The gradients of a cycle's first micro-steps are in no checkpoint (nor
+// in Accelerate's): saving then says so, saving after the step does not.
+TEST(CheckpointTest, SavingInTheMiddleOfAnAccumulationCycleWarns) {
+  const std::string dir = MakeTempDir("mid_cycle") + "/state";
+  AcceleratorOptions options = TestOptions();
+  options.gradient_accumulation_steps = 2;
+  Accelerator accelerator(options);
+  torch::nn::Linear net(3, 2);
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  auto [model, optimizer] = accelerator.prepare(net, sgd);
+  for (int micro = 0; micro < 2; ++micro) {
+    {
+      auto scope = accelerator.accumulate(model);
+      accelerator.backward(model->forward(torch::ones({4, 3})).sum());
+      optimizer.step();
+      optimizer.zero_grad();
+    }
+    ::testing::internal::CaptureStderr();
+    accelerator.save_state(dir);
+    const std::string printed = ::testing::internal::GetCapturedStderr();
+    if (micro == 0) {
+      EXPECT_THAT(printed,
+                  HasSubstr("save_state at micro-step 1 of 2 of a gradient "
+                            "accumulation cycle: the gradients accumulated "
+                            "since the last optimizer step are not saved"));
+    } else {
+      EXPECT_THAT(printed, Not(HasSubstr("micro-step"))) << printed;
+    }
   }
 }
 
