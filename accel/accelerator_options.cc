@@ -60,11 +60,21 @@ int ZeroStageFromFlags() {
   const int fsdp_stage =
       ParseShardingStrategy(flags::fsdp_sharding_strategy.value());
   if (flags::zero_stage.given() && stage != fsdp_stage) {
-    throw UsageError("--use_fsdp with --fsdp_sharding_strategy=" +
-                     flags::fsdp_sharding_strategy.value() + " is zero_stage " +
-                     std::to_string(fsdp_stage) + ", but --zero_stage=" +
-                     std::to_string(stage) + " was also given (" +
-                     flags::zero_stage.source() + "): give one of them");
+    // The command line wins over the launch configuration, as for every
+    // flag: --zero_stage typed there overrides the file's FSDP strategy.
+    if (flags::zero_stage.from_command_line() &&
+        !flags::use_fsdp.from_command_line() &&
+        !flags::fsdp_sharding_strategy.from_command_line()) {
+      return stage;
+    }
+    throw UsageError("--use_fsdp (" + flags::use_fsdp.source() +
+                     ") with --fsdp_sharding_strategy=" +
+                     flags::fsdp_sharding_strategy.value() + " (" +
+                     flags::fsdp_sharding_strategy.source() +
+                     ") is zero_stage " + std::to_string(fsdp_stage) +
+                     ", but --zero_stage=" + std::to_string(stage) +
+                     " was also given (" + flags::zero_stage.source() +
+                     "): give one of them");
   }
   return fsdp_stage;
 }

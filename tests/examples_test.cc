@@ -148,7 +148,8 @@ TEST(ExamplesTest, TrainDemoUnderEveryZeroStageEndsWithDdpsParameters) {
   for (const auto& [args, error] :
        std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"--use_fsdp", "--zero_stage=1"},
-            "--use_fsdp with --fsdp_sharding_strategy=FULL_SHARD is "
+            "--use_fsdp (the command line) with "
+            "--fsdp_sharding_strategy=FULL_SHARD (its default) is "
             "zero_stage 3, but --zero_stage=1 was also given (the command "
             "line)"},
            {{"--fsdp_sharding_strategy=NO_SHARD"}, "is read with --use_fsdp"},
@@ -162,6 +163,22 @@ TEST(ExamplesTest, TrainDemoUnderEveryZeroStageEndsWithDdpsParameters) {
     const ProcessResult r = RunExample("train_demo", bad);
     EXPECT_NE(r.exit_code, 0) << r.output;
     EXPECT_THAT(r.output, HasSubstr(error));
+  }
+  // In the launch configuration (a boolean alone, as gflags' flag files
+  // take it), and overridden by the command line, which wins.
+  std::ofstream(dir + "/fsdp.flags")
+      << "--use_fsdp\n"
+         "--fsdp_sharding_strategy=SHARD_GRAD_OP\n";
+  for (const auto& [extra, stage] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"--epochs=1", "zero_stage 2 with one process"},
+           {"--zero_stage=3", "zero_stage 3 with one process"}}) {
+    const ProcessResult r =
+        RunExample("train_demo", {"--num_processes=1", "--epochs=1", extra,
+                                  "--config_file=" + dir + "/fsdp.flags",
+                                  "--output_dir=" + dir + "/configured"});
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_THAT(r.output, HasSubstr(stage));
   }
   const ProcessResult first = RunExample(
       "train_demo", {"--num_processes=2", "--epochs=1", "--zero_stage=3",

@@ -165,11 +165,19 @@ std::vector<ConfigLine> ReadNumberedLines(const std::string& path) {
       }
     }
     const size_t equals = line.find('=');
-    if (line.rfind("--", 0) != 0 || equals == std::string::npos) {
+    // A boolean flag alone is true, as on the command line (--use_fsdp).
+    gflags::CommandLineFlagInfo info;
+    const bool bare_boolean =
+        line.rfind("--", 0) == 0 && equals == std::string::npos &&
+        gflags::GetCommandLineFlagInfo(line.substr(2).c_str(), &info) &&
+        info.type == "bool";
+    if (line.rfind("--", 0) != 0 ||
+        (equals == std::string::npos && !bare_boolean)) {
       throw UsageError(where + "expected --flag=value, found " + Excerpt(line));
     }
-    const std::string name = line.substr(2, equals - 2);
-    const std::string value = line.substr(equals + 1);
+    const std::string name =
+        bare_boolean ? line.substr(2) : line.substr(2, equals - 2);
+    const std::string value = bare_boolean ? "true" : line.substr(equals + 1);
     if (!IsConfigurable(name)) {
       throw UsageError(where + Shown("--" + name) +
                        " cannot be set in a configuration file; it takes " +

@@ -91,6 +91,12 @@ bool ProgramFlag<T>::given() const {
 }
 
 template <typename T>
+bool ProgramFlag<T>::from_command_line() const {
+  gflags::CommandLineFlagInfo info;
+  return gflags::GetCommandLineFlagInfo(name_, &info) && !info.is_default;
+}
+
+template <typename T>
 std::string ProgramFlag<T>::source() const {
   gflags::CommandLineFlagInfo info;
   if (gflags::GetCommandLineFlagInfo(name_, &info) && !info.is_default) {

@@ -46,6 +46,8 @@ class ProgramFlag {
   // Where a given value came from: "the command line" or "the launch
   // configuration <path>".
   std::string source() const;
+  // Whether the command line gave it (it wins over the configuration).
+  bool from_command_line() const;
   // Whether the program defines a flag of this name itself.
   bool owned_by_program() const;
 
