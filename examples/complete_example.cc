@@ -31,6 +31,7 @@
 
 #include "accel/accelerator.h"
 #include "accel/runtime/launch/program.h"
+#include "examples/blobs.h"
 
 DEFINE_int32(epochs, 3, "Epochs to train (in total, when resuming).");
 DEFINE_int32(batch_size, 12, "Global batch size, split across processes.");
@@ -51,47 +52,23 @@ DEFINE_int32(stop_after_steps, 0,
 
 namespace {
 
-constexpr int64_t kTrainSamples = 240;  // Divisible by 12 = lcm of 1..4 * 3.
-constexpr int64_t kEvalSamples = 110;   // Not: gather_for_metrics matters.
-constexpr int64_t kFeatures = 16;
-constexpr int64_t kClasses = 3;
-
-// Points around three centres, labelled by their centre.
-class Blobs : public torch::data::datasets::Dataset<Blobs> {
- public:
-  Blobs(torch::Tensor inputs, torch::Tensor labels)
-      : inputs_(std::move(inputs)), labels_(std::move(labels)) {}
-  torch::data::Example<> get(size_t i) override {
-    return {inputs_[i], labels_[i]};
-  }
-  torch::optional<size_t> size() const override { return inputs_.size(0); }
-
- private:
-  torch::Tensor inputs_, labels_;
-};
+using accel_examples::Blobs;
 
 // Makes the data set once and caches it in `path`; what Accelerate's
 // example does with datasets' map() and its cache.
 std::pair<Blobs, Blobs> LoadOrMakeData(const std::string& path) {
-  std::vector<torch::Tensor> tensors;
   struct stat info;
   if (stat(path.c_str(), &info) == 0) {
+    std::vector<torch::Tensor> tensors;
     torch::load(tensors, path);
-  } else {
-    auto generator = at::make_generator<at::CPUGeneratorImpl>(FLAGS_seed);
-    const torch::Tensor centres =
-        torch::randn({kClasses, kFeatures}, generator) * 2;
-    for (int64_t n : {kTrainSamples, kEvalSamples}) {
-      torch::Tensor labels =
-          torch::randint(0, kClasses, {n}, generator, torch::kLong);
-      torch::Tensor inputs = centres.index_select(0, labels) +
-                             torch::randn({n, kFeatures}, generator) * 3.0;
-      tensors.push_back(inputs);
-      tensors.push_back(labels);
-    }
-    torch::save(tensors, path);
+    return {Blobs(tensors[0], tensors[1]), Blobs(tensors[2], tensors[3])};
   }
-  return {Blobs(tensors[0], tensors[1]), Blobs(tensors[2], tensors[3])};
+  auto sets = accel_examples::MakeBlobs(static_cast<uint64_t>(FLAGS_seed));
+  torch::save(
+      std::vector<torch::Tensor>{sets.first.inputs(), sets.first.labels(),
+                                 sets.second.inputs(), sets.second.labels()},
+      path);
+  return sets;
 }
 
 void CheckFlags() {
@@ -158,8 +135,10 @@ int Main(int argc, char** argv) {
   eval_options.shuffle = false;
   accel::DataLoader<Blobs> eval_data(datasets->second, eval_options);
 
-  torch::nn::Sequential net(torch::nn::Linear(kFeatures, 64), torch::nn::ReLU(),
-                            torch::nn::Linear(64, kClasses));
+  const accel_examples::BlobsShape shape;
+  torch::nn::Sequential net(torch::nn::Linear(shape.features, 64),
+                            torch::nn::ReLU(),
+                            torch::nn::Linear(64, shape.classes));
   torch::optim::AdamW adamw(net->parameters(),
                             torch::optim::AdamWOptions(FLAGS_lr));
   // Steps of one process over the whole run, as the schedule counts them.
