@@ -1,0 +1,64 @@
+// Accelerate's examples/by_feature/ddp_comm_hook.py in C++: the gradients
+// are compressed for their allreduce by a DDP communication hook
+// (--ddp_comm_hook=fp16, bf16 or power_sgd), given to the Accelerator in
+// DistributedDataParallelKwargs.
+//
+//   bazel run //examples/by_feature:ddp_comm_hook -- --num_processes=2
+//       --ddp_comm_hook=power_sgd
+//
+// Differences: accel has no batched_power_sgd hook and no comm_wrapper
+// (compressing PowerSGD's own messages); both are refused.
+#include <map>
+#include <string>
+
+#include "examples/by_feature/common.h"
+
+DEFINE_string(ddp_comm_hook, "no",
+              "The gradients' compression: no, fp16, bf16 or power_sgd.");
+DEFINE_string(ddp_comm_wrapper, "no",
+              "Python's wrapper of the hook: only no (accel has none).");
+
+namespace {
+
+// Python's DDPCommunicationHookType(args.ddp_comm_hook).
+accel::DDPCommunicationHookType HookType(const std::string& name) {
+  static const std::map<std::string, accel::DDPCommunicationHookType> kHooks = {
+      {"no", accel::DDPCommunicationHookType::kNo},
+      {"fp16", accel::DDPCommunicationHookType::kFp16},
+      {"bf16", accel::DDPCommunicationHookType::kBf16},
+      {"power_sgd", accel::DDPCommunicationHookType::kPowerSgd}};
+  const auto found = kHooks.find(name);
+  if (found == kHooks.end()) {
+    throw accel::UsageError(
+        "--ddp_comm_hook must be no, fp16, bf16 or power_sgd, found '" + name +
+        "'" +
+        (name == "batched_power_sgd" ? " (accel has no batched PowerSGD)"
+                                     : ""));
+  }
+  return found->second;
+}
+
+int Main(int, char**) {
+  // New code: the hook, in DistributedDataParallelKwargs.
+  accel::DistributedDataParallelKwargs ddp_kwargs;
+  ddp_kwargs.comm_hook = HookType(FLAGS_ddp_comm_hook);
+  if (FLAGS_ddp_comm_wrapper != "no") {
+    throw accel::UsageError(
+        "--ddp_comm_wrapper: accel has no communication wrappers, found '" +
+        FLAGS_ddp_comm_wrapper + "'");
+  }
+  accel::AcceleratorOptions options = accel::AcceleratorOptions::FromFlags();
+  options.kwargs_handlers = {ddp_kwargs};
+  accel::Accelerator accelerator(options);
+  const by_feature::Config config;
+  by_feature::Training training(accelerator, config);
+  by_feature::TrainAndEvaluate(accelerator, config, training);
+  accelerator.end_training();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return by_feature::RunScript(argc, argv, Main);
+}
