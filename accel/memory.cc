@@ -148,6 +148,11 @@ bool BatchSizeTry::Agree() {
   return false;
 }
 
+void StartSearch() {
+  const std::string returned = ReturnFreedHostMemory();
+  ACCEL_VLOG(1) << "find_executable_batch_size: " << returned;
+}
+
 int64_t NextBatchSize(const ExecutableBatchSizeOptions& options,
                       int64_t batch_size) {
   const int64_t next = options.reduce_batch_size

@@ -22,10 +22,12 @@
 // allocator's error; Accelerate matches the same text), also when nested
 // in another accel error. Any other failure ends the search on every rank:
 // the rank that failed rethrows its exception, the others throw PeerError
-// naming it. Before a retry, memory the process keeps for reuse goes back
-// to the system and stays unkept from then on (host_memory.h): kept memory
-// is split among malloc's arenas and sizes, and made the search stop early
-// (at a 300 MB cap, batch 63-87 against 186 without).
+// naming it. Memory the process keeps for reuse (host_memory.h) goes back
+// to the system when the search starts, and again before each retry, and
+// stays unkept for the rest of the run: freed blocks kept in the heap
+// between live ones count against a memory limit but may not fit the next
+// try's tensors, and made the search stop early (//tools/bench:
+// batch_size_search, 300 MB a rank: batch 63 kept against 108 unkept).
 //
 // Needs a backend that can renew its communicator (gloo; not mpi, which
 // cannot cancel a collective: a retry there fails with a UsageError).
@@ -78,6 +80,10 @@ class BatchSizeTry {
   bool interrupted_ = false;  // By another rank's Interrupt.
 };
 
+// Before the first try: memory kept for reuse goes back to the system, and
+// large blocks get their own mappings from then on, so that no try leaves
+// free memory scattered among the heap's live blocks for the next one.
+void StartSearch();
 // The next size after `batch_size`; UsageError when it does not shrink.
 int64_t NextBatchSize(const ExecutableBatchSizeOptions& options,
                       int64_t batch_size);
@@ -94,6 +100,7 @@ std::invoke_result_t<Function, int64_t> find_executable_batch_size(
     const ExecutableBatchSizeOptions& options) {
   using Result = std::invoke_result_t<Function, int64_t>;
   std::vector<int64_t> tried;
+  internal::StartSearch();
   for (int64_t batch_size = options.starting_batch_size;;
        batch_size = internal::NextBatchSize(options, batch_size)) {
     if (batch_size <= 0) internal::NoBatchSizeLeft(tried);
