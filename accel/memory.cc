@@ -1,5 +1,7 @@
 #include "accel/memory.h"
 
+#include <c10/util/Exception.h>
+
 #include <cstring>
 #include <new>
 
@@ -59,6 +61,9 @@ bool AnyNested(std::exception_ptr error, const Predicate& is) {
 std::string Message(std::exception_ptr error) {
   try {
     std::rethrow_exception(error);
+  } catch (const c10::Error& e) {
+    // Without LibTorch's stack trace: tens of lines per rank and try.
+    return e.what_without_backtrace();
   } catch (const std::exception& e) {
     return e.what();
   } catch (...) {
@@ -173,7 +178,7 @@ void NoBatchSizeLeft(const std::vector<int64_t>& tried) {
   }
   throw Error(
       "find_executable_batch_size: no executable batch size found, reached "
-      "zero; every rank ran out of memory at a size tried (" +
+      "zero; a rank ran out of memory at every size tried (" +
       sizes + ")");
 }
 

@@ -124,7 +124,7 @@ TEST(FindExecutableBatchSizeTest, RunningOutAtEverySizeSaysWhatItTried) {
     ADD_FAILURE() << "the search did not fail";
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("no executable batch size found, reached "
-                                    "zero; every rank ran out of memory at a "
+                                    "zero; a rank ran out of memory at every "
                                     "size tried (8, 4, 2, 1)"));
   }
   options.reduce_batch_size = [](int64_t size) { return size; };
