@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <cstdio>
 #include <fstream>
 #include <iterator>
 #include <regex>
@@ -156,6 +157,14 @@ TEST(ByFeatureTest, CheckpointingResumesFromAnEpochOrAStepExactly) {
   ExpectRefused("checkpointing",
                 {"--resume_from_checkpoint=" + dir + "/steps/step_7"},
                 "step_7");
+  // A folder renamed, and so misnamed, is refused after it loads.
+  ASSERT_EQ(std::rename((dir + "/steps/step_20").c_str(),
+                        (dir + "/steps/step_999").c_str()),
+            0);
+  ExpectRefused("checkpointing",
+                {"--resume_from_checkpoint=" + dir + "/steps/step_999"},
+                "'step_999' holds a run after 20 steps, in epoch 2");
+  ExpectRefused("checkpointing", {"--checkpointing_steps=+5"}, "found '+5'");
   ExpectRefused("checkpointing", {"--checkpointing_steps=often"},
                 "found 'often'");
 }
@@ -222,6 +231,8 @@ TEST(ByFeatureTest, EarlyStoppingStopsEveryProcessAtTheSameStep) {
       RunByFeature("early_stopping", {"--patience=100"});
   ExpectLearned(patient);
   EXPECT_THAT(patient.output, Not(HasSubstr("stopped early")));
+  ExpectRefused("early_stopping", {"--patience=0"},
+                "--patience must be at least 1 step, found 0");
 }
 
 TEST(ByFeatureTest, LocalSgdAveragesEveryNSteps) {
@@ -231,7 +242,10 @@ TEST(ByFeatureTest, LocalSgdAveragesEveryNSteps) {
   EXPECT_THAT(r.output, HasSubstr("parameters averaged 6 times"));
   const ProcessResult off = RunByFeature("local_sgd", {"--local_sgd_steps=0"});
   ExpectLearned(off);
-  EXPECT_THAT(off.output, HasSubstr("parameters averaged 0 times"));
+  EXPECT_THAT(off.output, HasSubstr("parameters averaged 0 times within the "
+                                    "epochs (LocalSGD off)"));
+  ExpectRefused("local_sgd", {"--local_sgd_steps=-1"},
+                "--local_sgd_steps must be 0 (off) or a number of steps");
 }
 
 TEST(ByFeatureTest, MemoryRetriesEveryProcessWithTheSameSmallerBatch) {
@@ -280,6 +294,8 @@ TEST(ByFeatureTest, CrossValidationAveragesTheFoldsOnTheTestSet) {
   const auto average = AllMatches(r.output, kAverage);
   ASSERT_EQ(average.size(), 1u) << r.output;
   EXPECT_GE(std::stod(average[0][1]), 0.9);
+  ExpectRefused("cross_validation", {"--num_folds=1000"},
+                "--num_folds=1000 is more than class 0's");
   ExpectRefused("cross_validation", {"--num_folds=1"},
                 "--num_folds must be at least 2");
 }

@@ -12,7 +12,6 @@
 // One difference: the Python script counts overall_step from the resumed
 // epoch's first batch, so step folders after a resume in a later epoch
 // are misnamed; here it counts from the run's first batch.
-#include <cstdlib>
 #include <string>
 
 #include "examples/by_feature/common.h"
@@ -26,21 +25,6 @@ DEFINE_string(output_dir, ".", "Where the checkpoint folders go.");
 
 namespace {
 
-// Python's `checkpointing_steps.isdigit()`: the number, or 0 for "epoch"
-// and "" (a UsageError for anything else).
-int64_t StepsBetweenCheckpoints(const std::string& text) {
-  if (text.empty() || text == "epoch") return 0;
-  char* end = nullptr;
-  const long long steps = std::strtoll(text.c_str(), &end, 10);
-  if (*end != '\0' || steps < 1) {
-    throw accel::UsageError(
-        "--checkpointing_steps must be \"epoch\" or a positive number of "
-        "steps, found '" +
-        text + "'");
-  }
-  return steps;
-}
-
 // The folder's name without its parents: epoch_<n> or step_<n>.
 std::string TrainingDifference(const std::string& folder) {
   std::string path = folder;
@@ -49,12 +33,56 @@ std::string TrainingDifference(const std::string& folder) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
-// The number after `prefix` in `name`, or -1 when `name` is not one.
+// The number after `prefix` in `name` (up to 9 digits), or -1 when `name`
+// is not one.
 int64_t NumberAfter(const std::string& name, const std::string& prefix) {
-  if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size()) return -1;
-  char* end = nullptr;
-  const long long n = std::strtoll(name.c_str() + prefix.size(), &end, 10);
-  return *end == '\0' && n >= 0 ? n : -1;
+  if (name.rfind(prefix, 0) != 0) return -1;
+  const std::string number = name.substr(prefix.size());
+  if (number.empty() || number.size() > 9 ||
+      number.find_first_not_of("0123456789") != std::string::npos) {
+    return -1;
+  }
+  return std::stoll(number);
+}
+
+// Python's `checkpointing_steps.isdigit()`: the number, or 0 for "epoch"
+// and "" (a UsageError for anything else).
+int64_t StepsBetweenCheckpoints(const std::string& text) {
+  if (text.empty() || text == "epoch") return 0;
+  const int64_t steps = NumberAfter(text, "");
+  if (steps < 1) {
+    throw accel::UsageError(
+        "--checkpointing_steps must be \"epoch\" or a positive number of "
+        "steps (up to 9 digits), found '" +
+        text + "'");
+  }
+  return steps;
+}
+
+// Not in the Python script, which trusts the name: the checkpoint itself
+// must say the same (the loader's epoch, and for step_<n> the steps). A
+// renamed folder, or a step_<n> written at another process count or batch
+// size (where an epoch has another number of batches), would resume
+// somewhere else than the name says.
+void CheckTheNameAgrees(const accel::Accelerator& accelerator,
+                        const by_feature::Loader& train_loader,
+                        const std::string& name, int64_t step,
+                        int64_t starting_epoch, int64_t resume_step) {
+  // The loader's epoch is the one under way when the state was saved; a
+  // step folder at an epoch's end was saved before that epoch ended.
+  const int64_t epoch = train_loader.epoch();
+  const bool epochs_agree =
+      epoch == starting_epoch ||
+      (step > 0 && resume_step == 0 && epoch == starting_epoch - 1);
+  const bool steps_agree = step < 0 || accelerator.step() == step;
+  if (epochs_agree && steps_agree) return;
+  throw accel::UsageError(
+      "--resume_from_checkpoint: '" + name + "' holds a run after " +
+      std::to_string(accelerator.step()) + " steps, in epoch " +
+      std::to_string(epoch) + ", not what its name says here (" +
+      std::to_string(train_loader.batches_per_epoch()) +
+      " batches an epoch): a renamed folder, or a step folder from another "
+      "process count or batch size");
 }
 
 int Main(int, char**) {
@@ -72,20 +100,25 @@ int Main(int, char**) {
   int64_t starting_epoch = 0;
   int64_t resume_step = -1;  // Python's None.
   if (!FLAGS_resume_from_checkpoint.empty()) {
-    accelerator.print("Resumed from checkpoint:", FLAGS_resume_from_checkpoint);
-    accelerator.load_state(FLAGS_resume_from_checkpoint);
     const std::string name = TrainingDifference(FLAGS_resume_from_checkpoint);
-    if (const int64_t epoch = NumberAfter(name, "epoch_"); epoch >= 0) {
-      starting_epoch = epoch + 1;
-    } else if (const int64_t step = NumberAfter(name, "step_"); step >= 0) {
-      starting_epoch = step / batches_per_epoch;
-      resume_step = step - starting_epoch * batches_per_epoch;
-    } else {
+    const int64_t epoch = NumberAfter(name, "epoch_");
+    const int64_t step = NumberAfter(name, "step_");
+    if (epoch < 0 && step < 0) {
       throw accel::UsageError(
           "--resume_from_checkpoint: the folder's name must be epoch_<n> or "
           "step_<n> (this script's names), found '" +
           name + "'");
     }
+    accelerator.print("Resumed from checkpoint:", FLAGS_resume_from_checkpoint);
+    accelerator.load_state(FLAGS_resume_from_checkpoint);
+    if (epoch >= 0) {
+      starting_epoch = epoch + 1;
+    } else {
+      starting_epoch = step / batches_per_epoch;
+      resume_step = step - starting_epoch * batches_per_epoch;
+    }
+    CheckTheNameAgrees(accelerator, train_loader, name, step, starting_epoch,
+                       resume_step);
     overall_step = starting_epoch * batches_per_epoch;
   }
 

@@ -33,6 +33,14 @@ std::vector<Fold> StratifiedKFold(const torch::Tensor& labels, int num_folds) {
   for (int64_t i = 0; i < labels.size(0); ++i) {
     by_class[labels[i].item<int64_t>()].push_back(i);
   }
+  for (int64_t c = 0; c < classes; ++c) {
+    if (static_cast<int64_t>(by_class[c].size()) < num_folds) {
+      throw accel::UsageError(
+          "--num_folds=" + std::to_string(num_folds) + " is more than class " +
+          std::to_string(c) + "'s " + std::to_string(by_class[c].size()) +
+          " samples (every fold must validate on each class)");
+    }
+  }
   std::vector<Fold> folds(num_folds);
   for (const std::vector<int64_t>& members : by_class) {
     const size_t n = members.size();

@@ -15,6 +15,9 @@
 
 DEFINE_string(ddp_comm_hook, "no",
               "The gradients' compression: no, fp16, bf16 or power_sgd.");
+DEFINE_int64(start_powersgd_iter, 2,
+             "Not in the Python script: the first step PowerSGD compresses "
+             "(torch's default, 1000, is past this run's 24 steps).");
 DEFINE_string(ddp_comm_wrapper, "no",
               "Python's wrapper of the hook: only no (accel has none).");
 
@@ -42,6 +45,9 @@ int Main(int, char**) {
   // New code: the hook, in DistributedDataParallelKwargs.
   accel::DistributedDataParallelKwargs ddp_kwargs;
   ddp_kwargs.comm_hook = HookType(FLAGS_ddp_comm_hook);
+  // PowerSGD's default (torch's) compresses from step 1000 on; this run has
+  // 24 steps, so it compresses from step --start_powersgd_iter.
+  ddp_kwargs.comm_state_option.start_powerSGD_iter = FLAGS_start_powersgd_iter;
   if (FLAGS_ddp_comm_wrapper != "no") {
     throw accel::UsageError(
         "--ddp_comm_wrapper: accel has no communication wrappers, found '" +

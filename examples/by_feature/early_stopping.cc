@@ -38,6 +38,10 @@ class EarlyStoppingCallback {
 };
 
 int Main(int, char**) {
+  if (FLAGS_patience < 1) {
+    throw accel::UsageError("--patience must be at least 1 step, found " +
+                            std::to_string(FLAGS_patience));
+  }
   accel::Accelerator accelerator(accel::AcceleratorOptions::FromFlags());
   const by_feature::Config config;
   by_feature::Training training(accelerator, config);

@@ -16,6 +16,11 @@ DEFINE_int32(local_sgd_steps, 8,
 namespace {
 
 int Main(int, char**) {
+  if (FLAGS_local_sgd_steps < 0) {
+    throw accel::UsageError(
+        "--local_sgd_steps must be 0 (off) or a number of steps, found " +
+        std::to_string(FLAGS_local_sgd_steps));
+  }
   accel::Accelerator accelerator(accel::AcceleratorOptions::FromFlags());
   const by_feature::Config config;
   by_feature::Training training(accelerator, config);
@@ -39,8 +44,9 @@ int Main(int, char**) {
     by_feature::PrintEpoch(accelerator, epoch,
                            by_feature::Evaluate(accelerator, training));
   }
-  accelerator.print("parameters averaged", averages,
-                    "times within the epochs, and at each epoch's end");
+  accelerator.print("parameters averaged", averages, "times within the epochs",
+                    FLAGS_local_sgd_steps > 0 ? "(and at each epoch's end)"
+                                              : "(LocalSGD off)");
   accelerator.end_training();
   return 0;
 }
