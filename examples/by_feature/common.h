@@ -217,10 +217,8 @@ inline torch::Tensor TrainStep(accel::Accelerator& accelerator,
 
 // nlp_example's evaluation: argmax predictions, gather_for_metrics, the
 // metric over exactly the evaluation set.
-inline MetricResult Evaluate(accel::Accelerator& accelerator,
-                             Training& training) {
-  auto& [model, optimizer, train_loader, eval_loader, lr_scheduler] =
-      training.prepared;
+inline MetricResult Evaluate(accel::Accelerator& accelerator, Classifier& model,
+                             Loader& eval_loader) {
   model->eval();
   Metric metric;
   for (auto& batch : eval_loader) {
@@ -235,6 +233,12 @@ inline MetricResult Evaluate(accel::Accelerator& accelerator,
     metric.add_batch(all_predictions, references);
   }
   return metric.compute();
+}
+
+inline MetricResult Evaluate(accel::Accelerator& accelerator,
+                             Training& training) {
+  return Evaluate(accelerator, std::get<0>(training.prepared),
+                  std::get<3>(training.prepared));
 }
 
 // Not in the Python scripts: the sum of every parameter's values, printed
