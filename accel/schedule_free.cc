@@ -6,6 +6,7 @@
 #include <cmath>
 #include <string>
 
+#include "accel/libtorch_compat.h"
 #include "accel/runtime/base/errors.h"
 
 namespace accel {
@@ -90,7 +91,7 @@ void AdamWScheduleFree::SwitchMode(bool train) {
     // (y - (1 - beta1) z) / beta1. Both are a lerp toward z.
     const double weight = train ? 1 - options.beta1() : 1 - 1 / options.beta1();
     for (auto& p : group.params()) {
-      auto found = state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+      auto found = state().find(compat::StateKey(p));
       if (found == state().end()) continue;
       p.lerp_(static_cast<AdamWScheduleFreeParamState&>(*found->second).z(),
               weight);
@@ -127,7 +128,7 @@ torch::Tensor AdamWScheduleFree::step(LossClosure closure) {
         options.weight_sum() == 0 ? 0 : weight / options.weight_sum();
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
-      const std::string key = c10::guts::to_string(p.unsafeGetTensorImpl());
+      const auto key = compat::StateKey(p);
       auto found = state().find(key);
       if (found == state().end()) {
         auto fresh = std::make_unique<AdamWScheduleFreeParamState>();
