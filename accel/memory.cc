@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <new>
+#include <system_error>
 
 #include "accel/runtime/base/errors.h"
 #include "accel/runtime/base/host_memory.h"
@@ -77,6 +78,13 @@ bool IsOutOfMemory(std::exception_ptr error) {
   return AnyNested(error, [](const std::exception& e) {
     // LibTorch's CPU allocator throws c10::Error with this text (CUDA's
     // says "out of memory"); it has no exception type of its own for it.
+    if (const auto* system = dynamic_cast<const std::system_error*>(&e)) {
+      // A thread that could not be started for want of memory (its stack
+      // is refused under a memory limit): std::thread says EAGAIN.
+      const std::error_code code = system->code();
+      return code == std::errc::resource_unavailable_try_again ||
+             code == std::errc::not_enough_memory;
+    }
     return dynamic_cast<const std::bad_alloc*>(&e) != nullptr ||
            std::strstr(e.what(), "can't allocate memory") != nullptr ||
            std::strstr(e.what(), "CUDA out of memory") != nullptr;

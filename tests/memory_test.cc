@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <stdexcept>
+#include <system_error>
 
 #include "accel/accelerator.h"
 #include "accel/runtime/base/errors.h"
@@ -157,6 +158,21 @@ TEST(FindExecutableBatchSizeTest, OutOfMemoryIsFoundInsideOtherErrors) {
       internal::IsOutOfMemory(std::make_exception_ptr(std::bad_alloc())));
   EXPECT_FALSE(internal::IsOutOfMemory(
       std::make_exception_ptr(std::runtime_error("shape mismatch"))));
+}
+
+// Under a memory limit a thread's stack is refused and std::thread throws
+// EAGAIN (LibTorch 2.6 starts threads inside operators).
+TEST(FindExecutableBatchSizeTest, ThreadRefusedForMemoryIsOutOfMemory) {
+  auto system_error = [](std::errc code) {
+    return std::make_exception_ptr(
+        std::system_error(std::make_error_code(code), "thread"));
+  };
+  EXPECT_TRUE(internal::IsOutOfMemory(
+      system_error(std::errc::resource_unavailable_try_again)));
+  EXPECT_TRUE(
+      internal::IsOutOfMemory(system_error(std::errc::not_enough_memory)));
+  EXPECT_FALSE(
+      internal::IsOutOfMemory(system_error(std::errc::invalid_argument)));
 }
 
 }  // namespace
