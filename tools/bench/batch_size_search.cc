@@ -16,17 +16,12 @@
 // scale --width features by learned weights and apply ReLU (big activations,
 // little compute). A try runs out of memory when LibTorch's allocator cannot
 // get its activations.
-#include <sys/resource.h>
-#include <torch/nn/modules/container/sequential.h>
-#include <torch/optim/sgd.h>
-
 #include <cstdio>
-#include <fstream>
 #include <string>
-#include <vector>
 
 #include "accel/memory.h"
 #include "accel/runtime/launch/program.h"
+#include "tests/memory_cap.h"
 #include "tools/bench/driver.h"
 
 DEFINE_bool(worker, false, "Run one search (the driver starts these).");
@@ -39,62 +34,18 @@ DEFINE_int32(processes, 2, "Processes of each search.");
 
 namespace {
 
-// This process's private writable memory (VmData), in bytes.
-uint64_t DataBytes() {
-  std::ifstream status("/proc/self/status");
-  for (std::string line; std::getline(status, line);) {
-    if (line.rfind("VmData:", 0) == 0) {
-      return std::stoull(line.substr(7)) * 1024;
-    }
-  }
-  throw std::runtime_error("no VmData in /proc/self/status");
-}
-
-void CapDataMemory(uint64_t extra_bytes) {
-  const rlim_t cap = DataBytes() + extra_bytes;
-  const rlimit limit{cap, cap};
-  if (setrlimit(RLIMIT_DATA, &limit) != 0) {
-    throw std::runtime_error("setrlimit(RLIMIT_DATA) failed");
-  }
-}
-
-// relu(x * weight), feature by feature.
-class ScaleImpl : public torch::nn::Module {
- public:
-  explicit ScaleImpl(int64_t width)
-      : weight_(register_parameter("weight", torch::rand({width}) + 0.5)) {}
-  torch::Tensor forward(const torch::Tensor& x) {
-    return torch::relu(x * weight_);
-  }
-
- private:
-  torch::Tensor weight_;
-};
-TORCH_MODULE(Scale);
-
 int Worker() {
   accel::Accelerator accelerator(accel::AcceleratorOptions::FromFlags());
-  CapDataMemory(static_cast<uint64_t>(FLAGS_cap_mb) << 20);
+  const accel::testing::DataLimit cap(static_cast<uint64_t>(FLAGS_cap_mb)
+                                      << 20);
   int tries = 0;
   const int64_t batch_size = accel::find_executable_batch_size(
       accelerator,
       [&](int64_t batch_size) {
         ++tries;
-        accelerator.free_memory();
-        torch::manual_seed(1);
-        torch::nn::Sequential net;
-        for (int i = 0; i < FLAGS_layers; ++i) {
-          net->push_back(Scale(FLAGS_width));
-        }
-        torch::optim::SGD sgd(net->parameters(),
-                              torch::optim::SGDOptions(0.01));
-        auto [model, optimizer] = accelerator.prepare(net, sgd);
-        for (int step = 0; step < 3; ++step) {
-          torch::Tensor x = torch::randn({batch_size, FLAGS_width});
-          accelerator.backward(model->forward(x).pow(2).mean());
-          optimizer.step();
-          optimizer.zero_grad();
-        }
+        accel::testing::TrainScaleModel(accelerator, {.batch_size = batch_size,
+                                                      .layers = FLAGS_layers,
+                                                      .width = FLAGS_width});
         return batch_size;
       },
       FLAGS_starting_batch_size);
