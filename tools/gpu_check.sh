@@ -73,12 +73,13 @@ CUDA_LIBS="$cudart $nccl -Wl,-rpath,$cuda_lib -Wl,-rpath,$nccl_lib"
 
 DEPS_INC=""; DEPS_LIB=""
 if [ ! -e /usr/include/gflags/gflags.h ] || [ ! -e /usr/include/gtest/gtest.h ] ||
-   [ ! -e /usr/include/glog/logging.h ]; then
+   [ ! -e /usr/include/glog/logging.h ] || [ ! -e /usr/include/yaml-cpp/yaml.h ]; then
   DEPS_INC="-isystem $ROOT/.gpu_deps/include"
   DEPS_LIB="-L$ROOT/.gpu_deps/lib -Wl,-rpath,$ROOT/.gpu_deps/lib"
 fi
-# accel logs through glog (shared: Debian's static glog needs libunwind's).
-GLOG_LIBS="-lglog -lgflags"
+# accel logs through glog (shared: Debian's static glog needs libunwind's)
+# and reads Accelerate's YAML launch configuration with yaml-cpp.
+GLOG_LIBS="-lglog -lgflags -lyaml-cpp"
 echo "torch: ${torch_dir:-/usr (Debian)} (cxx11 abi $abi); cuda: $cuda_inc; nccl: $nccl"
 
 # --- Build --------------------------------------------------------------------

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Packs what tools/gpu_check.sh needs from this machine but the lent GPU
 # machine lacks (gflags and GoogleTest: headers and static libraries; glog:
-# headers and its shared library with the two it needs) into
+# headers and its shared library with the two it needs; yaml-cpp: headers
+# and its static library) into
 # .gpu_deps/, which git ignores. Carry it with the device tool's `carry`.
 #
 #   tools/gpu_deps.sh && (device run, carry [".gpu_deps"]) tools/gpu_check.sh
@@ -10,8 +11,8 @@ cd "$(dirname "$0")/.."
 rm -rf .gpu_deps
 mkdir -p .gpu_deps/include .gpu_deps/lib
 cp -r /usr/include/gflags /usr/include/gtest /usr/include/gmock \
-  /usr/include/glog .gpu_deps/include/
-for lib in libgflags.a libgtest.a libgtest_main.a libgmock.a; do
+  /usr/include/glog /usr/include/yaml-cpp .gpu_deps/include/
+for lib in libgflags.a libgtest.a libgtest_main.a libgmock.a libyaml-cpp.a; do
   cp "/usr/lib/x86_64-linux-gnu/$lib" .gpu_deps/lib/
 done
 # glog links libgflags and libunwind dynamically; -lglog finds libglog.so.

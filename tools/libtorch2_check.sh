@@ -20,7 +20,7 @@ readonly CHECKOUT="$PWD"
 readonly ROOT="${ACCEL_TRIXIE_ROOT:-/var/cache/accel/trixie-root}"
 readonly PACKAGES=(
   bazel-bootstrap g++ git libtorch-dev libgloo-dev libgoogle-glog-dev
-  libgflags-dev libgtest-dev libgmock-dev nlohmann-json3-dev libprotobuf-dev
+  libgflags-dev libgtest-dev libgmock-dev nlohmann-json3-dev libyaml-cpp-dev libprotobuf-dev
   protobuf-compiler libopenblas0-pthread libopenmpi-dev openmpi-bin
   python3 python3-torch python3-protobuf python3-matplotlib python3-numpy
   procps iproute2 ca-certificates
@@ -108,7 +108,26 @@ unmount_all() {
 }
 trap unmount_all EXIT
 
-[ -f "$STAMP" ] || make_root
+# A root made for an older package list only needs the new packages.
+add_packages() {
+  log "adding packages to the trixie root in $ROOT"
+  mount_all
+  chroot "$ROOT" /usr/bin/env DEBIAN_FRONTEND=noninteractive \
+    apt-get update -q >&2
+  chroot "$ROOT" /usr/bin/env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -q --no-install-recommends "${PACKAGES[@]}" >&2
+  rm -f "$ROOT"/.accel-packages-*
+  touch "$STAMP"
+}
+
+if [ ! -f "$STAMP" ]; then
+  if compgen -G "$ROOT/.accel-packages-*" >/dev/null &&
+     [ -x "$ROOT/usr/bin/apt-get" ]; then
+    add_packages
+  else
+    make_root
+  fi
+fi
 mount_all
 
 command=("$@")

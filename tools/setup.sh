@@ -16,6 +16,8 @@ readonly PACKAGES=(
   libopenblas0-pthread
   python3-torch
   nlohmann-json3-dev
+  # Accelerate's YAML launch configuration.
+  libyaml-cpp-dev
   # Cluster engines and their tests (tests/cluster/).
   openmpi-bin
   libopenmpi-dev
