@@ -5,7 +5,7 @@
 //   $ bazel run //tools:config                      # asks each question
 //   $ bazel run //tools:config -- --num_processes=4 --mixed_precision=bf16
 //         --nointeractive                           # no questions
-//   $ bazel run //tools:config -- --config_file=two_machines.flags
+//   $ bazel run //tools:config -- --config_file=two_machines.yaml
 //   $ bazel run //tools:config -- --show            # what programs read
 //
 // Answers default to the file's current values (or the flags given); an
@@ -121,8 +121,16 @@ int Show(const std::string& path) {
                 accel::DefaultLaunchConfigPath().c_str());
     return 0;
   }
+  std::vector<std::string> warnings;
+  const auto flags = accel::ReadLaunchConfig(path, &warnings);
+  // Unless reading the file to start from its values printed them.
+  const char* warned = std::getenv("ACCEL_CONFIG_WARNED");
+  for (const std::string& warning : warnings) {
+    if (warned != nullptr && path == warned) break;
+    std::fprintf(stderr, "accel: warning: %s\n", warning.c_str());
+  }
   std::printf("%s:\n", path.c_str());
-  for (const auto& [name, value] : accel::ReadLaunchConfig(path)) {
+  for (const auto& [name, value] : flags) {
     std::printf("  --%s=%s\n", name.c_str(), value.c_str());
   }
   return 0;

@@ -5,6 +5,7 @@ set -euo pipefail
 config=tools/config
 launch=tools/launch
 demo=examples/gather_demo
+train=examples/train_demo
 dir="$TEST_TMPDIR/config_test"
 mkdir -p "$dir"
 fail() { echo "FAIL: $*"; exit 1; }
@@ -58,9 +59,17 @@ has "$(cat "$dir/flags.flags")" "--num_processes=3"
 # Programs read the default file ($HOME/.config/accel/...) when it exists.
 export HOME="$dir/home"
 unset ACCEL_CONFIG_FILE XDG_CONFIG_HOME
+# Today's flag file at the old default place is still read...
+mkdir -p "$HOME/.config/accel"
+printf -- '--num_processes=3\n--main_process_port=0\n' \
+  >"$HOME/.config/accel/default_config.flags"
+has "$("$demo" 2>&1)" "tensor([1, 2, 3, 1, 2, 3, 1, 2, 3])"
+# ... until accel config writes Accelerate's YAML beside it, which wins.
 "$config" --nointeractive --num_processes=2 --main_process_port=0 >/dev/null
-test -f "$HOME/.config/accel/default_config.flags" || fail "no default file"
-has "$("$config" --show)" "$HOME/.config/accel/default_config.flags:"
+test -f "$HOME/.config/accel/default_config.yaml" || fail "no default file"
+has "$("$config" --show)" "$HOME/.config/accel/default_config.yaml:"
+has "$(cat "$HOME/.config/accel/default_config.yaml")" "distributed_type: MULTI_GPU"
+has "$(cat "$HOME/.config/accel/default_config.yaml")" "num_processes: 2"
 out=$("$demo" 2>&1)
 has "$out" "Gathered tensor: tensor([1, 2, 3, 1, 2, 3])"   # 2 processes
 out=$("$demo" --num_processes=1 2>&1)                      # the command line wins
@@ -122,4 +131,90 @@ has "$out" "nul.flags:1: a control byte in \"--num_processes=2\\x00--seed=3\""
 printf -- '\n--num_processes=2junk\n' >"$dir/junk.flags"
 if out=$("$demo" --config_file="$dir/junk.flags" 2>&1); then fail "junk accepted"; fi
 has "$out" "junk.flags:2: --num_processes=2junk: not a valid int32 value"
+
+# Accelerate's YAML (as `accelerate config` writes it on a CPU machine): the
+# keys that apply set accel's flags; the ones Accelerate writes switched off
+# are quiet; unknown keys and ones that do not apply are warnings naming them.
+cat >"$dir/cpu.yaml" <<'YAML'
+compute_environment: LOCAL_MACHINE
+debug: false
+distributed_type: MULTI_CPU
+downcast_bf16: 'no'
+main_process_ip: null
+main_process_port: 0
+main_training_function: main
+mixed_precision: 'no'
+num_machines: 1
+num_processes: 2
+rdzv_backend: static
+same_network: true
+tpu_env: []
+use_cpu: true
+mixed_precission: bf16
+YAML
+out=$("$demo" --config_file="$dir/cpu.yaml" 2>&1)
+has "$out" "tensor([1, 2, 3, 1, 2, 3])"
+has "$out" "accel: warning: $dir/cpu.yaml: unknown key(s) mixed_precission (line 15) ignored (a misspelling?)"
+[ "$(grep -c "accel: warning" <<<"$out")" = 1 ] || fail "warnings not once: $out"
+out=$("$config" --show --config_file="$dir/cpu.yaml" 2>&1)
+has "$out" "--num_processes=2"
+has "$out" "--cpu=true"
+printf 'distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_sharding_strategy: SHARD_GRAD_OP\n  fsdp_offload_params: true\ndowncast_bf16: yes\n' \
+  >"$dir/fsdp.yaml"
+out=$("$config" --show --config_file="$dir/fsdp.yaml" 2>&1)
+has "$out" "--use_fsdp=true"
+has "$out" "--fsdp_sharding_strategy=SHARD_GRAD_OP"
+has "$out" "Accelerate's fsdp_config.fsdp_offload_params (line 5), downcast_bf16 (line 6) do not apply to accel and are ignored"
+# A value of the wrong type or outside its choices: file, line and key.
+for bad in "num_processes: two|bad.yaml:1: num_processes: expected a whole number, found \"two\"" \
+    "use_cpu: maybe|bad.yaml:1: use_cpu: expected true or false, found \"maybe\"" \
+    "distributed_type: TPU|bad.yaml:1: distributed_type: expected one of NO, MULTI_CPU, MULTI_GPU, FSDP, DEEPSPEED, found \"TPU\"" \
+    "mixed_precision: fp8|bad.yaml:1: mixed_precision: expected one of no, fp16, bf16, found \"fp8\" (accel has no fp8)" \
+    "num_machines: 1\nfsdp_config: 3|bad.yaml:2: fsdp_config: expected a map, found a value" \
+    "num_machines: 1\nnum_processes: [2|bad.yaml:3: not YAML" \
+    "distributed_type: \"NO\"\nnum_processes: 2|bad.yaml:1: distributed_type NO runs one process, but num_processes is 2" \
+    "distributed_type: DEEPSPEED|distributed_type DEEPSPEED needs deepspeed_config.zero_stage"; do
+  printf "${bad%%|*}\n" >"$dir/bad.yaml"
+  if out=$("$demo" --config_file="$dir/bad.yaml" 2>&1); then fail "accepted: ${bad%%|*}"; fi
+  has "$out" "${bad#*|}"
+done
+# accel config writes YAML that reads back as the same flags.
+"$config" --nointeractive --config_file="$dir/written.yaml" --num_processes=3 \
+  --backend=gloo --mixed_precision=bf16 --report_to=jsonl >/dev/null
+has "$(cat "$dir/written.yaml")" "distributed_type: MULTI_CPU"
+has "$(cat "$dir/written.yaml")" "mixed_precision: 'bf16'"
+out=$("$config" --show --config_file="$dir/written.yaml" 2>&1)
+for flag in --num_processes=3 --backend=gloo --mixed_precision=bf16 \
+    --report_to=jsonl --cpu=false; do
+  has "$out" "$flag"
+done
+
+# Accelerate's templates (examples/config_yaml_templates) launch train_demo:
+# single_accelerator.yaml on one CPU process ...
+printf 'distributed_type: "NO"\nmixed_precision: "bf16"\n' >"$dir/single.yaml"
+out=$("$train" --config_file="$dir/single.yaml" --noprogress --output_dir="$dir/single" 2>&1)
+has "$out" "on 1 process(es)"
+# ... and multi_node.yaml's two machines (here both on this one, with the
+# address, port and second machine's rank from the command line; 8 processes).
+cat >"$dir/multi_node.yaml" <<'YAML'
+distributed_type: MULTI_GPU
+machine_rank: 0
+main_process_ip: '1234'
+main_process_port: 9999
+num_machines: 2
+num_processes: 8
+rdzv_backend: static
+same_network: false
+YAML
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+export ACCEL_RUN_SECRET=config-test-$$
+machine() {
+  timeout 120 "$train" --config_file="$dir/multi_node.yaml" --machine_rank="$1" \
+    --main_process_ip=127.0.0.1 --main_process_port="$port" --noprogress \
+    --output_dir="$dir/multi" >"$dir/machine_$1.log" 2>&1
+}
+machine 0 & first=$!
+machine 1 || fail "machine 1: $(tail -n 20 "$dir/machine_1.log")"
+wait "$first" || fail "machine 0: $(tail -n 20 "$dir/machine_0.log")"
+has "$(cat "$dir/machine_0.log")" "on 8 process(es) (gloo)"
 echo PASS

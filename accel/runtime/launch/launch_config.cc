@@ -5,13 +5,16 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 
 #include "accel/runtime/base/errors.h"
 #include "accel/runtime/base/excerpt.h"
 #include "accel/runtime/base/files.h"
+#include "accel/runtime/launch/accelerate_yaml.h"
 
 namespace accel {
 namespace {
@@ -39,16 +42,34 @@ std::string Trimmed(const std::string& text) {
 
 }  // namespace
 
-std::string DefaultLaunchConfigPath() {
+namespace {
+
+// $XDG_CONFIG_HOME/accel/NAME, else $HOME/.config/accel/NAME, else "".
+std::string ConfigFolderFile(const std::string& name) {
   const char* xdg = std::getenv("XDG_CONFIG_HOME");
   if (xdg != nullptr && xdg[0] == '/') {
-    return std::string(xdg) + "/accel/default_config.flags";
+    return std::string(xdg) + "/accel/" + name;
   }
   const char* home = std::getenv("HOME");
   if (home != nullptr && home[0] != '\0') {
-    return std::string(home) + "/.config/accel/default_config.flags";
+    return std::string(home) + "/.config/accel/" + name;
   }
   return "";
+}
+
+bool EndsWith(const std::string& text, const std::string& end) {
+  return text.size() >= end.size() &&
+         text.compare(text.size() - end.size(), end.size(), end) == 0;
+}
+
+}  // namespace
+
+std::string DefaultLaunchConfigPath() {
+  return ConfigFolderFile("default_config.yaml");
+}
+
+std::string LegacyLaunchConfigPath() {
+  return ConfigFolderFile("default_config.flags");
 }
 
 const std::vector<std::string>& ConfigurableFlags() {
@@ -123,8 +144,11 @@ std::string LaunchConfigPath(int argc, char** argv) {
   if (const char* from_env = std::getenv("ACCEL_CONFIG_FILE")) {
     return from_env;  // The launcher's choice, or "" for none.
   }
-  const std::string path = DefaultLaunchConfigPath();
-  return !path.empty() && IsFile(path) ? path : "";
+  for (const std::string& path :
+       {DefaultLaunchConfigPath(), LegacyLaunchConfigPath()}) {
+    if (!path.empty() && IsFile(path)) return path;
+  }
+  return "";
 }
 
 namespace {
@@ -135,7 +159,7 @@ struct ConfigLine {
   int number;  // 1 for the file's first line.
 };
 
-std::vector<ConfigLine> ReadNumberedLines(const std::string& path) {
+std::string ReadConfigText(const std::string& path) {
   std::ifstream file(path, std::ios::binary | std::ios::ate);
   if (!file) throw UsageError("cannot read the configuration file " + path);
   // A configuration is a few lines; anything this big is another file.
@@ -144,26 +168,43 @@ std::vector<ConfigLine> ReadNumberedLines(const std::string& path) {
     throw UsageError(
         "the configuration file " + path + " is " + std::to_string(size) +
         " bytes; a launch configuration "
-        "(a few --flag=value lines) has at most " +
+        "(a few lines of YAML or --flag=value) has at most " +
         std::to_string(kMaxConfigBytes) + ": is it the right file?");
   }
   file.seekg(0);
+  std::string text(static_cast<size_t>(size), '\0');
+  file.read(text.data(), size);
+  return text;
+}
+
+// UsageError naming the line of the first control byte (a NUL would end a
+// value where gflags or YAML reads it, silently; others garble a terminal).
+void RequireText(const std::string& path, const std::string& text) {
+  std::istringstream lines(text);
+  int number = 0;
+  for (std::string line; std::getline(lines, line);) {
+    ++number;
+    for (const char c : line) {
+      const auto byte = static_cast<unsigned char>(c);
+      if ((byte < 0x20 && c != '\t' && c != '\r') || byte == 0x7f) {
+        throw UsageError(path + ":" + std::to_string(number) +
+                         ": a control byte in " + Excerpt(Trimmed(line)) +
+                         "; a configuration holds lines of text");
+      }
+    }
+  }
+}
+
+std::vector<ConfigLine> ParseFlagLines(const std::string& path,
+                                       const std::string& text) {
+  std::istringstream lines(text);
   std::vector<ConfigLine> flags;
   int number = 0;
-  for (std::string raw; std::getline(file, raw);) {
+  for (std::string raw; std::getline(lines, raw);) {
     ++number;
     const std::string line = Trimmed(raw);
     if (line.empty() || line[0] == '#') continue;
     const std::string where = path + ":" + std::to_string(number) + ": ";
-    // A NUL would end the value where gflags reads it, silently.
-    for (const char c : line) {
-      const auto byte = static_cast<unsigned char>(c);
-      if ((byte < 0x20 && c != '\t') || byte == 0x7f) {
-        throw UsageError(where + "a control byte in " + Excerpt(line) +
-                         "; a configuration holds --flag=value lines of "
-                         "text");
-      }
-    }
     const size_t equals = line.find('=');
     // A boolean flag alone is true, as on the command line (--use_fsdp).
     gflags::CommandLineFlagInfo info;
@@ -188,12 +229,43 @@ std::vector<ConfigLine> ReadNumberedLines(const std::string& path) {
   return flags;
 }
 
+// The file's flags, whichever of the two formats it is in.
+std::vector<ConfigLine> ReadNumberedLines(const std::string& path,
+                                          std::vector<std::string>* warnings) {
+  const std::string text = ReadConfigText(path);
+  RequireText(path, text);
+  if (IsFlagFileText(text)) return ParseFlagLines(path, text);
+  std::vector<ConfigLine> flags;
+  for (ConfigSetting& setting :
+       SettingsFromAccelerateYaml(path, text, warnings)) {
+    flags.push_back({setting.name, setting.value, setting.line});
+  }
+  return flags;
+}
+
+// Warnings once per job: by the launcher or a program started alone, or by
+// rank 0 of a job that another launcher (torchrun, srun) started.
+void PrintWarningsOnce(const std::string& path,
+                       const std::vector<std::string>& warnings) {
+  const char* warned = std::getenv("ACCEL_CONFIG_WARNED");
+  const char* rank = std::getenv("RANK");
+  const bool printed = warned != nullptr && path == warned;
+  if (!printed && (rank == nullptr || std::string(rank) == "0")) {
+    for (const std::string& warning : warnings) {
+      std::fprintf(stderr, "accel: warning: %s\n", warning.c_str());
+    }
+  }
+  setenv("ACCEL_CONFIG_WARNED", path.c_str(), /*overwrite=*/1);
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, std::string>> ReadLaunchConfig(
-    const std::string& path) {
+    const std::string& path, std::vector<std::string>* warnings) {
+  std::vector<std::string> ignored;
   std::vector<std::pair<std::string, std::string>> flags;
-  for (const ConfigLine& line : ReadNumberedLines(path)) {
+  for (const ConfigLine& line :
+       ReadNumberedLines(path, warnings != nullptr ? warnings : &ignored)) {
     flags.emplace_back(line.name, line.value);
   }
   return flags;
@@ -203,7 +275,10 @@ std::vector<std::pair<std::string, std::string>> ApplyLaunchConfig(
     const std::string& path) {
   std::vector<std::pair<std::string, std::string>> applied;
   if (path.empty()) return applied;
-  for (const auto& [name, value, number] : ReadNumberedLines(path)) {
+  std::vector<std::string> warnings;
+  const std::vector<ConfigLine> lines = ReadNumberedLines(path, &warnings);
+  PrintWarningsOnce(path, warnings);
+  for (const auto& [name, value, number] : lines) {
     gflags::CommandLineFlagInfo info;
     if (!gflags::GetCommandLineFlagInfo(name.c_str(), &info)) {
       continue;  // A program that does not link that part of accel.
@@ -223,10 +298,15 @@ std::vector<std::pair<std::string, std::string>> ApplyLaunchConfig(
 void WriteLaunchConfig(
     const std::string& path,
     const std::vector<std::pair<std::string, std::string>>& flags) {
+  const bool flag_file = EndsWith(path, ".flags");
   std::string text =
-      "# accel launch configuration (written by accel config). Read by the\n"
-      "# launcher and every accel program before its command line, whose\n"
-      "# flags win. One --flag=value per line.\n";
+      flag_file
+          ? "# accel launch configuration (written by accel config). Read by "
+            "the\n# launcher and every accel program before its command line, "
+            "whose\n# flags win. One --flag=value per line.\n"
+          : "# accel launch configuration (written by accel config) in "
+            "Accelerate's\n# format. Read by the launcher and every accel "
+            "program before its\n# command line, whose flags win.\n";
   for (const auto& [name, value] : flags) {
     if (!IsConfigurable(name)) {
       throw UsageError("--" + name +
@@ -236,8 +316,9 @@ void WriteLaunchConfig(
     if (value.find('\n') != std::string::npos) {
       throw UsageError("--" + name + ": a value cannot span lines");
     }
-    text += "--" + name + "=" + value + "\n";
+    if (flag_file) text += "--" + name + "=" + value + "\n";
   }
+  if (!flag_file) text += AccelerateYamlFromFlags(flags);
   try {
     MakeDirectories(FolderOf(path));
     WriteFileAtomically(path, text);

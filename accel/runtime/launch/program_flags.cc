@@ -138,10 +138,11 @@ ProgramFlag<int32_t> signal_grace_s(
     "are killed, in seconds (see Accelerator::check_preemption).");
 ProgramFlag<std::string> config_file(
     "config_file", "",
-    "Launch configuration to read before the command line (written by accel "
-    "config); default: $ACCEL_CONFIG_FILE, else "
-    "~/.config/accel/default_config.flags when it exists. Empty with =: "
-    "none.");
+    "Launch configuration to read before the command line: Accelerate's "
+    "YAML (as accel config or accelerate config write it) or --flag=value "
+    "lines; default: $ACCEL_CONFIG_FILE, else "
+    "~/.config/accel/default_config.yaml (or the older default_config.flags) "
+    "when it exists. Empty with =: none.");
 ProgramFlag<std::string> backend(
     "backend", "auto",
     "Communication backend: gloo, nccl, mpi, or auto (nccl when a GPU is "

@@ -1,0 +1,59 @@
+// Accelerate's launch configuration (`accelerate config`'s
+// default_config.yaml) read as accel's launch flags, and accel's flags
+// written in that format, so that one file serves both tools.
+//
+//   std::vector<std::string> warnings;
+//   for (const ConfigSetting& s :
+//        SettingsFromAccelerateYaml(path, text, &warnings)) {
+//     // s.name = "num_processes", s.value = "8", s.line = 9
+//   }
+//   const std::string yaml = AccelerateYamlFromFlags({{"num_processes", "2"}});
+//
+// The keys that apply: distributed_type (NO: one process; MULTI_CPU: the
+// CPU, --cpu; MULTI_GPU: --backend=auto; FSDP: --use_fsdp; DEEPSPEED:
+// --zero_stage from deepspeed_config.zero_stage), num_processes (over all
+// machines, as accel's), num_machines, machine_rank, main_process_ip,
+// main_process_port, mixed_precision, gradient_accumulation_steps, use_cpu,
+// debug (true: --collective_checks), max_restarts, rdzv_backend (static or
+// c10d: accel's store serves both), same_network (no effect: accel copies no
+// files), fsdp_config's fsdp_sharding_strategy and
+// fsdp_transformer_layer_cls_to_wrap, deepspeed_config's zero_stage and
+// gradient_accumulation_steps; also every accel flag a configuration may
+// set, under its own name (backend, num_cpu_threads_per_process, ...).
+// Accelerate's keys that do not apply (TPU, IPEX, Megatron-LM, the FSDP and
+// DeepSpeed settings accel has no counterpart for) and unknown keys are
+// warnings naming them; a value of the wrong type or outside its choices is
+// a UsageError naming file, line and key. A null value (`key: null`, as
+// Accelerate writes for unset ones) is left out.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace accel {
+
+// One flag a launch configuration sets, with the line it came from.
+struct ConfigSetting {
+  std::string name;   // A flag name, without dashes.
+  std::string value;  // As on the command line.
+  int line = 0;       // 1 for the file's first line.
+};
+
+// True when `text` is accel's older flag-file format: its first line that is
+// neither blank nor a # comment starts with "--" but not YAML's "---" (or
+// it has no such line).
+bool IsFlagFileText(const std::string& text);
+
+// The flags that the YAML `text` (from `path`, named in messages) sets, in
+// file order. Appends one line per warning to `warnings`.
+std::vector<ConfigSetting> SettingsFromAccelerateYaml(
+    const std::string& path, const std::string& text,
+    std::vector<std::string>* warnings);
+
+// `flags` (name, value) as Accelerate's YAML, with accel's own flags under
+// their names. SettingsFromAccelerateYaml of the result gives them back.
+std::string AccelerateYamlFromFlags(
+    const std::vector<std::pair<std::string, std::string>>& flags);
+
+}  // namespace accel
