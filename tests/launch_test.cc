@@ -449,9 +449,9 @@ TEST(LaunchTest, LaunchRejectsFlagsItDoesNotUseAndPassesOnRankFlags) {
                         "goes after `--`"));
   EXPECT_THAT(rejected.output, ::testing::Not(HasSubstr(" ok")));
   const ProcessResult passed =
-      RunProcess({Launcher(), "--num_processes=1", "--timeout_s=7",
-                  "--rendezvous_timeout_s=9", "--", "/bin/sh", "-c",
-                  "echo args: \"$@\"", "sh"},
+      RunProcess({Launcher(), "--num_processes=1", "--main_process_port=0",
+                  "--timeout_s=7", "--rendezvous_timeout_s=9", "--", "/bin/sh",
+                  "-c", "echo args: \"$@\"", "sh"},
                  {}, kTimeout);
   EXPECT_EQ(passed.exit_code, 0) << passed.output;
   EXPECT_THAT(passed.output, HasSubstr("--timeout_s=7"));
@@ -505,7 +505,9 @@ TEST(LaunchTest, LogDirKeepsEachRanksOutputAndACopyOnTheConsole) {
 TEST(LaunchTest, LauncherMessagesStartOnAFreshLine) {
   // A rank that leaves a progress bar unfinished, then fails.
   for (const bool with_logs : {false, true}) {
-    std::vector<std::string> args = {Launcher(), "--num_processes=1"};
+    // Port 0: the default port may be another job's on a shared machine.
+    std::vector<std::string> args = {Launcher(), "--num_processes=1",
+                                     "--main_process_port=0"};
     if (with_logs) args.push_back("--log_dir=" + MakeTempDir("bar"));
     for (const char* arg :
          {"--", "/bin/sh", "-c", "printf 'Epoch 1/3 [5/10]' >&2; exit 4"}) {

@@ -11,6 +11,7 @@
 // Answers default to the file's current values (or the flags given); an
 // empty answer keeps the default, a bad one is asked again.
 #include <gflags/gflags.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -84,6 +85,7 @@ std::string Ask(const std::string& question, const std::string& flag,
     std::string answer;
     if (!std::getline(std::cin, answer)) {
       std::printf("\n");
+      std::fflush(stdout);
       throw accel::UsageError("no answer to \"" + question +
                               "\" (the input ended)");
     }
@@ -117,8 +119,12 @@ std::string Target(int argc, char** argv) {
 
 int Show(const std::string& path) {
   if (path.empty()) {
-    std::printf("no launch configuration (%s does not exist)\n",
-                accel::DefaultLaunchConfigPath().c_str());
+    const std::string fallback = accel::DefaultLaunchConfigPath();
+    struct stat info;
+    std::printf("no launch configuration (%s %s)\n", fallback.c_str(),
+                stat(fallback.c_str(), &info) == 0
+                    ? "is not a regular file, so programs skip it"
+                    : "does not exist");
     return 0;
   }
   std::vector<std::string> warnings;
@@ -136,7 +142,8 @@ int Show(const std::string& path) {
   return 0;
 }
 
-int Configure(const std::string& path) {
+// `from_file`: the flags the file being rewritten set, kept unless asked.
+int Configure(const std::string& path, const std::set<std::string>& from_file) {
   std::vector<std::pair<std::string, std::string>> flags;
   auto keep = [&flags](const std::string& flag, const std::string& value) {
     flags.emplace_back(flag, value);
@@ -170,11 +177,14 @@ int Configure(const std::string& path) {
   keep("num_cpu_threads_per_process",
        Ask("How many CPU threads per process (OMP_NUM_THREADS)?",
            "num_cpu_threads_per_process", IntegerIn(1, 4096)));
-  keep("zero_stage",
-       Ask("Shard the training state (ZeRO stage): 0 = no (DDP), 1 = the "
-           "optimizer state, 2 = also the gradients, 3 = also the parameters "
-           "(FSDP's FULL_SHARD)?",
-           "zero_stage", IntegerIn(0, 3)));
+  // With --use_fsdp the sharding strategy gives the stage.
+  if (Current("use_fsdp") != "true") {
+    keep("zero_stage",
+         Ask("Shard the training state (ZeRO stage): 0 = no (DDP), 1 = the "
+             "optimizer state, 2 = also the gradients, 3 = also the parameters "
+             "(FSDP's FULL_SHARD)?",
+             "zero_stage", IntegerIn(0, 3)));
+  }
   // Anything else the command line set, kept as given once checked where
   // the value has a known form (programs would refuse it at the next run).
   const std::map<std::string, Check> checks = {
@@ -189,7 +199,9 @@ int Configure(const std::string& path) {
   for (const std::string& flag : accel::ConfigurableFlags()) {
     bool asked = false;
     for (const auto& entry : flags) asked |= entry.first == flag;
-    if (asked || gflags::GetCommandLineFlagInfoOrDie(flag.c_str()).is_default) {
+    if (asked ||
+        (gflags::GetCommandLineFlagInfoOrDie(flag.c_str()).is_default &&
+         from_file.count(flag) == 0)) {
       continue;
     }
     const auto check = checks.find(flag);
@@ -228,7 +240,13 @@ int main(int argc, char** argv) {
   try {
     accel::EnterUserDirectory();
     bool show = false;
-    for (int i = 1; i < argc; ++i) show |= std::string(argv[i]) == "--show";
+    for (int i = 1; i < argc; ++i) {
+      std::string arg = argv[i];
+      if (arg == "--") break;
+      arg.erase(0, arg.find_first_not_of('-'));
+      show |= arg == "show" || arg == "show=true" || arg == "show=1" ||
+              arg == "show=yes";
+    }
     // What programs read now (for --show), before flags change anything.
     const std::string read = show ? accel::LaunchConfigPath(argc, argv) : "";
     const std::string path = Target(argc, argv);
@@ -236,14 +254,31 @@ int main(int argc, char** argv) {
       throw accel::UsageError(
           "no default location ($HOME is not set): give --config_file=PATH");
     }
-    // The file's values are the defaults of the questions.
-    if (accel::IsFile(path)) accel::ApplyLaunchConfig(path);
+    // The file's values are the defaults of the questions: the file's own,
+    // or, the first time accel config writes YAML, those of the flag file
+    // it wrote before (which the new file then replaces for programs).
+    std::string start_from = path;
+    const std::string legacy = accel::LegacyLaunchConfigPath();
+    if (!accel::IsFile(path) && path == accel::DefaultLaunchConfigPath() &&
+        !legacy.empty() && accel::IsFile(legacy)) {
+      start_from = legacy;
+    }
+    std::set<std::string> from_file;
+    if (accel::IsFile(start_from)) {
+      for (const auto& [name, value] : accel::ApplyLaunchConfig(start_from)) {
+        from_file.insert(name);
+      }
+    }
     gflags::ParseCommandLineFlags(&argc, &argv, /*remove_flags=*/true);
     if (argc > 1) {
       throw accel::UsageError(std::string("unexpected argument '") + argv[1] +
                               "'");
     }
-    return FLAGS_show ? Show(read) : Configure(path);
+    if (FLAGS_show) return Show(read);
+    if (start_from != path) {
+      std::printf("accel config: starting from %s\n", start_from.c_str());
+    }
+    return Configure(path, from_file);
   } catch (const accel::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;

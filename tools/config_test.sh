@@ -151,10 +151,12 @@ same_network: true
 tpu_env: []
 use_cpu: true
 mixed_precission: bf16
+ipex_config:
+  ipex: false
 YAML
 out=$("$demo" --config_file="$dir/cpu.yaml" 2>&1)
 has "$out" "tensor([1, 2, 3, 1, 2, 3])"
-has "$out" "accel: warning: $dir/cpu.yaml: unknown key(s) mixed_precission (line 15) ignored (a misspelling?)"
+has "$out" "accel: warning: $dir/cpu.yaml: unknown key mixed_precission (line 15) ignored (a misspelling?)"
 [ "$(grep -c "accel: warning" <<<"$out")" = 1 ] || fail "warnings not once: $out"
 out=$("$config" --show --config_file="$dir/cpu.yaml" 2>&1)
 has "$out" "--num_processes=2"
@@ -173,15 +175,85 @@ for bad in "num_processes: two|bad.yaml:1: num_processes: expected a whole numbe
     "num_machines: 1\nfsdp_config: 3|bad.yaml:2: fsdp_config: expected a map, found a value" \
     "num_machines: 1\nnum_processes: [2|bad.yaml:3: not YAML" \
     "distributed_type: \"NO\"\nnum_processes: 2|bad.yaml:1: distributed_type NO runs one process, but num_processes is 2" \
-    "distributed_type: DEEPSPEED|distributed_type DEEPSPEED needs deepspeed_config.zero_stage"; do
+    "distributed_type: DEEPSPEED|distributed_type DEEPSPEED needs deepspeed_config.zero_stage" \
+    "num_processes: 0|bad.yaml:1: num_processes: expected 1 to 1048576, found 0" \
+    "num_processes: 2147483647|bad.yaml:1: num_processes: expected 1 to 1048576, found 2147483647" \
+    "num_processes: 010|bad.yaml:1: num_processes: \"010\" has a leading 0" \
+    "main_process_port: 70000|bad.yaml:1: main_process_port: expected 0 to 65535, found 70000" \
+    "num_machines: 2\nnum_processes: 3|bad.yaml:2: num_processes (3) must be a multiple of num_machines (2, line 1)" \
+    "num_machines: 2\nmachine_rank: 5|bad.yaml:2: machine_rank (5) must be below num_machines (2)" \
+    "backend: carrier_pigeon|bad.yaml:1: backend: expected one of auto, gloo, nccl, mpi, found \"carrier_pigeon\"" \
+    "fsdp_config:\n  fsdp_sharding_strategy: HYBRID_SHARD|bad.yaml:2: fsdp_config.fsdp_sharding_strategy: expected one of FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, 1, 2, 3, found \"HYBRID_SHARD\" (hybrid sharding is not in accel" \
+    "num_processes: 2\n---\nnum_processes: 3|bad.yaml:3: a second YAML document" \
+    "base: &b\n  num_processes: 2\n<<: *b|bad.yaml:3: a YAML merge key (<<)" \
+    "gradient_accumulation_steps: 2\ndeepspeed_config:\n  zero_stage: 2\n  gradient_accumulation_steps: 4|bad.yaml:4: deepspeed_config.gradient_accumulation_steps is 4, but line 1 says 2" \
+    "main_process_ip: $(printf 'a%.0s' $(seq 300))|bad.yaml:1: main_process_ip: expected a host name or address (1 to 253 characters)"; do
   printf "${bad%%|*}\n" >"$dir/bad.yaml"
   if out=$("$demo" --config_file="$dir/bad.yaml" 2>&1); then fail "accepted: ${bad%%|*}"; fi
   has "$out" "${bad#*|}"
 done
+# Accelerate's off values are quiet (accelerate config writes them), and
+# MULTI_CPU means the CPU whatever use_cpu says, in either order.
+printf 'use_cpu: false\ndistributed_type: MULTI_CPU\nfsdp_config:\n  fsdp_offload_params: false\ndeepspeed_config:\n  zero_stage: 0\n  offload_param_device: none\n' \
+  >"$dir/off.yaml"
+out=$("$config" --show --config_file="$dir/off.yaml" 2>&1)
+has "$out" "--cpu=true"
+if grep -q "warning" <<<"$out"; then fail "off values warned: $out"; fi
+# A bad ACCEL_CONFIG_FILE (a FIFO would block the reader) is named.
+mkfifo "$dir/fifo.yaml"
+if out=$(ACCEL_CONFIG_FILE="$dir/fifo.yaml" timeout 20 "$demo" 2>&1); then
+  fail "FIFO accepted"
+fi
+has "$out" "ACCEL_CONFIG_FILE=$dir/fifo.yaml: not a regular file (a FIFO)"
+# The launcher starts at most 4096 processes per machine.
+if out=$("$demo" --num_processes=5000 --main_process_port=0 2>&1); then
+  fail "5000 processes accepted"
+fi
+has "$out" "accel starts at most 4096 per machine"
+# A launch configuration's num_processes gives way to the launcher's count.
+printf 'num_processes: 3\n' >"$dir/three.yaml"
+out=$("$launch" --num_processes=2 --main_process_port=0 -- "$demo" \
+  --config_file="$dir/three.yaml" 2>&1) || fail "config count refused: $out"
+has "$out" "num_processes=3 (the launch configuration $dir/three.yaml) is left aside"
+has "$out" "tensor([1, 2, 3, 1, 2, 3])"
+
+# accel config --use_fsdp writes a file that launches (no zero_stage 0
+# beside FSDP), and rewriting a file keeps what it does not ask about.
+"$config" --nointeractive --config_file="$dir/fsdp_written.yaml" \
+  --num_processes=2 --use_fsdp --backend=gloo >/dev/null
+if grep -q zero_stage "$dir/fsdp_written.yaml"; then
+  fail "zero_stage beside FSDP: $(cat "$dir/fsdp_written.yaml")"
+fi
+out=$("$demo" --config_file="$dir/fsdp_written.yaml" --main_process_port=0 2>&1) ||
+  fail "written FSDP file refused: $out"
+"$config" --nointeractive --config_file="$dir/cpu_written.yaml" \
+  --num_processes=2 --cpu --timeout_s=77 >/dev/null
+"$config" --nointeractive --config_file="$dir/cpu_written.yaml" \
+  --num_processes=4 >/dev/null
+out=$("$config" --show --config_file="$dir/cpu_written.yaml" 2>&1)
+for flag in --num_processes=4 --cpu=true --timeout_s=77; do has "$out" "$flag"; done
+has "$(cat "$dir/cpu_written.yaml")" "distributed_type: MULTI_CPU"
+# The first YAML written where a flag file was starts from its values.
+mkdir -p "$dir/xdg/accel"
+printf -- '--num_processes=2\n--cpu\n--timeout_s=77\n' \
+  >"$dir/xdg/accel/default_config.flags"
+XDG_CONFIG_HOME="$dir/xdg" "$config" --nointeractive --mixed_precision=bf16 \
+  >/dev/null
+out=$(XDG_CONFIG_HOME="$dir/xdg" "$config" --show=true 2>&1)
+for flag in default_config.yaml --num_processes=2 --cpu=true --timeout_s=77 \
+    --mixed_precision=bf16; do
+  has "$out" "$flag"
+done
 # accel config writes YAML that reads back as the same flags.
 "$config" --nointeractive --config_file="$dir/written.yaml" --num_processes=3 \
   --backend=gloo --mixed_precision=bf16 --report_to=jsonl >/dev/null
-has "$(cat "$dir/written.yaml")" "distributed_type: MULTI_CPU"
+has "$(cat "$dir/written.yaml")" "distributed_type: MULTI_GPU"
+has "$(cat "$dir/written.yaml")" "backend: 'gloo'"
+"$config" --nointeractive --config_file="$dir/one.yaml" >/dev/null
+has "$(cat "$dir/one.yaml")" "distributed_type: 'NO'"
+if grep -qE "^(backend|zero_stage|num_cpu_threads_per_process):" "$dir/one.yaml"; then
+  fail "accel's defaults written: $(cat "$dir/one.yaml")"
+fi
 has "$(cat "$dir/written.yaml")" "mixed_precision: 'bf16'"
 out=$("$config" --show --config_file="$dir/written.yaml" 2>&1)
 for flag in --num_processes=3 --backend=gloo --mixed_precision=bf16 \

@@ -32,7 +32,7 @@ expect "- BLAS: "
 expect "    RANK=0"
 expect "    WORLD_SIZE=1"
 expect "    ACCEL_RUN_SECRET=(set, not shown)"
-expect "- Launch config: none ($TEST_TMPDIR/.config/accel/default_config.yaml does not exist; accel config writes it)"
+expect "- Launch config: none ($TEST_TMPDIR/.config/accel/default_config.yaml does not exist; accel-config writes it)"
 if grep -q hunter2 <<<"$report"; then echo "FAIL: the secret is shown"; exit 1; fi
 
 if "$prefix/bin/accel-env" --bogus 2>"$TEST_TMPDIR/err"; then

@@ -206,7 +206,7 @@ std::string Config() {
     if (path.empty()) {
       const std::string fallback = DefaultLaunchConfigPath();
       if (fallback.empty()) return "none ($HOME is not set)";
-      return "none (" + fallback + " does not exist; accel config writes it)";
+      return "none (" + fallback + " does not exist; accel-config writes it)";
     }
     flags = ReadLaunchConfig(path);
   } catch (const Error& e) {

@@ -17,6 +17,10 @@
 namespace accel {
 namespace {
 
+// Processes and machines a file may ask for (the launcher allows fewer per
+// machine).
+constexpr long long kMaxLaunchProcesses = 1 << 20;
+
 // Keys of Accelerate's configuration that mean nothing to accel; a file
 // that sets them still launches, with one warning naming them.
 const std::set<std::string>& NotApplying() {
@@ -47,11 +51,43 @@ const std::set<std::string>& NotApplying() {
 // feature is off (downcast_bf16: 'no', tpu_env: [], gpu_ids: all, ...): no
 // warning for those.
 bool IsHarmless(const YAML::Node& value) {
-  if (value.IsSequence() || value.IsMap()) return value.size() == 0;
-  const std::string text = value.IsScalar() ? value.Scalar() : "";
-  return text.empty() || text == "no" || text == "false" || text == "main" ||
-         text == "all";
+  if (value.IsSequence()) return value.size() == 0;
+  if (value.IsMap()) {
+    // ipex_config: {ipex: false}: a section whose settings are all off.
+    for (const auto& entry : value) {
+      if (!IsHarmless(entry.second)) return false;
+    }
+    return true;
+  }
+  if (!value.IsScalar()) return true;  // null
+  std::string text = value.Scalar();
+  std::transform(text.begin(), text.end(), text.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
+  return text.empty() || text == "no" || text == "false" || text == "none" ||
+         text == "main" || text == "all";
 }
+
+// Keys named in a warning, the first ten of them (a file of thousands of
+// unknown keys is one short line).
+class KeyList {
+ public:
+  void Add(const std::string& key, const YAML::Node& at) {
+    if (++count_ > 10) return;
+    text_ += (text_.empty() ? "" : ", ") + Shown(key) + " (line " +
+             std::to_string(at.Mark().line + 1) + ")";
+  }
+  bool empty() const { return count_ == 0; }
+  size_t size() const { return count_; }
+  std::string text() const {
+    return count_ <= 10
+               ? text_
+               : text_ + " and " + std::to_string(count_ - 10) + " more";
+  }
+
+ private:
+  std::string text_;
+  size_t count_ = 0;
+};
 
 bool IsAccelFlag(const std::string& name) {
   const auto& names = ConfigurableFlags();
@@ -110,17 +146,28 @@ class YamlReader {
     return value.Scalar();
   }
 
-  std::string Integer(const std::string& key, const YAML::Node& value) const {
+  std::string Integer(const std::string& key, const YAML::Node& value,
+                      long long least, long long most) const {
     const std::string text = Scalar(key, value);
     char* end = nullptr;
     errno = 0;
     const long long number = std::strtoll(text.c_str(), &end, 10);
-    if (text.empty() || *end != '\0' || errno != 0 || number < 0 ||
-        number > (1LL << 31) - 1) {
+    if (text.empty() || *end != '\0' || errno != 0 ||
+        !std::isdigit(static_cast<unsigned char>(text[0]))) {
       throw UsageError(Where(value) + key +
                        ": expected a whole number, found " + Excerpt(text));
     }
-    return std::to_string(number);
+    if (text.size() > 1 && text[0] == '0') {
+      throw UsageError(Where(value) + key + ": " + Excerpt(text) +
+                       " has a leading 0, which YAML 1.1 (PyYAML, so "
+                       "Accelerate) reads as octal; write it without");
+    }
+    if (number < least || number > most) {
+      throw UsageError(Where(value) + key + ": expected " +
+                       std::to_string(least) + " to " + std::to_string(most) +
+                       ", found " + text);
+    }
+    return text;
   }
 
   bool Boolean(const std::string& key, const YAML::Node& value) const {
@@ -135,15 +182,18 @@ class YamlReader {
 
   std::string OneOf(const std::string& key, const YAML::Node& value,
                     const std::vector<std::string>& choices,
-                    const std::string& why = "") const {
+                    const std::map<std::string, std::string>& why = {}) const {
     const std::string text = Scalar(key, value);
     std::string listed;
     for (const std::string& choice : choices) {
       if (text == choice) return text;
       listed += (listed.empty() ? "" : ", ") + choice;
     }
+    auto reason = why.find(text);  // "*": any other value.
+    if (reason == why.end()) reason = why.find("*");
     throw UsageError(Where(value) + key + ": expected one of " + listed +
-                     ", found " + Excerpt(text) + why);
+                     ", found " + Excerpt(text) +
+                     (reason != why.end() ? " (" + reason->second + ")" : ""));
   }
 
   void Set(const std::string& name, const std::string& value,
@@ -151,38 +201,65 @@ class YamlReader {
     settings_.push_back({name, value, from.Mark().line + 1});
   }
 
-  void Ignore(const std::string& key, const YAML::Node& at) {
-    ignored_ += (ignored_.empty() ? "" : ", ") + key + " (line " +
-                std::to_string(at.Mark().line + 1) + ")";
-  }
+  int Line(const YAML::Node& node) const { return node.Mark().line + 1; }
 
   void Top(const YAML::Node& key_node, const YAML::Node& value) {
     const std::string key = Key(key_node);
     if (value.IsNull()) return;  // Accelerate writes unset keys as null.
+    if (key == "<<") {
+      throw UsageError(Where(key_node) +
+                       "a YAML merge key (<<); accel's YAML library "
+                       "(yaml-cpp) does not merge, so write the keys out");
+    }
     if (key == "distributed_type") {
       DistributedType(value);
     } else if (key == "num_processes") {
-      num_processes_ = Integer(key, value);
+      num_processes_ = Integer(key, value, 1, kMaxLaunchProcesses);
+      num_processes_line_ = Line(value);
       Set(key, num_processes_, value);
-    } else if (key == "num_machines" || key == "machine_rank" ||
-               key == "main_process_port" || key == "max_restarts" ||
-               key == "gradient_accumulation_steps") {
-      Set(key, Integer(key, value), value);
+    } else if (key == "num_machines") {
+      num_machines_ = Integer(key, value, 1, kMaxLaunchProcesses);
+      num_machines_line_ = Line(value);
+      Set(key, num_machines_, value);
+    } else if (key == "machine_rank") {
+      machine_rank_ = Integer(key, value, 0, kMaxLaunchProcesses - 1);
+      machine_rank_line_ = Line(value);
+      Set(key, machine_rank_, value);
+    } else if (key == "main_process_port") {
+      Set(key, Integer(key, value, 0, 65535), value);
+    } else if (key == "max_restarts") {
+      Set(key, Integer(key, value, 0, 1000000), value);
+    } else if (key == "gradient_accumulation_steps") {
+      AccumulationSteps(key, value);
     } else if (key == "main_process_ip") {
-      Set(key, Scalar(key, value), value);
+      const std::string address = Scalar(key, value);
+      if (address.empty() || address.size() > 253) {
+        throw UsageError(Where(value) + key +
+                         ": expected a host name or address (1 to 253 "
+                         "characters), found " +
+                         Excerpt(address));
+      }
+      Set(key, address, value);
     } else if (key == "mixed_precision") {
-      Set(key, OneOf(key, value, {"no", "fp16", "bf16"}, " (accel has no fp8)"),
+      Set(key,
+          OneOf(key, value, {"no", "fp16", "bf16"},
+                {{"fp8", "accel has no fp8"}}),
           value);
     } else if (key == "use_cpu") {
-      Set("cpu", Boolean(key, value) ? "true" : "false", value);
+      use_cpu_ = Boolean(key, value);
+      use_cpu_line_ = Line(value);
     } else if (key == "debug") {
-      if (Boolean(key, value)) Set("collective_checks", "true", value);
+      Set("collective_checks", Boolean(key, value) ? "true" : "false", value);
     } else if (key == "compute_environment") {
       OneOf(key, value, {"LOCAL_MACHINE"},
-            " (accel starts its own processes, not SageMaker's)");
+            {{"AMAZON_SAGEMAKER",
+              "accel starts its own processes, not SageMaker's"}});
     } else if (key == "rdzv_backend") {
       OneOf(key, value, {"static", "c10d"},
-            " (both meet at rank 0's store in accel)");
+            {{"etcd", "accel's ranks meet at rank 0's store"},
+             {"etcd-v2", "accel's ranks meet at rank 0's store"}});
+    } else if (key == "backend") {
+      Set(key, OneOf(key, value, {"auto", "gloo", "nccl", "mpi"}), value);
     } else if (key == "same_network") {
       Boolean(key, value);  // accel copies nothing between machines.
     } else if (key == "fsdp_config") {
@@ -193,23 +270,49 @@ class YamlReader {
       Section(key, value, [this](const std::string& k, const YAML::Node& v) {
         DeepSpeed(k, v);
       });
+    } else if (key == "fsdp_sharding_strategy") {
+      Set(key, ShardingStrategy(key, value), value);
     } else if (IsAccelFlag(key)) {
       Set(key, Scalar(key, value), value);
     } else if (NotApplying().count(key) != 0) {
-      if (!IsHarmless(value)) Ignore(key, key_node);
+      if (!IsHarmless(value)) ignored_.Add(key, key_node);
     } else {
-      unknown_ += (unknown_.empty() ? "" : ", ") + key + " (line " +
-                  std::to_string(key_node.Mark().line + 1) + ")";
+      unknown_.Add(key, key_node);
     }
+  }
+
+  std::string ShardingStrategy(const std::string& key,
+                               const YAML::Node& value) const {
+    const std::string hybrid =
+        "hybrid sharding is not in accel; FULL_SHARD or SHARD_GRAD_OP shard "
+        "over every process";
+    return OneOf(key, value,
+                 {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "1", "2", "3"},
+                 {{"HYBRID_SHARD", hybrid},
+                  {"HYBRID_SHARD_ZERO2", hybrid},
+                  {"4", hybrid},
+                  {"5", hybrid}});
+  }
+
+  // Top-level or deepspeed_config's: both must agree when both are given.
+  void AccumulationSteps(const std::string& key, const YAML::Node& value) {
+    const std::string steps = Integer(key, value, 1, 1 << 30);
+    if (!accumulation_steps_.empty() && accumulation_steps_ != steps) {
+      throw UsageError(Where(value) + key + " is " + steps + ", but line " +
+                       std::to_string(accumulation_steps_line_) + " says " +
+                       accumulation_steps_ + ": give one");
+    }
+    accumulation_steps_ = steps;
+    accumulation_steps_line_ = Line(value);
+    Set("gradient_accumulation_steps", steps, value);
   }
 
   void DistributedType(const YAML::Node& value) {
     distributed_type_ =
         OneOf("distributed_type", value,
               {"NO", "MULTI_CPU", "MULTI_GPU", "FSDP", "DEEPSPEED"},
-              " (accel runs on CPUs and NVIDIA GPUs)");
+              {{"*", "accel runs on CPUs and NVIDIA GPUs"}});
     distributed_type_line_ = value.Mark().line + 1;
-    if (distributed_type_ == "MULTI_CPU") Set("cpu", "true", value);
     if (distributed_type_ == "FSDP") Set("use_fsdp", "true", value);
   }
 
@@ -223,14 +326,16 @@ class YamlReader {
       const std::string key = Key(entry.first);
       if (entry.second.IsNull()) continue;
       each(key, entry.second);
-      if (ignored_key_) Ignore(name + "." + key, entry.first);
+      if (ignored_key_ && !IsHarmless(entry.second)) {
+        ignored_.Add(name + "." + key, entry.first);
+      }
       ignored_key_ = false;
     }
   }
 
   void Fsdp(const std::string& key, const YAML::Node& value) {
     if (key == "fsdp_sharding_strategy") {
-      Set(key, Scalar("fsdp_config." + key, value), value);
+      Set(key, ShardingStrategy("fsdp_config." + key, value), value);
     } else if (key == "fsdp_transformer_layer_cls_to_wrap") {
       Set(key, Scalar("fsdp_config." + key, value), value);
     } else {
@@ -244,15 +349,46 @@ class YamlReader {
           OneOf("deepspeed_config.zero_stage", value, {"0", "1", "2", "3"});
       Set("zero_stage", zero_stage_, value);
     } else if (key == "gradient_accumulation_steps") {
-      Set(key, Integer("deepspeed_config." + key, value), value);
+      AccumulationSteps("deepspeed_config." + key, value);
     } else {
       ignored_key_ = true;
     }
   }
 
+  std::string At(int line) const {
+    return path_ + ":" + std::to_string(line) + ": ";
+  }
+
+  // The checks that need two keys, each named with its line.
+  void CheckMachines() const {
+    const long long processes =
+        num_processes_.empty() ? 1 : std::stoll(num_processes_);
+    const long long machines =
+        num_machines_.empty() ? 1 : std::stoll(num_machines_);
+    if (!num_machines_.empty() && !num_processes_.empty() &&
+        processes % machines != 0) {
+      throw UsageError(At(num_processes_line_) + "num_processes (" +
+                       num_processes_ + ") must be a multiple of " +
+                       "num_machines (" + num_machines_ + ", line " +
+                       std::to_string(num_machines_line_) + ")");
+    }
+    if (!machine_rank_.empty() && std::stoll(machine_rank_) >= machines) {
+      throw UsageError(At(machine_rank_line_) + "machine_rank (" +
+                       machine_rank_ + ") must be below num_machines (" +
+                       std::to_string(machines) + ")");
+    }
+  }
+
   void Finish() {
-    const std::string where =
-        path_ + ":" + std::to_string(distributed_type_line_) + ": ";
+    CheckMachines();
+    const std::string where = At(distributed_type_line_);
+    // MULTI_CPU runs on CPUs whatever use_cpu says (Accelerate writes
+    // use_cpu: false beside it too); use_cpu: true alone means the CPU.
+    if (distributed_type_ == "MULTI_CPU") {
+      settings_.push_back({"cpu", "true", distributed_type_line_});
+    } else if (use_cpu_line_ > 0) {
+      settings_.push_back({"cpu", use_cpu_ ? "true" : "false", use_cpu_line_});
+    }
     if (distributed_type_ == "NO") {
       if (!num_processes_.empty() && num_processes_ != "1") {
         throw UsageError(where +
@@ -272,24 +408,27 @@ class YamlReader {
                        "training state itself and reads no DeepSpeed JSON)");
     }
     if (!ignored_.empty()) {
-      warnings_->push_back(path_ + ": Accelerate's " + ignored_ +
-                           " do not apply to accel and are ignored");
+      warnings_->push_back(path_ + ": Accelerate's " + ignored_.text() +
+                           (ignored_.size() == 1 ? " does" : " do") +
+                           " not apply to accel and " +
+                           (ignored_.size() == 1 ? "is" : "are") + " ignored");
     }
     if (!unknown_.empty()) {
-      warnings_->push_back(path_ + ": unknown key(s) " + unknown_ +
-                           " ignored (a misspelling?)");
+      warnings_->push_back(path_ + ": unknown key" +
+                           (unknown_.size() == 1 ? " " : "s ") +
+                           unknown_.text() + " ignored (a misspelling?)");
     }
   }
 
-  // Where a flag is set twice (MULTI_CPU, then use_cpu), the later wins.
+  // Where a key is given twice, the later wins (as in PyYAML).
   std::vector<ConfigSetting> Deduplicated() const {
+    std::map<std::string, size_t> last;
+    for (size_t i = 0; i < settings_.size(); ++i) {
+      last[settings_[i].name] = i;
+    }
     std::vector<ConfigSetting> kept;
     for (size_t i = 0; i < settings_.size(); ++i) {
-      bool later = false;
-      for (size_t j = i + 1; j < settings_.size(); ++j) {
-        later |= settings_[j].name == settings_[i].name;
-      }
-      if (!later) kept.push_back(settings_[i]);
+      if (last[settings_[i].name] == i) kept.push_back(settings_[i]);
     }
     return kept;
   }
@@ -297,10 +436,16 @@ class YamlReader {
   const std::string path_;
   std::vector<std::string>* warnings_;
   std::vector<ConfigSetting> settings_;
-  std::string ignored_, unknown_;
+  KeyList ignored_, unknown_;
   bool ignored_key_ = false;
-  std::string distributed_type_, num_processes_, zero_stage_;
-  int distributed_type_line_ = 0;
+  std::string distributed_type_, zero_stage_;
+  std::string num_processes_, num_machines_, machine_rank_;
+  std::string accumulation_steps_;
+  int distributed_type_line_ = 0, num_processes_line_ = 0;
+  int num_machines_line_ = 0, machine_rank_line_ = 0;
+  int accumulation_steps_line_ = 0;
+  bool use_cpu_ = false;
+  int use_cpu_line_ = 0;  // 0: the file has no use_cpu.
 };
 
 bool IsPlain(const std::string& value) {
@@ -317,6 +462,14 @@ std::string Lookup(
     if (flag == name) return value;
   }
   return fallback;
+}
+
+// accel's own keys at their defaults are left out, so that a file written
+// with them is one that Accelerate reads too (it refuses unknown keys).
+bool IsAccelDefault(const std::string& name, const std::string& value) {
+  return (name == "backend" && value == "auto") ||
+         (name == "zero_stage" && value == "0") ||
+         (name == "num_cpu_threads_per_process" && value == "1");
 }
 
 }  // namespace
@@ -338,7 +491,15 @@ std::vector<ConfigSetting> SettingsFromAccelerateYaml(
     std::vector<std::string>* warnings) {
   YAML::Node root;
   try {
-    root = YAML::Load(text);
+    const std::vector<YAML::Node> documents = YAML::LoadAll(text);
+    if (documents.size() > 1) {
+      throw UsageError(
+          path + ":" +
+          std::to_string(std::max(documents[1].Mark().line, 0) + 1) +
+          ": a second YAML document; a launch configuration is "
+          "one (Accelerate refuses more too)");
+    }
+    if (!documents.empty()) root = documents[0];
   } catch (const YAML::Exception& e) {
     throw UsageError(path + ":" + std::to_string(e.mark.line + 1) +
                      ": not YAML (" + e.msg +
@@ -357,26 +518,30 @@ std::string AccelerateYamlFromFlags(
     const std::vector<std::pair<std::string, std::string>>& flags) {
   const bool fsdp = Lookup(flags, "use_fsdp", "false") == "true";
   const bool cpu = Lookup(flags, "cpu", "false") == "true";
-  const std::string backend = Lookup(flags, "backend", "auto");
   const bool one_process = Lookup(flags, "num_processes", "1") == "1" &&
                            Lookup(flags, "num_machines", "1") == "1";
-  // MULTI_CPU means --cpu; use_cpu below says whether it was asked for.
+  // MULTI_CPU means --cpu (as Accelerate's does); gloo or MPI without
+  // --cpu is MULTI_GPU with that backend.
   const std::string type = fsdp          ? "FSDP"
                            : one_process ? "NO"
-                           : (cpu || backend == "gloo" || backend == "mpi")
-                               ? "MULTI_CPU"
-                               : "MULTI_GPU";
+                           : cpu         ? "MULTI_CPU"
+                                         : "MULTI_GPU";
   YAML::Emitter out;
   out << YAML::BeginMap;
   out << YAML::Key << "compute_environment" << YAML::Value << "LOCAL_MACHINE";
-  out << YAML::Key << "distributed_type" << YAML::Value << type;
+  // Quoted as Accelerate writes it: a bare NO is false to YAML 1.1.
+  out << YAML::Key << "distributed_type" << YAML::Value;
+  if (type == "NO") out << YAML::SingleQuoted;
+  out << type;
   out << YAML::Key << "use_cpu" << YAML::Value << (cpu ? "true" : "false");
   std::map<std::string, std::string> fsdp_section;
   for (const auto& [name, value] : flags) {
     if (!IsAccelFlag(name)) {
       throw UsageError("--" + name + " cannot be set in a configuration file");
     }
-    if (name == "cpu" || name == "use_fsdp") continue;
+    if (name == "cpu" || name == "use_fsdp" || IsAccelDefault(name, value)) {
+      continue;
+    }
     if (fsdp && (name == "fsdp_sharding_strategy" ||
                  name == "fsdp_transformer_layer_cls_to_wrap")) {
       fsdp_section[name] = value;

@@ -88,6 +88,17 @@ void Validate(const LaunchOptions& o) {
                      ") must be a multiple of --num_machines (" +
                      std::to_string(o.num_machines) + ")");
   }
+  // Beyond this a typo (2147483647) would start processes until the
+  // machine stops; a machine with more cores is not in sight.
+  constexpr int kMaxLocalProcesses = 4096;
+  if (o.num_processes / o.num_machines > kMaxLocalProcesses) {
+    throw UsageError("--num_processes=" + std::to_string(o.num_processes) +
+                     " over " + std::to_string(o.num_machines) +
+                     " machine(s) is " +
+                     std::to_string(o.num_processes / o.num_machines) +
+                     " processes on each; accel starts at most " +
+                     std::to_string(kMaxLocalProcesses) + " per machine");
+  }
   if (o.machine_rank < 0 || o.machine_rank >= o.num_machines) {
     throw UsageError("--machine_rank must be in [0, " +
                      std::to_string(o.num_machines) + "), found " +

@@ -142,7 +142,11 @@ std::string LaunchConfigPath(int argc, char** argv) {
     }
   }
   if (const char* from_env = std::getenv("ACCEL_CONFIG_FILE")) {
-    return from_env;  // The launcher's choice, or "" for none.
+    // The launcher's choice, or "" for none.
+    if (from_env[0] != '\0') {
+      RequireConfigFile(std::string("ACCEL_CONFIG_FILE=") + from_env, from_env);
+    }
+    return from_env;
   }
   for (const std::string& path :
        {DefaultLaunchConfigPath(), LegacyLaunchConfigPath()}) {

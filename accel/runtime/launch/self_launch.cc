@@ -115,9 +115,19 @@ void SelfLaunchIfAsked(std::vector<std::string> command) {
   for (const auto& warning : env.warnings) {
     ACCEL_LOG(WARNING) << warning;
   }
-  const bool explicit_count = flags::num_processes.given();
-  if (env.launched && explicit_count &&
-      flags::num_processes.value() != env.world_size && env.world_size > 1) {
+  const bool count_differs = env.launched && env.world_size > 1 &&
+                             flags::num_processes.value() != env.world_size;
+  // A launch configuration's count gives way to the engine's, as
+  // Accelerate's default config does under torchrun; a command line's is a
+  // mistake to report.
+  if (count_differs && !flags::num_processes.from_command_line() &&
+      flags::num_processes.given() && env.rank == 0) {
+    ACCEL_LOG(WARNING) << "num_processes=" << flags::num_processes.value()
+                       << " (" << flags::num_processes.source()
+                       << ") is left aside: " << env.engine << " started "
+                       << env.world_size << " processes";
+  }
+  if (count_differs && flags::num_processes.from_command_line()) {
     Fail("--num_processes=" + std::to_string(flags::num_processes.value()) +
              " but " + env.engine + " started " +
              std::to_string(env.world_size) +
