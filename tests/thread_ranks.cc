@@ -49,6 +49,7 @@ void RunRanks(const std::string& backend, int world_size,
         context.size = world_size;
         context.store = store;
         context.options.timeout = options.timeout;
+        context.connect_timeout = options.connect_timeout;
         context.options.check_collectives = options.check_collectives;
         comm = CreateCommunicator(backend, context);
       } catch (const std::exception& e) {

@@ -18,6 +18,10 @@ namespace accel::testing {
 
 struct RankOptions {
   std::chrono::milliseconds timeout = std::chrono::seconds(30);
+  // Connecting the ranks has its own bound: a test's short collective
+  // timeout must not fail the connection on a loaded machine (ASan beside
+  // other tests took over 500 ms).
+  std::chrono::milliseconds connect_timeout = std::chrono::seconds(30);
   bool check_collectives = true;  // CommunicatorOptions::check_collectives.
 };
 
