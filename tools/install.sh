@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Installs accel's command-line tools as accel-launch, accel-env,
 # accel-config, accel-merge-weights and accel-plot-metrics in PREFIX/bin
-# (default /usr/local).
+# (default /usr/local), and the library for CMake and pkg-config users:
+# PREFIX/lib/libaccel.so, its headers in PREFIX/include/accel,
+# PREFIX/lib/cmake/accel/accelConfig.cmake (the target accel::accel) and
+# PREFIX/lib/pkgconfig/accel.pc.
 #
 #   bazel run //tools:install -- [PREFIX]
 #   accel-env    # then, from anywhere
+#   cmake -DCMAKE_PREFIX_PATH=PREFIX ...   # find_package(accel)
 #
 # The programs link accel statically and find LibTorch, Gloo, glog and
 # gflags in the system's library folders, so the copies run outside Bazel.
@@ -44,3 +48,34 @@ install_one tools/env/env accel-env
 install_one tools/config accel-config
 install_one tools/merge_weights accel-merge-weights
 install_one tools/plot_metrics.py accel-plot-metrics
+
+# The library. Each file beside its final name, then renamed into place.
+put() {  # from, to, mode
+  mkdir -p "$(dirname "$2")"
+  cp -L "$1" "$2.new.$$"
+  chmod "$3" "$2.new.$$"
+  mv -f "$2.new.$$" "$2"
+}
+version=$(sed -n 's/.*kVersion\[\] = "\([0-9.]*\)".*/\1/p' \
+  "$runfiles/accel/runtime/base/version.h")
+[ -n "$version" ] || { echo "install: no version in version.h" >&2; exit 1; }
+from_template() {  # template, to
+  sed -e "s|@VERSION@|$version|g" -e "s|@PREFIX@|$prefix|g" "$1" >"$2.new.$$"
+  chmod 644 "$2.new.$$"
+  mv -f "$2.new.$$" "$2"
+}
+put "$runfiles/tools/cmake/libaccel.so" "$prefix/lib/libaccel.so" 755
+headers=0
+while IFS= read -r -d '' header; do
+  relative=${header#"$runfiles/"}
+  put "$header" "$prefix/include/$relative" 644
+  headers=$((headers + 1))
+done < <(find -L "$runfiles/accel" -name '*.h' -print0)
+mkdir -p "$prefix/lib/cmake/accel" "$prefix/lib/pkgconfig"
+from_template "$runfiles/tools/cmake/accelConfig.cmake.in" \
+  "$prefix/lib/cmake/accel/accelConfig.cmake"
+from_template "$runfiles/tools/cmake/accelConfigVersion.cmake.in" \
+  "$prefix/lib/cmake/accel/accelConfigVersion.cmake"
+from_template "$runfiles/tools/cmake/accel.pc.in" "$prefix/lib/pkgconfig/accel.pc"
+echo "installed $prefix/lib/libaccel.so, $headers headers in $prefix/include/accel," \
+  "accelConfig.cmake (accel::accel) and accel.pc ($version)"

@@ -32,6 +32,10 @@ readonly PACKAGES=(
   protobuf-compiler
   python3-protobuf
   python3-matplotlib
+  # CMake and pkg-config users of an installed accel
+  # (//tools:cmake_consumer_test).
+  cmake
+  pkgconf
   # The examples' data: cv_example's digits (sklearn's digits.csv.gz),
   # which it reads with zlib.
   python3-sklearn
