@@ -217,6 +217,21 @@ out=$("$launch" --num_processes=2 --main_process_port=0 -- "$demo" \
 has "$out" "num_processes=3 (the launch configuration $dir/three.yaml) is left aside"
 has "$out" "tensor([1, 2, 3, 1, 2, 3])"
 
+# Accelerate's deepspeed.yaml template: the stage from its DeepSpeed JSON,
+# found beside the YAML file.
+printf 'distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: ds.json\n  zero3_init_flag: false\nnum_processes: 2\n' \
+  >"$dir/deepspeed.yaml"
+printf '{"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": 3}\n' >"$dir/ds.json"
+out=$(config_path=$(realpath "$config") && cd / && "$config_path" --show --config_file="$dir/deepspeed.yaml" 2>&1)
+for flag in --zero_stage=2 --gradient_accumulation_steps=3 --num_processes=2; do
+  has "$out" "$flag"
+done
+printf '{"zero_optimization": {}}\n' >"$dir/ds.json"
+if out=$("$config" --show --config_file="$dir/deepspeed.yaml" 2>&1); then
+  fail "JSON without a stage accepted"
+fi
+has "$out" "deepspeed.yaml:3: deepspeed_config.deepspeed_config_file: $dir/ds.json has no zero_optimization.stage of 0 to 3"
+
 # accel config --use_fsdp writes a file that launches (no zero_stage 0
 # beside FSDP), and rewriting a file keeps what it does not ask about.
 "$config" --nointeractive --config_file="$dir/fsdp_written.yaml" \

@@ -6,12 +6,15 @@
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
 #include "accel/runtime/base/errors.h"
 #include "accel/runtime/base/excerpt.h"
+#include "accel/runtime/base/files.h"
 #include "accel/runtime/launch/launch_config.h"
 
 namespace accel {
@@ -296,15 +299,22 @@ class YamlReader {
 
   // Top-level or deepspeed_config's: both must agree when both are given.
   void AccumulationSteps(const std::string& key, const YAML::Node& value) {
-    const std::string steps = Integer(key, value, 1, 1 << 30);
+    AccumulationStepsFrom(key, Integer(key, value, 1, 1 << 30), Line(value));
+  }
+
+  void AccumulationStepsFrom(const std::string& what, const std::string& steps,
+                             int line) {
+    if (std::stoll(steps) < 1) {
+      throw UsageError(At(line) + what + " must be at least 1, found " + steps);
+    }
     if (!accumulation_steps_.empty() && accumulation_steps_ != steps) {
-      throw UsageError(Where(value) + key + " is " + steps + ", but line " +
+      throw UsageError(At(line) + what + " is " + steps + ", but line " +
                        std::to_string(accumulation_steps_line_) + " says " +
                        accumulation_steps_ + ": give one");
     }
     accumulation_steps_ = steps;
-    accumulation_steps_line_ = Line(value);
-    Set("gradient_accumulation_steps", steps, value);
+    accumulation_steps_line_ = line;
+    settings_.push_back({"gradient_accumulation_steps", steps, line});
   }
 
   void DistributedType(const YAML::Node& value) {
@@ -350,8 +360,62 @@ class YamlReader {
       Set("zero_stage", zero_stage_, value);
     } else if (key == "gradient_accumulation_steps") {
       AccumulationSteps("deepspeed_config." + key, value);
+    } else if (key == "deepspeed_config_file") {
+      DeepSpeedJson(value);
     } else {
       ignored_key_ = true;
+    }
+  }
+
+  // Accelerate's deepspeed_config_file: the ZeRO stage (and a numeric
+  // gradient_accumulation_steps) from DeepSpeed's JSON; its other settings
+  // are DeepSpeed's own. A relative path is the working directory's, as
+  // for Accelerate, else the YAML file's folder's.
+  void DeepSpeedJson(const YAML::Node& value) {
+    const std::string key = "deepspeed_config.deepspeed_config_file";
+    std::string file = Scalar(key, value);
+    if (!file.empty() && file[0] != '/' && !IsFile(file) &&
+        IsFile(FolderOf(path_) + "/" + file)) {
+      file = FolderOf(path_) + "/" + file;
+    }
+    std::ifstream in(file, std::ios::binary);
+    if (file.empty() || !IsFile(file) || !in) {
+      throw UsageError(Where(value) + key + ": cannot read " + Excerpt(file) +
+                       " (looked in the working directory and beside " + path_ +
+                       ")");
+    }
+    std::ostringstream text;
+    text << in.rdbuf();
+    if (text.str().size() > (1u << 20)) {
+      throw UsageError(Where(value) + key + ": " + file +
+                       " is over 1 MiB: not a DeepSpeed configuration");
+    }
+    nlohmann::json json;
+    try {
+      json = nlohmann::json::parse(text.str(), nullptr, true, true);
+    } catch (const nlohmann::json::exception& e) {
+      throw UsageError(Where(value) + key + ": " + file + " is not JSON (" +
+                       e.what() + ")");
+    }
+    const nlohmann::json* stage = nullptr;
+    if (json.is_object() && json.contains("zero_optimization") &&
+        json["zero_optimization"].is_object() &&
+        json["zero_optimization"].contains("stage")) {
+      stage = &json["zero_optimization"]["stage"];
+    }
+    if (stage == nullptr || !stage->is_number_integer() || *stage < 0 ||
+        *stage > 3) {
+      throw UsageError(Where(value) + key + ": " + file +
+                       " has no zero_optimization.stage of 0 to 3");
+    }
+    zero_stage_ = std::to_string(stage->get<int>());
+    Set("zero_stage", zero_stage_, value);
+    if (json.contains("gradient_accumulation_steps") &&
+        json["gradient_accumulation_steps"].is_number_integer()) {
+      AccumulationStepsFrom(
+          file + "'s gradient_accumulation_steps",
+          std::to_string(json["gradient_accumulation_steps"].get<long long>()),
+          Line(value));
     }
   }
 
@@ -404,8 +468,10 @@ class YamlReader {
     if (distributed_type_ == "DEEPSPEED" && zero_stage_.empty()) {
       throw UsageError(where +
                        "distributed_type DEEPSPEED needs "
-                       "deepspeed_config.zero_stage (accel shards the "
-                       "training state itself and reads no DeepSpeed JSON)");
+                       "deepspeed_config.zero_stage, or a "
+                       "deepspeed_config_file whose JSON has "
+                       "zero_optimization.stage (accel shards the training "
+                       "state itself)");
     }
     if (!ignored_.empty()) {
       warnings_->push_back(path_ + ": Accelerate's " + ignored_.text() +

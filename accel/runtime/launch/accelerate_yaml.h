@@ -11,8 +11,9 @@
 //
 // The keys that apply: distributed_type (NO: one process; MULTI_CPU: the
 // CPU, --cpu; MULTI_GPU: --backend=auto; FSDP: --use_fsdp; DEEPSPEED:
-// --zero_stage from deepspeed_config.zero_stage), num_processes (over all
-// machines, as accel's), num_machines, machine_rank, main_process_ip,
+// --zero_stage from deepspeed_config.zero_stage, or from the
+// zero_optimization.stage of its deepspeed_config_file's JSON), num_processes
+// (over all machines, as accel's), num_machines, machine_rank, main_process_ip,
 // main_process_port, mixed_precision, gradient_accumulation_steps, use_cpu,
 // debug (true: --collective_checks), max_restarts, rdzv_backend (static or
 // c10d: accel's store serves both), same_network (no effect: accel copies no
