@@ -125,6 +125,8 @@ EvalResult TrainClassifier(accel::Accelerator& accelerator,
   }
   EvalResult result;
   int steps_this_run = 0;
+  double train_seconds = 0;  // This run's, without the evaluations.
+  int64_t trained_samples = 0;
   for (int64_t epoch = train_loader.epoch(); epoch < loop.epochs; ++epoch) {
     if (loop.on_epoch) loop.on_epoch(epoch);
     model->train();
@@ -145,9 +147,13 @@ EvalResult TrainClassifier(accel::Accelerator& accelerator,
       scheduler.step();
       optimizer.zero_grad();
       samples += batch.data.size(0);
-      loss_sum += loss.template item<double>();
+      const double loss_value = loss.template item<double>();
+      loss_sum += loss_value;
       ++losses;
       if (!accelerator.sync_gradients()) continue;
+      // The main process's loss (no collective), as Accelerate's examples
+      // log it.
+      accelerator.log({{"loss", loss_value}}, accelerator.step());
       if (loop.stop_after_steps > 0 &&
           ++steps_this_run >= loop.stop_after_steps) {
         const std::string saved = accelerator.save_state();
@@ -160,16 +166,27 @@ EvalResult TrainClassifier(accel::Accelerator& accelerator,
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
             .count();
     result = EvaluateClassifier(accelerator, model, eval_loader, loop);
-    const double samples_per_second =
-        static_cast<double>(samples * accelerator.num_processes()) / seconds;
+    // Each process's share of global batches (split_batches).
+    const int64_t global_samples = samples * accelerator.num_processes();
+    train_seconds += seconds;
+    trained_samples += global_samples;
     accelerator.log({{"train_loss", loss_sum / std::max<int64_t>(losses, 1)},
                      {"accuracy", result.accuracy},
                      {"f1", result.f1},
-                     {"samples_per_second", samples_per_second}},
-                    epoch);
+                     {"samples_per_second", global_samples / seconds},
+                     {"epoch", epoch}},
+                    accelerator.step());
     accelerator.print("epoch " + std::to_string(epoch) + ":",
                       result.ToString());
     accelerator.save_state();
+  }
+  if (train_seconds > 0) {
+    char line[128];
+    std::snprintf(line, sizeof(line),
+                  "trained on %lld samples in %.2f s: %.1f samples/s",
+                  static_cast<long long>(trained_samples), train_seconds,
+                  trained_samples / train_seconds);
+    accelerator.print(line);
   }
   return result;
 }

@@ -1,0 +1,159 @@
+#!/usr/bin/python3
+"""nlp_example against the same job in Python Accelerate.
+
+  bazel run //tools/bench:nlp -- --peer_src=/path/to/accelerate-0.20.3/src \\
+      [--counts=1,2] [--repetitions=3] [--plot=curves.png]
+
+Both train on the same tokens (nlp_example's tokens.pt, made once), with
+the same model, batch, optimizer, schedule, seed and one thread per process
+(OMP_NUM_THREADS=1), in float32; runs of the two alternate. Per process
+count: training samples/s (each program's own clock over its training
+loops), wall time, the peak resident memory of the largest process
+(GNU time's maximum RSS of the job, which counts the ranks it waited for),
+and the last epoch's accuracy and F1; min/median/max over the repetitions
+and accel/Python ratios of the runs paired by repetition. --plot draws the
+last repetition's learning curves from both runs' metrics.jsonl with
+tools/plot_metrics.
+"""
+
+import argparse
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+EPOCH = re.compile(r"epoch (\d+): \{'accuracy': ([0-9.]+), 'f1': ([0-9.]+)")
+TRAINED = re.compile(r"trained on (\d+) samples in ([0-9.]+) s: ([0-9.]+) samples/s")
+
+
+def runfile(path):
+    # This file is <runfiles>/accel/tools/bench/nlp.py.
+    here = os.path.dirname(os.path.abspath(__file__))
+    return os.path.join(os.path.dirname(os.path.dirname(here)), path)
+
+
+def run_job(argv, env, log):
+    """Wall seconds, peak RSS (MiB) and the output of one job."""
+    environment = dict(os.environ, OMP_NUM_THREADS="1", **env)
+    with tempfile.NamedTemporaryFile("r") as rss:
+        start = _now()
+        with open(log, "w") as out:
+            code = subprocess.call(["/usr/bin/time", "-o", rss.name, "-f", "%M"]
+                                   + argv, stdout=out, stderr=subprocess.STDOUT,
+                                   env=environment)
+        wall = _now() - start
+        peak_kib = int(rss.read().split()[-1])
+    text = open(log).read()
+    if code != 0:
+        sys.exit(f"nlp bench: {argv[0]} failed ({code}); see {log}:\n"
+                 + text[-2000:])
+    epochs = EPOCH.findall(text)
+    trained = TRAINED.search(text)
+    if not epochs or not trained:
+        sys.exit(f"nlp bench: no metrics in {log}:\n" + text[-2000:])
+    return {"wall_s": wall, "peak_mib": peak_kib / 1024.0,
+            "samples_per_s": float(trained.group(3)),
+            "accuracy": float(epochs[-1][1]), "f1": float(epochs[-1][2])}
+
+
+def _now():
+    return os.times().elapsed
+
+
+def spread(values, fmt):
+    return "/".join(fmt % v for v in (min(values), statistics.median(values),
+                                      max(values)))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--peer_src", required=True,
+                        help="folder holding Python Accelerate's accelerate package")
+    parser.add_argument("--peer_dir", default="",
+                        help="folder of launch.sh (default: ../shared/peer of the workspace)")
+    parser.add_argument("--counts", default="1,2")
+    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--plot", default="", help="PNG of the learning curves")
+    parser.add_argument("--scratch", default="")
+    args = parser.parse_args()
+    if args.repetitions < 1:
+        sys.exit("nlp bench: --repetitions must be at least 1")
+    counts = [int(c) for c in args.counts.split(",")]
+    workspace = os.environ.get("BUILD_WORKSPACE_DIRECTORY", ".")
+    peer_dir = args.peer_dir or os.path.join(workspace, "..", "shared", "peer")
+    launch = os.path.join(peer_dir, "launch.sh")
+    if not os.path.isfile(launch):
+        sys.exit(f"nlp bench: no {launch}; give --peer_dir")
+    if not os.path.isdir(os.path.join(args.peer_src, "accelerate")):
+        sys.exit(f"nlp bench: no accelerate package in {args.peer_src}")
+    example = runfile("examples/nlp_example")
+    peer = runfile("tools/bench/accelerate_nlp.py")
+    scratch = args.scratch or tempfile.mkdtemp(prefix="accel-nlp-bench-")
+    print(f"scratch: {scratch}; load before: {os.getloadavg()[0]:.2f}")
+
+    # The tokens, once (--epochs=0 tokenizes and stops).
+    tokens_dir = os.path.join(scratch, "tokens")
+    run = subprocess.run([example, "--epochs=0", "--output_dir=" + tokens_dir,
+                          "--main_process_port=0"], capture_output=True, text=True)
+    tokens = os.path.join(tokens_dir, "tokens.pt")
+    if run.returncode != 0 or not os.path.isfile(tokens):
+        sys.exit("nlp bench: nlp_example did not tokenize:\n" + run.stdout + run.stderr)
+
+    results = {n: {"accel": [], "python": []} for n in counts}
+    port = 29800
+    last = {}
+    for n in counts:
+        for i in range(args.repetitions):
+            for who in (("accel", "python") if i % 2 == 0 else ("python", "accel")):
+                out = os.path.join(scratch, f"{who}_{n}_{i}")
+                os.makedirs(out)
+                if who == "accel":
+                    shutil.copy(tokens, out)  # Not tokenizing again.
+                    argv = [example, f"--num_processes={n}", "--output_dir=" + out,
+                            "--main_process_port=0", "--report_to=jsonl",
+                            f"--epochs={args.epochs}"]
+                    env = {}
+                else:
+                    port += 1
+                    argv = ["/bin/bash", launch, str(n), str(port), peer,
+                            "--tokens=" + tokens, "--output_dir=" + out,
+                            f"--epochs={args.epochs}"]
+                    env = {"PEER_SRC": args.peer_src}
+                results[n][who].append(run_job(argv, env, out + ".log"))
+                last[who] = out
+    print(f"load after: {os.getloadavg()[0]:.2f}")
+
+    print(f"\nnlp_example, {args.epochs} epochs, min/median/max over "
+          f"{args.repetitions} runs (ratio: accel / Python, paired runs)")
+    header = ("processes", "figure", "accel", "Python Accelerate", "ratio")
+    print("%-10s %-16s %-26s %-26s %s" % header)
+    for n in counts:
+        ours, theirs = results[n]["accel"], results[n]["python"]
+        for key, name, fmt in (("samples_per_s", "samples/s", "%.1f"),
+                               ("wall_s", "wall s", "%.2f"),
+                               ("peak_mib", "peak RSS MiB", "%.0f"),
+                               ("accuracy", "accuracy", "%.4f"),
+                               ("f1", "F1", "%.4f")):
+            a = [r[key] for r in ours]
+            p = [r[key] for r in theirs]
+            ratio = [x / y for x, y in zip(a, p)] if all(p) else []
+            print("%-10s %-16s %-26s %-26s %s" % (
+                n, name, spread(a, fmt), spread(p, fmt),
+                spread(ratio, "%.2f") if ratio else "n/a"))
+    if args.plot:
+        plot = runfile("tools/plot_metrics.py")
+        subprocess.check_call(["/usr/bin/python3", plot,
+                               os.path.join(last["accel"], "nlp_example"),
+                               os.path.join(last["python"], "python_accelerate"),
+                               "--metrics=loss,accuracy,f1",
+                               "-o", os.path.join(workspace, args.plot)])
+        print(f"plot: {args.plot}")
+
+
+if __name__ == "__main__":
+    main()
