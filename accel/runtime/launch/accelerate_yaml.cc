@@ -252,7 +252,9 @@ class YamlReader {
       use_cpu_ = Boolean(key, value);
       use_cpu_line_ = Line(value);
     } else if (key == "debug") {
-      Set("collective_checks", Boolean(key, value) ? "true" : "false", value);
+      // debug: false (what accelerate config writes) leaves accel's
+      // checks on, as they are by default.
+      if (Boolean(key, value)) Set("collective_checks", "true", value);
     } else if (key == "compute_environment") {
       OneOf(key, value, {"LOCAL_MACHINE"},
             {{"AMAZON_SAGEMAKER",
