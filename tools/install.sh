@@ -23,6 +23,9 @@ fi
 if [ -n "${BUILD_WORKING_DIRECTORY:-}" ] && [ "${prefix#/}" = "$prefix" ]; then
   prefix="$BUILD_WORKING_DIRECTORY/$prefix"
 fi
+# Absolute, whoever runs it: CMake's and pkg-config's files are written
+# with it.
+[ "${prefix#/}" != "$prefix" ] || prefix="$PWD/$prefix"
 runfiles=${RUNFILES_DIR:-$0.runfiles}/accel
 if [ ! -d "$runfiles" ]; then
   echo "install: cannot find the built tools in $runfiles; run it with" \
@@ -60,7 +63,7 @@ version=$(sed -n 's/.*kVersion\[\] = "\([0-9.]*\)".*/\1/p' \
   "$runfiles/accel/runtime/base/version.h")
 [ -n "$version" ] || { echo "install: no version in version.h" >&2; exit 1; }
 from_template() {  # template, to
-  sed -e "s|@VERSION@|$version|g" -e "s|@PREFIX@|$prefix|g" "$1" >"$2.new.$$"
+  sed -e "s|@VERSION@|$version|g" "$1" >"$2.new.$$"
   chmod 644 "$2.new.$$"
   mv -f "$2.new.$$" "$2"
 }
