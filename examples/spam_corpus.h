@@ -41,10 +41,15 @@ struct SpamCorpus {
   std::vector<Mail> test;  // Every fifth mail of each group, in file order.
 };
 
-// The corpus's data folder: `dir` when given, else $ACCEL_DATA_DIR's or
-// kSpamCorpusPrefix's installed package. Throws accel::UsageError saying
-// what to install when there is none.
+// The corpus's data folder: `dir` when given, else $ACCEL_DATA_DIR (the
+// data folder itself, as `dir`), else kSpamCorpusPrefix's installed
+// package. Throws accel::UsageError for a `dir` or $ACCEL_DATA_DIR without
+// the corpus, and saying what to install when there is none.
 std::string FindSpamCorpus(const std::string& dir);
+
+// A number that changes with the folder and its mails' names (for caches
+// made from it).
+int64_t SpamCorpusFingerprint(const std::string& dir);
 
 // Reads every mail (the .txt files of each group folder). Throws
 // accel::UsageError for a folder without the corpus's groups.

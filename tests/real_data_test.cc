@@ -173,12 +173,40 @@ TEST(RealDataTest, CvRejectsAFileThatIsNotTheDigits) {
                                         "and a digit, found \"0,1,2\""));
 }
 
+// A cache that cannot be used (garbage here) is named and made again.
+TEST(RealDataTest, NlpRemakesAnUnusableTokenCache) {
+  const std::string dir = MakeTempDir("nlp_cache");
+  ASSERT_EQ(std::system(("echo garbage > " + dir + "/tokens.pt").c_str()), 0);
+  const ProcessResult r = RunNlp(dir, {"--epochs=1"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output,
+              HasSubstr("not using " + dir + "/tokens.pt (unreadable"));
+  EXPECT_EQ(Epochs(r.output).size(), 1u) << r.output;
+  const ProcessResult again = RunNlp(dir, {"--epochs=1"});
+  EXPECT_THAT(again.output, ::testing::Not(HasSubstr("not using")));
+}
+
+TEST(RealDataTest, CvRefusesABatchLargerThanTheTrainingSet) {
+  const ProcessResult r =
+      RunExample("cv_example", MakeTempDir("cv_big"), {"--batch_size=1438"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("the training set (1437 samples) is smaller "
+                                  "than one global batch (--batch_size=1438"));
+}
+
 TEST(RealDataTest, NlpWithoutTheCorpusSaysWhatToInstall) {
   const ProcessResult r =
       RunNlp(MakeTempDir("nlp_none"), {"--data_dir=/nonexistent/corpus"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("--data_dir=/nonexistent/corpus holds no "
                                   "SpamAssassin corpus"));
+  const ProcessResult env =
+      RunProcess({Runfile("examples/nlp_example"), "--epochs=1",
+                  "--output_dir=" + MakeTempDir("nlp_env")},
+                 {{"ACCEL_DATA_DIR", "/nonexistent/env"}}, kTimeout);
+  EXPECT_NE(env.exit_code, 0);
+  EXPECT_THAT(env.output, HasSubstr("ACCEL_DATA_DIR=/nonexistent/env holds no "
+                                    "SpamAssassin corpus"));
 }
 
 }  // namespace
