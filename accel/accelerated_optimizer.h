@@ -39,6 +39,9 @@ class AcceleratedOptimizerBase {
   void step(CallSite site = CallSite::Here()) {
     prepared();  // A UsageError after reset().
     if (!state_->gradients.sync_gradients()) return;
+    for (const GradientReducer* reducer : state_->prepared.synchronizers()) {
+      reducer->CheckStepComplete("optimizer.step");
+    }
     ZeroOptimizer* zero = prepared().zero.get();
     if (zero != nullptr) zero->AttachGradients();
     GradScaler* scaler = state_->scaler.get();

@@ -12,6 +12,7 @@
 #include <random>
 
 #include "accel/checkpoint_manager.h"
+#include "accel/invariant_reduction.h"
 #include "accel/runtime/base/error_report.h"
 #include "accel/runtime/base/errors.h"
 #include "accel/runtime/base/host_memory.h"
@@ -130,6 +131,7 @@ Accelerator::Accelerator(AcceleratorOptions options)
       options_.gradient_accumulation_steps);
   state_->gradients.set_sync_with_dataloader(options_.sync_with_dataloader);
   if (precision_ == MixedPrecision::kFp16) MakeLossScaler();
+  SetUpInvariantMicroBatches();
   MakeCheckpointManager();
   run_id_ = AgreeOnRunId();
   if (options_.seed) set_seed(*options_.seed);
@@ -294,8 +296,14 @@ void Accelerator::PrepareModule(
     const std::shared_ptr<torch::nn::Module>& module) {
   if (module == nullptr) throw UsageError("prepare: the model is null");
   module->to(device_);
+  const int micro_batches = options_.invariant_micro_batches;
   if (num_processes() == 1) {
-    state_->prepared.AddModel(module, nullptr);
+    state_->prepared.AddModel(
+        module, micro_batches == 0
+                    ? nullptr
+                    : std::make_unique<InvariantGradientReducer>(
+                          nullptr, module->parameters(), micro_batches,
+                          module->buffers(), false));
     return;
   }
   // Every rank starts from rank 0's weights, as DDP does at wrap time: in
@@ -322,11 +330,17 @@ void Accelerator::PrepareModule(
           " to make a unit of (see accel/sharded_units.h)");
     }
   }
-  state_->prepared.AddModel(module,
-                            std::make_unique<GradientSynchronizer>(
-                                communicator(), module->parameters(),
-                                options_.gradient_sync, module->buffers()),
-                            std::move(units));
+  std::unique_ptr<GradientReducer> reducer;
+  if (micro_batches != 0) {
+    reducer = std::make_unique<InvariantGradientReducer>(
+        &communicator(), module->parameters(), micro_batches, module->buffers(),
+        options_.gradient_sync.broadcast_buffers);
+  } else {
+    reducer = std::make_unique<GradientSynchronizer>(
+        communicator(), module->parameters(), options_.gradient_sync,
+        module->buffers());
+  }
+  state_->prepared.AddModel(module, std::move(reducer), std::move(units));
 }
 
 std::shared_ptr<PreparedOptimizer> Accelerator::PrepareOptimizer(
@@ -438,13 +452,24 @@ void Accelerator::backward(const torch::Tensor& loss, CallSite site) {
   for (ZeroOptimizer* zero : state_->prepared.sharded_optimizers()) {
     zero->AttachGradients();
   }
-  ++step_;
+  // Under invariant_micro_batches a step's micro-batches count once, so
+  // that the count is the same at any process count.
+  if (std::none_of(synchronizers.begin(), synchronizers.end(),
+                   [](GradientReducer* s) { return s->mid_step(); })) {
+    ++step_;
+  }
 }
 
 void Accelerator::set_gradient_accumulation_steps(int steps) {
   if (steps < 1) {
     throw UsageError("gradient_accumulation_steps must be at least 1, found " +
                      std::to_string(steps));
+  }
+  if (steps != 1 && options_.invariant_micro_batches != 0) {
+    throw UsageError(
+        "gradient_accumulation_steps " + std::to_string(steps) +
+        " does not combine with invariant_micro_batches: its micro-batches "
+        "are the accumulation");
   }
   options_.gradient_accumulation_steps = steps;
   state_->gradients.set_accumulation_steps(steps);

@@ -272,6 +272,15 @@ class Accelerator {
      ...);
     return scope;
   }
+  // invariant_micro_batches (accel/invariant_reduction.h): this process's
+  // micro-batches of `batch` (its share of a global batch under
+  // split_batches), invariant_micro_batches / num_processes equal slices
+  // along dim 0, the same slices at any process count; call backward once
+  // for each. With the option off: the batch itself, alone, so that one
+  // loop serves both. UsageError when the batch does not split evenly.
+  std::vector<torch::data::Example<>> micro_batches(
+      const torch::data::Example<>& batch) const;
+  std::vector<torch::Tensor> micro_batches(const torch::Tensor& batch) const;
   // Whether this micro-step syncs gradients and steps the optimizer.
   bool sync_gradients() const { return state_->gradients.sync_gradients(); }
   int gradient_accumulation_steps() const {
@@ -668,6 +677,11 @@ class Accelerator {
   // save_state in the middle of an accumulation cycle: warns (on the main
   // process) that the gradients accumulated since the last step are lost.
   void WarnIfMidAccumulation() const;
+  // invariant_micro_batches (accelerator_invariant.cc): the check against
+  // the process count, and the threads per process.
+  void SetUpInvariantMicroBatches();
+  std::vector<torch::Tensor> SplitMicroBatches(const torch::Tensor& tensor,
+                                               const char* what) const;
   // The stage-3 optimizer sharding the model's parameters, or null.
   ZeroOptimizer* ParameterShardingOf(const torch::nn::Module& model) const;
 
@@ -765,7 +779,9 @@ class Accelerator {
   // What was prepared is in state_->prepared, the one registry.
   std::shared_ptr<TrainingState> state_;
   MixedPrecision precision_ = MixedPrecision::kNo;
-  int64_t step_ = 0;  // Backward passes, restored by load_state.
+  // Backward passes (under invariant_micro_batches: steps), restored by
+  // load_state.
+  int64_t step_ = 0;
   std::string run_id_;
   std::unique_ptr<TrackerSet> trackers_;
   std::unique_ptr<CheckpointManager> checkpoints_;

@@ -49,6 +49,11 @@ JoinScope Accelerator::join_uneven_inputs(
     join_active_ = true;
     return scope;
   }
+  if (options_.invariant_micro_batches != 0) {
+    throw UsageError(
+        "join_uneven_inputs: not available with invariant_micro_batches: "
+        "every process runs its share of every global batch");
+  }
   if (options_.zero_stage > 0) {
     throw UsageError(
         "join_uneven_inputs: not available under ZeRO (zero_stage " +

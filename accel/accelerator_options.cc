@@ -2,6 +2,7 @@
 
 #include <variant>
 
+#include "accel/invariant_reduction.h"
 #include "accel/runtime/base/errors.h"
 #include "accel/runtime/base/excerpt.h"
 #include "accel/runtime/base/logging.h"
@@ -110,6 +111,7 @@ AcceleratorOptions AcceleratorOptions::FromFlags() {
   options.zero_stage = ZeroStageFromFlags();
   options.fsdp_layer_to_wrap =
       flags::fsdp_transformer_layer_cls_to_wrap.value();
+  options.invariant_micro_batches = flags::invariant_micro_batches.value();
   return options;
 }
 
@@ -208,6 +210,30 @@ void AcceleratorOptions::Validate() const {
         "cannot be false: accel's data loaders always shuffle from their "
         "seed and always record their position for save_state");
   }
+  // The process count is checked where it is known (the Accelerator).
+  CheckInvariantMicroBatches(options.invariant_micro_batches, 1);
+  if (options.invariant_micro_batches != 0) {
+    const std::string mode = "invariant_micro_batches=" +
+                             std::to_string(options.invariant_micro_batches);
+    if (options.zero_stage != 0) {
+      throw UsageError(mode + " does not combine with ZeRO (zero_stage " +
+                       std::to_string(options.zero_stage) +
+                       "), whose reduction sums into each rank's shard; "
+                       "use one or the other");
+    }
+    if (options.gradient_accumulation_steps != 1) {
+      throw UsageError(
+          mode + " does not combine with gradient_accumulation_steps " +
+          std::to_string(options.gradient_accumulation_steps) +
+          ": its micro-batches are the accumulation; raise the global batch "
+          "and invariant_micro_batches instead");
+    }
+    if (options.gradient_sync.comm_hook != DDPCommunicationHookType::kNo) {
+      throw UsageError(mode +
+                       " does not combine with a DDP comm hook: the hook "
+                       "would round the sums this mode keeps exact");
+    }
+  }
   if (options.total_limit < 0) {
     throw UsageError("total_limit must not be negative, found " +
                      std::to_string(options.total_limit));
@@ -294,6 +320,9 @@ void AcceleratorOptions::AdoptGivenFlags(bool is_main_process) {
   AdoptFlag(flags::fsdp_transformer_layer_cls_to_wrap,
             options.fsdp_layer_to_wrap, builtin.fsdp_layer_to_wrap,
             "fsdp_layer_to_wrap", same, &overridden);
+  AdoptFlag(flags::invariant_micro_batches, options.invariant_micro_batches,
+            builtin.invariant_micro_batches, "invariant_micro_batches", same,
+            &overridden);
   if (overridden.empty() || !is_main_process) return;
   std::string listed;
   for (const std::string& item : overridden) {

@@ -116,6 +116,12 @@ struct AcceleratorOptions {
   // empty: the children of the model's outermost Sequentials (see
   // accel/sharded_units.h).
   std::string fsdp_layer_to_wrap;
+  // Gradients that do not depend on the process count
+  // (accel/invariant_reduction.h): each global batch in this many
+  // micro-batches (0: off; else a power of two that the process count
+  // divides), which the loop runs through accelerator.micro_batches(batch).
+  // Not with ZeRO, gradient accumulation or a DDP comm hook.
+  int invariant_micro_batches = 0;
   // Mixed precision's autocast (Accelerate's AutocastKwargs).
   AutocastKwargs autocast;
   // What accel::Profiler(accelerator) profiles (Accelerate's ProfileKwargs
@@ -130,7 +136,7 @@ struct AcceleratorOptions {
   // --timeout_s, --rendezvous_timeout_s, --collective_checks, --report_to,
   // --logging_dir, --reuse_host_memory, --cpu, --zero_stage (or --use_fsdp
   // with --fsdp_sharding_strategy) and
-  // --fsdp_transformer_layer_cls_to_wrap (see
+  // --fsdp_transformer_layer_cls_to_wrap, --invariant_micro_batches (see
   // accel/runtime/launch/program.h).
   static AcceleratorOptions FromFlags();
 

@@ -110,6 +110,12 @@ class GradientReducer {
   // as gradients arrive (join_uneven_inputs: a rank that shadows the
   // others' backward cannot follow the order their gradients arrive in).
   virtual void set_deferred(bool /*deferred*/) {}
+  // Whether a step's reduction is under way across several backward calls
+  // (invariant_micro_batches: some of the step's micro-batches are still to
+  // come); then the step's gradient is not complete yet.
+  virtual bool mid_step() const { return false; }
+  // UsageError naming `operation` (the optimizer's step) while mid_step().
+  virtual void CheckStepComplete(const char* /*operation*/) const {}
 };
 
 class GradientSynchronizer : public GradientReducer {

@@ -94,6 +94,7 @@ const std::vector<std::string>& ConfigurableFlags() {
       "reuse_host_memory",
       "cpu",
       "zero_stage",
+      "invariant_micro_batches",
       "fsdp_transformer_layer_cls_to_wrap",
       "use_fsdp",
       "fsdp_sharding_strategy",

@@ -194,6 +194,12 @@ ProgramFlag<int32_t> zero_stage(
     "ZeRO sharding of the training state over the processes: 0 (DDP, every "
     "rank holds everything), 1 (optimizer state sharded), 2 (optimizer "
     "state and gradients sharded) or 3 (parameters too, unit by unit).");
+ProgramFlag<int32_t> invariant_micro_batches(
+    "invariant_micro_batches", 0,
+    "Cut each global batch into this many micro-batches (a power of two) "
+    "and sum their gradients in one fixed tree, so that training gives the "
+    "same bits at any process count dividing it (accel/invariant_reduction.h; "
+    "loop over accelerator.micro_batches(batch)); 0: off, DDP's allreduce.");
 ProgramFlag<std::string> fsdp_transformer_layer_cls_to_wrap(
     "fsdp_transformer_layer_cls_to_wrap", "",
     "Under --zero_stage=3: the class of the layers that become units (as "
@@ -220,7 +226,7 @@ void ForEachFlag(Fn&& fn) {
         &flags::max_restarts, &flags::signal_grace_s,
         &flags::gradient_accumulation_steps, &flags::timeout_s,
         &flags::rendezvous_timeout_s, &flags::network_timeout_s,
-        &flags::zero_stage}) {
+        &flags::zero_stage, &flags::invariant_micro_batches}) {
     fn(*flag);
   }
   for (auto* flag :

@@ -90,6 +90,7 @@ extern ProgramFlag<std::string> logging_dir;
 extern ProgramFlag<bool> reuse_host_memory;
 extern ProgramFlag<bool> cpu;
 extern ProgramFlag<int32_t> zero_stage;
+extern ProgramFlag<int32_t> invariant_micro_batches;
 extern ProgramFlag<std::string> fsdp_transformer_layer_cls_to_wrap;
 // Accelerate's FSDP names for a ZeRO stage (see AcceleratorOptions).
 extern ProgramFlag<bool> use_fsdp;
