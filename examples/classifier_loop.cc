@@ -14,11 +14,14 @@ DEFINE_bool(resume, false, "Continue from the newest checkpoint.");
 DEFINE_int32(stop_after_steps, 0,
              "Save and stop after this many optimizer steps of this run; 0 "
              "runs to the end. For trying --resume.");
-DEFINE_bool(float64, false,
-            "Train in double precision, where the metrics at 1, 2 and 4 "
-            "processes agree to the last digit; in float32 the gradient's "
-            "sums, split across processes, round differently, and training "
-            "can grow that into a prediction or two of difference.");
+DEFINE_bool(float64, false, "Train in double precision.");
+// accel's flag, with this example's default (accel reads the program's).
+DEFINE_int32(invariant_micro_batches, 4,
+             "Each global batch in this many micro-batches, their gradients "
+             "summed in one fixed tree: the same weights, to the bit, at 1, 2 "
+             "and 4 processes (accel/invariant_reduction.h). 0: DDP's "
+             "allreduce, as Accelerate sums (float32 then rounds differently "
+             "at each process count).");
 
 namespace accel_examples {
 namespace {

@@ -1,8 +1,9 @@
 // What nlp_example and cv_example share, as Accelerate's nlp_example.py and
 // cv_example.py write it: the flags (--epochs, --batch_size, --lr, ...),
 // split-batch loaders, AdamW with a linear warmup schedule, and the loop:
-// per epoch, the training steps (autocast forward, backward, optimizer and
-// schedule steps) and an evaluation over exactly the test set through
+// per epoch, the training steps (autocast forward and backward of each of
+// the batch's micro-batches, --invariant_micro_batches, then the optimizer
+// and schedule steps) and an evaluation over exactly the test set through
 // gather_for_metrics (accuracy and F1), a checkpoint after every epoch,
 // and --resume from the newest one.
 //
@@ -138,18 +139,23 @@ EvalResult TrainClassifier(accel::Accelerator& accelerator,
     int64_t losses = 0;
     for (auto& batch : train_loader) {
       auto accumulate = accelerator.accumulate(model);
-      torch::Tensor loss;
-      {
-        auto autocast = accelerator.autocast();
-        loss = torch::nn::functional::cross_entropy(
-            model->forward(Inputs(batch.data, loop)), batch.target);
+      // One slice, the batch, unless --invariant_micro_batches cuts it.
+      const auto slices = accelerator.micro_batches(batch);
+      double loss_value = 0;
+      for (const auto& slice : slices) {
+        torch::Tensor loss;
+        {
+          auto autocast = accelerator.autocast();
+          loss = torch::nn::functional::cross_entropy(
+              model->forward(Inputs(slice.data, loop)), slice.target);
+        }
+        accelerator.backward(loss);
+        loss_value += loss.template item<double>() / slices.size();
       }
-      accelerator.backward(loss);
       optimizer.step();
       scheduler.step();
       optimizer.zero_grad();
       samples += batch.data.size(0);
-      const double loss_value = loss.template item<double>();
       loss_sum += loss_value;
       ++losses;
       if (!accelerator.sync_gradients()) continue;

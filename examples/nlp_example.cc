@@ -11,8 +11,10 @@
 //   --stop_after_steps=50   # then: bazel run //examples:nlp_example --
 //   --resume
 //
-// The batch is global and split across processes (split_batches), so at 1,
-// 2 and 4 processes the metrics agree. The tokens go to
+// The batch is global and split across processes (split_batches), in four
+// micro-batches summed in one fixed order (--invariant_micro_batches=4,
+// accel/invariant_reduction.h), so that runs at 1, 2 and 4 processes end
+// with the same weights, to the bit. The tokens go to
 // <output_dir>/tokens.pt (torch.load reads it: the Python baseline of
 // //tools/bench:nlp trains on the same tokens).
 #include <torch/nn/module.h>

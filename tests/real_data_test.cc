@@ -64,23 +64,48 @@ void ExpectSameMetrics(const std::vector<EpochMetrics>& found,
   }
 }
 
-// In double precision the split batches sum to the same gradients at any
-// process count, so every epoch's metrics agree.
-TEST(RealDataTest, NlpMetricsAgreeAtOneTwoAndFourProcesses) {
+// Runs `example` at 1, 2 and 4 processes with `args`: every epoch's
+// metrics agree, and the final weights are the same bytes (the examples'
+// default --invariant_micro_batches=4: accel/invariant_reduction.h).
+// Returns the 1-process run's epochs.
+std::vector<EpochMetrics> ExpectSameRunsAtOneTwoAndFour(
+    const std::string& example, std::vector<std::string> args,
+    const std::string& expected_line) {
   std::vector<EpochMetrics> reference;
+  std::string reference_weights;
   for (int n : {1, 2, 4}) {
-    const ProcessResult r =
-        RunNlp(MakeTempDir("nlp"),
-               {"--num_processes=" + std::to_string(n), "--float64"});
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    EXPECT_THAT(r.output, HasSubstr("Training on 4836 mails, 1516 of them "
-                                    "spam; testing on 1210"));
+    const std::string dir = MakeTempDir(example);
+    std::vector<std::string> run = args;
+    run.push_back("--num_processes=" + std::to_string(n));
+    const ProcessResult r = example == "nlp_example"
+                                ? RunNlp(dir, run)
+                                : RunExample(example, dir, run);
+    const std::string what =
+        example + " at " + std::to_string(n) + " processes, " + run.front();
+    EXPECT_EQ(r.exit_code, 0) << what << r.output;
+    EXPECT_THAT(r.output, HasSubstr(expected_line));
     const std::vector<EpochMetrics> epochs = Epochs(r.output);
-    ASSERT_EQ(epochs.size(), 2u) << r.output;  // The main process's only.
-    EXPECT_EQ(epochs[1].samples, 1210);        // Exactly the test set.
-    EXPECT_GT(epochs[1].accuracy, 0.9) << r.output;
-    if (reference.empty()) reference = epochs;
-    ExpectSameMetrics(epochs, reference, std::to_string(n) + " processes");
+    const std::string weights = ReadFile(dir + "/model/model.safetensors");
+    EXPECT_FALSE(weights.empty()) << what;
+    if (reference.empty()) {
+      reference = epochs;
+      reference_weights = weights;
+    }
+    ExpectSameMetrics(epochs, reference, what);
+    EXPECT_TRUE(weights == reference_weights)
+        << what << ": the weights differ from 1 process's";
+  }
+  return reference;
+}
+
+TEST(RealDataTest, NlpRunsAgreeToTheBitAtOneTwoAndFourProcesses) {
+  for (const std::string precision : {"no", "bf16"}) {
+    const std::vector<EpochMetrics> epochs = ExpectSameRunsAtOneTwoAndFour(
+        "nlp_example", {"--mixed_precision=" + precision},
+        "Training on 4836 mails, 1516 of them spam; testing on 1210");
+    ASSERT_EQ(epochs.size(), 2u);        // The main process's only.
+    EXPECT_EQ(epochs[1].samples, 1210);  // Exactly the test set.
+    EXPECT_GT(epochs[1].accuracy, 0.9) << precision;
   }
 }
 
@@ -112,18 +137,29 @@ TEST(RealDataTest, NlpResumedInBf16EndsAsTheUninterruptedRun) {
   EXPECT_EQ(found[1].f1, expected[1].f1);
 }
 
-TEST(RealDataTest, CvMetricsAgreeAtOneTwoAndFourProcesses) {
-  std::vector<EpochMetrics> reference;
-  for (int n : {1, 2, 4}) {
-    const ProcessResult r =
-        RunExample("cv_example", MakeTempDir("cv"),
-                   {"--num_processes=" + std::to_string(n), "--float64"});
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    EXPECT_THAT(r.output, HasSubstr("Training on 1437 images; testing on 360"));
-    const std::vector<EpochMetrics> epochs = Epochs(r.output);
-    ASSERT_EQ(epochs.size(), 10u) << r.output;
+TEST(RealDataTest, CvRunsAgreeToTheBitAtOneTwoAndFourProcesses) {
+  for (const std::string precision : {"no", "bf16"}) {
+    const std::vector<EpochMetrics> epochs = ExpectSameRunsAtOneTwoAndFour(
+        "cv_example", {"--mixed_precision=" + precision},
+        "Training on 1437 images; testing on 360");
+    ASSERT_EQ(epochs.size(), 10u);
     EXPECT_EQ(epochs.back().samples, 360);
-    EXPECT_GT(epochs.back().accuracy, 0.95) << r.output;
+    EXPECT_GT(epochs.back().accuracy, 0.95) << precision;
+  }
+}
+
+// Without the micro-batches (DDP's allreduce, as Accelerate sums) double
+// precision agrees in the metrics too.
+TEST(RealDataTest, NlpInDoublePrecisionAgreesWithoutMicroBatches) {
+  std::vector<EpochMetrics> reference;
+  for (int n : {1, 4}) {
+    const ProcessResult r =
+        RunNlp(MakeTempDir("nlp64"),
+               {"--num_processes=" + std::to_string(n), "--float64",
+                "--epochs=1", "--invariant_micro_batches=0"});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::vector<EpochMetrics> epochs = Epochs(r.output);
+    ASSERT_EQ(epochs.size(), 1u) << r.output;
     if (reference.empty()) reference = epochs;
     ExpectSameMetrics(epochs, reference, std::to_string(n) + " processes");
   }
