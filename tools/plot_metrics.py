@@ -199,11 +199,15 @@ def main(argv):
     if os.environ.get("BUILD_WORKING_DIRECTORY"):
         os.chdir(os.environ["BUILD_WORKING_DIRECTORY"])
     try:
-        runs = []
-        for run in args.runs:
-            path = metrics_path(run)
-            name = os.path.basename(os.path.dirname(os.path.abspath(path)))
-            runs.append((name, load_run(path)))
+        folders = [os.path.dirname(os.path.abspath(metrics_path(run)))
+                   for run in args.runs]
+        names = [os.path.basename(folder) for folder in folders]
+        if len(set(names)) < len(names):
+            # Runs of one project: the folder above tells them apart.
+            names = [os.path.join(os.path.basename(os.path.dirname(folder)), name)
+                     for folder, name in zip(folders, names)]
+        runs = [(name, load_run(metrics_path(run)))
+                for name, run in zip(names, args.runs)]
         available = set()
         for _, (_, series) in runs:
             available.update(series)
@@ -230,8 +234,10 @@ def main(argv):
         print("plot_metrics: error: %s" % e, file=sys.stderr)
         return 1
     steps = max(len(s) for _, (_, series) in runs for s in series.values())
-    print("plot_metrics: wrote %s (%s; up to %d steps)"
-          % (output, ", ".join(metrics), steps))
+    print("plot_metrics: wrote %s (%s; up to %d steps%s)"
+          % (output, ", ".join(metrics), steps,
+             "; runs: " + ", ".join(name for name, _ in runs) if len(runs) > 1
+             else ""))
     return 0
 
 

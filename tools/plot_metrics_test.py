@@ -71,6 +71,14 @@ class PlotMetricsTest(unittest.TestCase):
                         "--metrics=loss", "--smoothing=0")
         self.assertEqual(code, 0, out)
         self.assertEqual(png_size(out_png), (640, 360))
+        self.assertIn("runs: a, b)", out)
+
+    def test_runs_of_one_project_are_told_apart_by_their_folder(self):
+        a = write_run(os.path.join(self.dir, "accel", "nlp"), training_lines(5))
+        b = write_run(os.path.join(self.dir, "ddp", "nlp"), training_lines(5))
+        code, out = run(a, b, "-o", os.path.join(self.dir, "two.png"))
+        self.assertEqual(code, 0, out)
+        self.assertIn("runs: accel/nlp, ddp/nlp)", out)
 
     def test_nan_values_are_gaps_not_errors(self):
         folder = write_run(os.path.join(self.dir, "nan"), [

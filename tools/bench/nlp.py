@@ -6,7 +6,11 @@
 
 Both train on the same tokens (nlp_example's tokens.pt, made once), with
 the same model, batch, optimizer, schedule, seed and one thread per process
-(OMP_NUM_THREADS=1), in float32; runs of the two alternate. Per process
+(OMP_NUM_THREADS=1), in float32; runs alternate. accel runs twice: as the
+example does by default (--invariant_micro_batches=4: four micro-batches
+per global batch, the same bits at 1, 2 and 4 processes) and as Python
+Accelerate sums (--invariant_micro_batches=0: one backward per process and
+batch, DDP's allreduce): the latter is the same arithmetic as Python's. Per process
 count: training samples/s (each program's own clock over its training
 loops), wall time, the peak resident memory of the largest process
 (GNU time's maximum RSS of the job, which counts the ranks it waited for),
@@ -104,19 +108,24 @@ def main():
     if run.returncode != 0 or not os.path.isfile(tokens):
         sys.exit("nlp bench: nlp_example did not tokenize:\n" + run.stdout + run.stderr)
 
-    results = {n: {"accel": [], "python": []} for n in counts}
+    # Who runs, and the flags that make accel's two configurations.
+    runners = {"accel": ["--invariant_micro_batches=4"],
+               "accel_ddp": ["--invariant_micro_batches=0"], "python": None}
+    names = list(runners)
+    results = {n: {who: [] for who in names} for n in counts}
     port = 29800
     last = {}
     for n in counts:
         for i in range(args.repetitions):
-            for who in (("accel", "python") if i % 2 == 0 else ("python", "accel")):
+            # A different order each repetition: none always runs first.
+            for who in names[i % 3:] + names[:i % 3]:
                 out = os.path.join(scratch, f"{who}_{n}_{i}")
                 os.makedirs(out)
-                if who == "accel":
+                if runners[who] is not None:
                     shutil.copy(tokens, out)  # Not tokenizing again.
                     argv = [example, f"--num_processes={n}", "--output_dir=" + out,
                             "--main_process_port=0", "--report_to=jsonl",
-                            f"--epochs={args.epochs}"]
+                            f"--epochs={args.epochs}"] + runners[who]
                     env = {}
                 else:
                     port += 1
@@ -129,26 +138,35 @@ def main():
     print(f"load after: {os.getloadavg()[0]:.2f}")
 
     print(f"\nnlp_example, {args.epochs} epochs, min/median/max over "
-          f"{args.repetitions} runs (ratio: accel / Python, paired runs)")
-    header = ("processes", "figure", "accel", "Python Accelerate", "ratio")
-    print("%-10s %-16s %-26s %-26s %s" % header)
+          f"{args.repetitions} runs; ratios: accel / Python, runs paired by "
+          f"repetition.\naccel: the example's default, --invariant_micro_batches=4; "
+          f"accel DDP sums: --invariant_micro_batches=0")
+    header = ("processes", "figure", "accel", "accel DDP sums",
+              "Python Accelerate", "ratio", "ratio DDP sums")
+    row = "%-10s %-13s %-22s %-22s %-22s %-15s %s"
+    print(row % header)
     for n in counts:
-        ours, theirs = results[n]["accel"], results[n]["python"]
         for key, name, fmt in (("samples_per_s", "samples/s", "%.1f"),
                                ("wall_s", "wall s", "%.2f"),
                                ("peak_mib", "peak RSS MiB", "%.0f"),
                                ("accuracy", "accuracy", "%.4f"),
                                ("f1", "F1", "%.4f")):
-            a = [r[key] for r in ours]
-            p = [r[key] for r in theirs]
-            ratio = [x / y for x, y in zip(a, p)] if all(p) else []
-            print("%-10s %-16s %-26s %-26s %s" % (
-                n, name, spread(a, fmt), spread(p, fmt),
-                spread(ratio, "%.2f") if ratio else "n/a"))
+            values = {who: [r[key] for r in results[n][who]] for who in names}
+            python = values["python"]
+
+            def ratio(who):
+                if not all(python):
+                    return "n/a"
+                return spread([x / y for x, y in zip(values[who], python)], "%.2f")
+
+            print(row % (n, name, spread(values["accel"], fmt),
+                         spread(values["accel_ddp"], fmt), spread(python, fmt),
+                         ratio("accel"), ratio("accel_ddp")))
     if args.plot:
         plot = runfile("tools/plot_metrics.py")
         subprocess.check_call(["/usr/bin/python3", plot,
                                os.path.join(last["accel"], "nlp_example"),
+                               os.path.join(last["accel_ddp"], "nlp_example"),
                                os.path.join(last["python"], "python_accelerate"),
                                "--metrics=loss,accuracy,f1",
                                "-o", os.path.join(workspace, args.plot)])
