@@ -45,7 +45,8 @@ std::vector<torch::Tensor> Accelerator::SplitMicroBatches(
   const int micro_batches = options_.invariant_micro_batches;
   if (micro_batches == 0) return {tensor};
   const int count = micro_batches / num_processes();
-  const int64_t rows = tensor.dim() == 0 ? 0 : tensor.size(0);
+  const int64_t rows =
+      !tensor.defined() || tensor.dim() == 0 ? 0 : tensor.size(0);
   if (rows == 0 || rows % count != 0) {
     throw UsageError(std::string("micro_batches: the batch's ") + what +
                      " has " + std::to_string(rows) +
@@ -62,18 +63,25 @@ std::vector<torch::Tensor> Accelerator::SplitMicroBatches(
 
 std::vector<torch::data::Example<>> Accelerator::micro_batches(
     const torch::data::Example<>& batch) const {
-  const std::vector<torch::Tensor> data = SplitMicroBatches(batch.data, "data");
-  const std::vector<torch::Tensor> target =
-      SplitMicroBatches(batch.target, "target");
-  if (data.size() != target.size()) {
-    throw UsageError("micro_batches: the batch's data and target have " +
-                     std::to_string(batch.data.size(0)) + " and " +
+  if (options_.invariant_micro_batches == 0) return {batch};
+  // A batch without targets (an undefined one) keeps none.
+  if (batch.target.defined() && batch.data.defined() &&
+      batch.target.dim() > 0 && batch.data.dim() > 0 &&
+      batch.target.size(0) != batch.data.size(0)) {
+    throw UsageError("micro_batches: the batch's data has " +
+                     std::to_string(batch.data.size(0)) +
+                     " rows and its target " +
                      std::to_string(batch.target.size(0)) +
-                     " rows; they must have as many");
+                     "; they must have as many to be cut alike");
   }
+  const std::vector<torch::Tensor> data = SplitMicroBatches(batch.data, "data");
+  std::vector<torch::Tensor> target(data.size());
+  if (batch.target.defined())
+    target = SplitMicroBatches(batch.target, "target");
   std::vector<torch::data::Example<>> slices;
-  for (size_t i = 0; i < data.size(); ++i)
+  for (size_t i = 0; i < data.size(); ++i) {
     slices.push_back({data[i], target[i]});
+  }
   return slices;
 }
 

@@ -212,6 +212,16 @@ TEST(InvariantTest, MisusedLoopsAreClearErrors) {
         HasSubstr("the batch's data has 5 rows, which do not split into " +
                   std::to_string(4 / n) + " equal micro-batches"));
   }
+  EXPECT_THAT(UsageErrorOf([&] {
+                accelerator.micro_batches(torch::data::Example<>{
+                    batch.data.narrow(0, 0, 8), batch.target.narrow(0, 0, 4)});
+              }),
+              HasSubstr("the batch's data has 8 rows and its target 4"));
+  const auto unlabelled = accelerator.micro_batches(
+      torch::data::Example<>{batch.data.narrow(0, 0, 8), torch::Tensor()});
+  ASSERT_EQ(unlabelled.size(), static_cast<size_t>(4 / n));
+  EXPECT_EQ(unlabelled[0].data.size(0), 8 / (4 / n));
+  EXPECT_FALSE(unlabelled[0].target.defined());
   EXPECT_THAT(UsageErrorOf([&] { auto scope = accelerator.no_sync(model); }),
               HasSubstr("no_sync (or accumulate, LocalSGD, "
                         "join_uneven_inputs) is not available"));
