@@ -13,7 +13,8 @@
 //
 // Every test runs on every listed backend (tests are named
 // "<backend>_world<N>"), as Gloo's own tests run over every transport.
-// World sizes above ACCEL_CONFORMANCE_MAX_WORLD_SIZE (default 4) are skipped.
+// World sizes above ACCEL_CONFORMANCE_MAX_WORLD_SIZE (default 4) are skipped;
+// ACCEL_CONFORMANCE_LARGE_COUNT replaces the 1M count (the sanitizer runs).
 #pragma once
 
 #include <cstddef>
