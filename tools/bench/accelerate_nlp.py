@@ -147,6 +147,12 @@ def main():
             f"'samples': {torch.cat(references).numel()}}}")
     accelerator.print(f"trained on {trained} samples in {train_seconds:.2f} s: "
                       f"{trained / train_seconds:.1f} samples/s")
+    accelerator.wait_for_everyone()
+    if torch.distributed.is_initialized():
+        # Left to exit, torch 1.13's gloo group sometimes aborts a rank there
+        # ("terminate called without an active exception"; seen once in 6
+        # runs at 2 processes).
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
