@@ -8,6 +8,7 @@
 # Usage (as root):
 #   tools/libtorch2_check.sh                    # bazel test //...
 #   tools/libtorch2_check.sh build //accel      # any bazel command
+#   tools/libtorch2_check.sh --root-only        # make the root, nothing else
 #   ACCEL_TRIXIE_ROOT=/other/dir tools/libtorch2_check.sh
 #
 # The root (about 2.5 GB) lives in $ACCEL_TRIXIE_ROOT, default
@@ -127,6 +128,12 @@ if [ ! -f "$STAMP" ]; then
   else
     make_root
   fi
+fi
+# .ci/run makes the root in the background while the CPU builds: it waits
+# on the network and the disk more than on the processor.
+if [ "${1:-}" = "--root-only" ]; then
+  log "the trixie root in $ROOT is ready"
+  exit 0
 fi
 mount_all
 
