@@ -39,8 +39,9 @@ class AcceleratedOptimizerBase {
   void step(CallSite site = CallSite::Here()) {
     prepared();  // A UsageError after reset().
     if (!state_->gradients.sync_gradients()) return;
-    for (const GradientReducer* reducer : state_->prepared.synchronizers()) {
+    for (GradientReducer* reducer : state_->prepared.synchronizers()) {
       reducer->CheckStepComplete("optimizer.step");
+      reducer->StepEnded();
     }
     ZeroOptimizer* zero = prepared().zero.get();
     if (zero != nullptr) zero->AttachGradients();
@@ -60,6 +61,9 @@ class AcceleratedOptimizerBase {
   void zero_grad() {
     prepared();  // A UsageError after reset().
     if (!state_->gradients.sync_gradients()) return;
+    for (GradientReducer* reducer : state_->prepared.synchronizers()) {
+      reducer->StepEnded();
+    }
     if (prepared().zero != nullptr) {
       prepared().zero->ZeroGrad();
     } else {

@@ -492,6 +492,7 @@ AutocastScope Accelerator::autocast(const AutocastKwargs& handler) const {
 }
 
 void Accelerator::unscale_gradients() {
+  CheckStepsComplete("unscale_gradients");
   GradScaler* scaler = state_->scaler.get();
   if (scaler == nullptr || !scaler->is_enabled()) return;
   if (!sync_gradients()) {
@@ -508,6 +509,7 @@ void Accelerator::unscale_gradients() {
 double Accelerator::clip_grad_norm_(
     const std::vector<torch::Tensor>& parameters, double max_norm,
     double norm_type, CallSite site) {
+  CheckStepsComplete("clip_grad_norm_");
   unscale_gradients();
   const std::vector<ZeroOptimizer*> sharded =
       state_->prepared.sharded_optimizers();
@@ -520,6 +522,7 @@ double Accelerator::clip_grad_norm_(
 
 void Accelerator::clip_grad_value_(const std::vector<torch::Tensor>& parameters,
                                    double clip_value) {
+  CheckStepsComplete("clip_grad_value_");
   unscale_gradients();
   const std::vector<ZeroOptimizer*> sharded =
       state_->prepared.sharded_optimizers();

@@ -281,8 +281,11 @@ class Accelerator {
   std::vector<torch::data::Example<>> micro_batches(
       const torch::data::Example<>& batch) const;
   std::vector<torch::Tensor> micro_batches(const torch::Tensor& batch) const;
-  // Whether this micro-step syncs gradients and steps the optimizer.
-  bool sync_gradients() const { return state_->gradients.sync_gradients(); }
+  // Whether this micro-step syncs gradients and steps the optimizer (false
+  // between the micro-batches of an invariant_micro_batches step).
+  bool sync_gradients() const {
+    return state_->gradients.sync_gradients() && !MidStep();
+  }
   int gradient_accumulation_steps() const {
     return state_->gradients.accumulation_steps();
   }
@@ -680,6 +683,10 @@ class Accelerator {
   // invariant_micro_batches (accelerator_invariant.cc): the check against
   // the process count, and the threads per process.
   void SetUpInvariantMicroBatches();
+  // Whether a step's micro-batches are part done; UsageError naming
+  // `operation` if so (clipping, unscaling, save_state).
+  bool MidStep() const;
+  void CheckStepsComplete(const char* operation) const;
   std::vector<torch::Tensor> SplitMicroBatches(const torch::Tensor& tensor,
                                                const char* what) const;
   // The stage-3 optimizer sharding the model's parameters, or null.

@@ -5,6 +5,7 @@
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -40,6 +41,19 @@ void Accelerator::SetUpInvariantMicroBatches() {
   }
 }
 
+bool Accelerator::MidStep() const {
+  const std::vector<GradientReducer*> reducers =
+      state_->prepared.synchronizers();
+  return std::any_of(reducers.begin(), reducers.end(),
+                     [](const GradientReducer* r) { return r->mid_step(); });
+}
+
+void Accelerator::CheckStepsComplete(const char* operation) const {
+  for (const GradientReducer* reducer : state_->prepared.synchronizers()) {
+    reducer->CheckStepComplete(operation);
+  }
+}
+
 std::vector<torch::Tensor> Accelerator::SplitMicroBatches(
     const torch::Tensor& tensor, const char* what) const {
   const int micro_batches = options_.invariant_micro_batches;
@@ -54,7 +68,8 @@ std::vector<torch::Tensor> Accelerator::SplitMicroBatches(
                      " equal micro-batches (invariant_micro_batches=" +
                      std::to_string(micro_batches) + " at " +
                      std::to_string(num_processes()) +
-                     " processes); use a global batch that " +
+                     (num_processes() == 1 ? " process" : " processes") +
+                     "); use a global batch that " +
                      std::to_string(micro_batches) +
                      " divides, with drop_last for a short last batch");
   }

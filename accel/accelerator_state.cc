@@ -70,12 +70,14 @@ void Accelerator::WarnIfMidAccumulation() const {
 }
 
 void Accelerator::save_state(const std::string& dir) {
+  CheckStepsComplete("save_state");
   WarnIfMidAccumulation();
   WithWholeParameters(
       [&] { checkpoints_->Save(dir, Contents(), Hooks(save_hooks_)); });
 }
 
 std::string Accelerator::save_state(CallSite site) {
+  CheckStepsComplete("save_state");
   WarnIfMidAccumulation();
   std::string dir;
   WithWholeParameters([&] {

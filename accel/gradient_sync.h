@@ -114,8 +114,12 @@ class GradientReducer {
   // (invariant_micro_batches: some of the step's micro-batches are still to
   // come); then the step's gradient is not complete yet.
   virtual bool mid_step() const { return false; }
-  // UsageError naming `operation` (the optimizer's step) while mid_step().
+  // UsageError naming `operation` (the optimizer's step, clipping,
+  // save_state) while mid_step().
   virtual void CheckStepComplete(const char* /*operation*/) const {}
+  // The prepared optimizer stepped or zeroed the gradients: the step's
+  // gradient has been used (or dropped).
+  virtual void StepEnded() {}
 };
 
 class GradientSynchronizer : public GradientReducer {

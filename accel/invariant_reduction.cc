@@ -109,6 +109,16 @@ void InvariantGradientReducer::set_enabled(bool enabled) {
 
 void InvariantGradientReducer::begin_backward() {
   if (done_ != 0) return;
+  if (complete_) {
+    throw UsageError(
+        "backward: this process's " + std::to_string(per_process_) +
+        " micro-batch(es) of the step have run backward already "
+        "(invariant_micro_batches=" +
+        std::to_string(micro_batches_) + " at " + Processes() +
+        "): call backward once per slice of accelerator.micro_batches(batch) "
+        "(summing a slice's losses first), then optimizer.step() or "
+        "zero_grad() before the next step's");
+  }
   for (Group& group : groups_) {
     group.carried.clear();
     for (torch::Tensor& p : group.parameters) {
@@ -122,6 +132,7 @@ void InvariantGradientReducer::finish() {
   if (++done_ < per_process_) return;
   done_ = 0;
   Combine();
+  complete_ = true;
 }
 
 void InvariantGradientReducer::Combine() {
@@ -167,10 +178,16 @@ void InvariantGradientReducer::CheckStepComplete(const char* operation) const {
                    " of the " + std::to_string(per_process_) +
                    " micro-batches this process runs per step under "
                    "invariant_micro_batches=" +
-                   std::to_string(micro_batches_) + " at " +
-                   std::to_string(micro_batches_ / per_process_) +
-                   " process(es): call backward once for each of "
-                   "accelerator.micro_batches(batch), then step");
+                   std::to_string(micro_batches_) + " at " + Processes() +
+                   ": the step's gradient is not complete; call backward "
+                   "once for each of accelerator.micro_batches(batch), then " +
+                   operation);
+}
+
+std::string InvariantGradientReducer::Processes() const {
+  const int processes = micro_batches_ / per_process_;
+  return std::to_string(processes) +
+         (processes == 1 ? " process" : " processes");
 }
 
 }  // namespace accel

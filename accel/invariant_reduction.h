@@ -26,11 +26,16 @@
 //   for (auto& batch : loader) {                // a global batch of 32
 //     for (auto& micro : accelerator.micro_batches(batch)) {  // 8 samples
 //       accelerator.backward(loss_fn(model->forward(micro.data),
-//                                    micro.target));
+//                                    micro.target));  // once per slice
 //     }
 //     optimizer.step();                         // the same step at any N
 //     optimizer.zero_grad();
 //   }
+//
+// Between a step's slices the gradient is partial: sync_gradients() is
+// false, and optimizer.step, clipping, unscaling and save_state are
+// UsageErrors; so is a backward beyond the step's slices before the
+// optimizer steps or zeroes the gradients.
 //
 // The price: K/N smaller backward passes per step instead of one, one copy
 // of the gradients per micro-batch, and an allgather of N gradients' worth
@@ -100,12 +105,17 @@ class InvariantGradientReducer : public GradientReducer {
   void set_call_site(CallSite site) override { site_ = site; }
   bool mid_step() const override { return done_ != 0; }
   void CheckStepComplete(const char* operation) const override;
+  // After it, backward starts the next step; before it, a backward beyond
+  // the step's micro-batches is a UsageError (it would add a second tree on
+  // top of the first, a sum that depends on the process count).
+  void StepEnded() override { complete_ = false; }
 
   int micro_batches_per_process() const { return per_process_; }
 
  private:
   struct Group;  // The parameters of one dtype, summed as one flat tensor.
   void Combine();
+  std::string Processes() const;  // "1 process", "4 processes".
 
   Communicator* comm_;
   int micro_batches_;
@@ -113,7 +123,8 @@ class InvariantGradientReducer : public GradientReducer {
   std::vector<Group> groups_;
   std::vector<torch::Tensor> buffers_;
   bool broadcast_buffers_;
-  int done_ = 0;  // Micro-batches of this step whose leaf is in.
+  int done_ = 0;           // Micro-batches of this step whose leaf is in.
+  bool complete_ = false;  // The step's gradient is in .grad, not used yet.
   CallSite site_ = CallSite::Here();
 };
 

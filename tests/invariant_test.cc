@@ -226,12 +226,59 @@ TEST(InvariantTest, MisusedLoopsAreClearErrors) {
               HasSubstr("no_sync (or accumulate, LocalSGD, "
                         "join_uneven_inputs) is not available"));
   if (n < 4) {
-    // One backward for the whole share: the step's gradient is incomplete.
+    // One backward for the whole share: the step's gradient is incomplete,
+    // and whatever would use it mid-step says so.
     accelerator.backward(Loss(model, batch));
+    EXPECT_FALSE(accelerator.sync_gradients());
+    const std::string incomplete =
+        " after 1 of the " + std::to_string(4 / n) + " micro-batches";
     EXPECT_THAT(UsageErrorOf([&] { optimizer.step(); }),
-                HasSubstr("optimizer.step after 1 of the " +
-                          std::to_string(4 / n) + " micro-batches"));
+                HasSubstr("optimizer.step" + incomplete));
+    EXPECT_THAT(UsageErrorOf([&] {
+                  accelerator.clip_grad_norm_(model->parameters(), 1.0);
+                }),
+                HasSubstr("clip_grad_norm_" + incomplete));
+    EXPECT_THAT(UsageErrorOf([&] {
+                  accelerator.clip_grad_value_(model->parameters(), 1.0);
+                }),
+                HasSubstr("clip_grad_value_" + incomplete));
+    EXPECT_THAT(UsageErrorOf([&] { accelerator.unscale_gradients(); }),
+                HasSubstr("unscale_gradients" + incomplete));
+    EXPECT_THAT(UsageErrorOf([&] { accelerator.save_state("unused"); }),
+                HasSubstr("save_state" + incomplete));
   }
+}
+
+// A slice's backward run twice (two losses) would add a second tree on
+// top of the first: refused until the step's gradient is used.
+TEST(InvariantTest, BackwardBeyondTheStepsMicroBatchesIsAClearError) {
+  Accelerator accelerator(Invariant(4));
+  torch::nn::Sequential net = MakeModel();
+  torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions());
+  auto [model, optimizer] = accelerator.prepare(net, adamw);
+  const int share = kGlobalBatch / accelerator.num_processes();
+  const torch::data::Example<> mine = {
+      GlobalBatch(0).data.narrow(0, 0, share),
+      GlobalBatch(0).target.narrow(0, 0, share)};
+  for (const auto& micro : accelerator.micro_batches(mine)) {
+    accelerator.backward(Loss(model, micro));
+  }
+  EXPECT_TRUE(accelerator.sync_gradients());
+  EXPECT_THAT(
+      UsageErrorOf([&] {
+        accelerator.backward(Loss(model, accelerator.micro_batches(mine)[0]));
+      }),
+      HasSubstr("micro-batch(es) of the step have run backward "
+                "already"));
+  EXPECT_EQ(accelerator.step(), 1);
+  optimizer.step();
+  optimizer.zero_grad();
+  // After the step, the next step's micro-batches run as usual.
+  for (const auto& micro : accelerator.micro_batches(mine)) {
+    accelerator.backward(Loss(model, micro));
+  }
+  optimizer.step();
+  EXPECT_EQ(accelerator.step(), 2);
 }
 
 }  // namespace
