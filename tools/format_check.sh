@@ -13,17 +13,33 @@ fi
 # Tracked files and new ones git does not ignore.
 mapfile -t files < <(git ls-files --cached --others --exclude-standard -- \
   '*.h' '*.hpp' '*.cc' '*.cpp' | sort -u)
-unformatted=()
+existing=()
 for file in "${files[@]}"; do
-  [[ -f "$file" ]] || continue  # Deleted but not yet committed.
-  if ! clang-format --style=file --dry-run --Werror "$file" >/dev/null 2>&1; then
-    unformatted+=("$file")
-  fi
+  if [[ -f "$file" ]]; then existing+=("$file"); fi  # Else deleted, uncommitted.
 done
+# One clang-format for many files (xargs): one process per file cost 35-56 s
+# of CI on 2 cores, nearly all of it starting clang-format 324 times; this
+# takes 2. Each difference is a "FILE:LINE:COL: error: ..." line on stderr.
+report=$(mktemp)
+trap 'rm -f "$report"' EXIT
+status=0
+printf '%s\0' "${existing[@]}" |
+  xargs -0 clang-format --style=file --dry-run --Werror 2>"$report" >/dev/null ||
+  status=$?
+mapfile -t unformatted < <(
+  sed -n 's/^\(.*\):[0-9]*:[0-9]*: error: .*/\1/p' "$report" | sort -u |
+    grep -Fx -f <(printf '%s\n' "${existing[@]}"))
+if ((status != 0 && ${#unformatted[@]} == 0)); then
+  # clang-format failed without naming a difference in one of the files:
+  # a bad .clang-format, an unreadable file. Say what it said.
+  echo "format_check: clang-format failed (exit $status):" >&2
+  head -n 20 "$report" >&2
+  exit 1
+fi
 if ((${#unformatted[@]} > 0)); then
   echo "format_check: ${#unformatted[@]} of ${#files[@]} files differ from clang-format:" >&2
   printf '  %s\n' "${unformatted[@]}" >&2
   echo "format_check: fix with: clang-format -i --style=file FILE..." >&2
   exit 1
 fi
-echo "format_check: ${#files[@]} C++ files as clang-format writes them"
+echo "format_check: ${#existing[@]} C++ files as clang-format writes them"
