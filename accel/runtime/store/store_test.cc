@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <thread>
@@ -379,6 +380,59 @@ TEST(TcpStoreTest, ASilentHostTimesOutWithoutBreakingTheConnection) {
   // and the second request gets its own.
   server.Resume();
   store.set("k2", "v2");
+}
+
+// The server files each wait under the first key it misses: a wait on
+// several keys, set in any order, is answered once, when its last key
+// arrives, and not before; waits on keys never set time out naming them.
+TEST(TcpStoreTest, WaitsOnSeveralKeysEndWhenTheirLastKeyIsSet) {
+  TcpStoreServer server(ServerOptions(""));
+  constexpr int kWaiters = 40;
+  constexpr int kKeys = 8;
+  TcpStore setter("127.0.0.1", server.port(), ClientOptions("", -1));
+  std::atomic<int> keys_set{0};
+  std::vector<int> seen_at(kWaiters, -1);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWaiters; ++w) {
+    threads.emplace_back([&, w] {
+      TcpStore store("127.0.0.1", server.port(), ClientOptions("", -1));
+      // Waiter w needs keys w % kKeys .. kKeys - 1, half of them listed
+      // first to last, half last to first.
+      std::vector<std::string> keys;
+      for (int k = w % kKeys; k < kKeys; ++k) {
+        keys.push_back("k" + std::to_string(k));
+      }
+      if (w % 2 == 1) std::reverse(keys.begin(), keys.end());
+      store.wait(keys, milliseconds(20000));
+      seen_at[w] = keys_set.load();
+    });
+  }
+  std::this_thread::sleep_for(milliseconds(300));  // Every wait is filed.
+  for (int k = 0; k < kKeys; ++k) {
+    keys_set = k + 1;
+    setter.set("k" + std::to_string(k), "v");
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  for (std::thread& t : threads) t.join();
+  for (int w = 0; w < kWaiters; ++w) {
+    // Keys are set in order 0..7: every wait needs k7, the last.
+    EXPECT_EQ(seen_at[w], kKeys) << "waiter " << w;
+  }
+  try {
+    setter.wait({"k3", "never", "k5", "nor this"}, milliseconds(200));
+    FAIL() << "a wait on keys never set returned";
+  } catch (const TimeoutError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("never"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("nor this"));
+    EXPECT_THAT(e.what(), ::testing::Not(::testing::HasSubstr("k5")));
+  }
+  // A waiting client that goes away takes its waits with it.
+  {
+    TcpStore gone("127.0.0.1", server.port(), ClientOptions("", -1));
+    EXPECT_THROW(gone.wait({"later"}, milliseconds(100)), TimeoutError);
+  }
+  setter.set("later", "v");
+  EXPECT_EQ(setter.try_get("later"), "v");
 }
 
 }  // namespace

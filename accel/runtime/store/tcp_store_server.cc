@@ -1,10 +1,13 @@
-// The TCP store's server: one thread polls every connection (see
-// tcp_store.h).
+// The TCP store's server: one thread serves every connection through epoll
+// (see tcp_store.h). Each request costs O(log N) in the number of
+// connections, keys and waiters, so that thousands of ranks joining at once
+// cost the server O(N log N) in all: waiters are filed under the first key
+// they miss, deadlines and silent connections kept in order.
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -14,6 +17,7 @@
 #include <cstring>
 #include <deque>
 #include <set>
+#include <unordered_map>
 
 #include "accel/runtime/base/errors.h"
 #include "accel/runtime/base/logging.h"
@@ -65,13 +69,17 @@ struct TcpStoreServer::State {
     bool said_goodbye = false;
     bool left = false;  // Its departure was recorded by kLeaving.
     bool close_after_flush = false;
+    bool flush_queued = false;   // In `to_flush`.
+    bool output_polled = false;  // Registered for EPOLLOUT.
     std::string in;
     std::string out;
+    std::set<uint64_t> waiters;  // Its waits, by serial number.
   };
   struct Waiter {
     int fd;
     uint64_t id;
     std::vector<std::string> keys;
+    size_t missing = 0;  // keys[missing] is the first key not yet set.
     Clock::time_point deadline;
   };
 
@@ -80,10 +88,19 @@ struct TcpStoreServer::State {
   const TcpStoreServerOptions& options;
   std::map<std::string, std::string> values;
   std::map<int, std::string> departures;
-  std::map<int, Connection> connections;  // By file descriptor.
-  std::map<int, int> rank_fds;            // Connected ranks.
-  std::vector<Waiter> waiters;
+  std::unordered_map<int, Connection> connections;  // By file descriptor.
+  std::map<int, int> rank_fds;                      // Connected ranks.
+  std::map<uint64_t, Waiter> waiters;               // By serial number.
+  uint64_t next_waiter = 0;
+  // Each waiter under the first key it misses.
+  std::unordered_map<std::string, std::set<uint64_t>> waiting_on;
+  std::set<std::pair<Clock::time_point, uint64_t>> deadlines;
+  // Connections that have not said hello, oldest first.
+  std::set<std::pair<Clock::time_point, int>> unauthenticated;
+  // Connections with output to send at the end of this round.
+  std::vector<int> to_flush;
   Clock::time_point accept_paused_until;
+  int epoll_fd = -1;
 
   // Read by other threads.
   mutable std::mutex shared_mutex;
@@ -98,7 +115,12 @@ struct TcpStoreServer::State {
   }
 
   void Reply(int fd, const Writer& response) {
-    connections[fd].out += Framed(response.bytes());
+    Connection& conn = connections[fd];
+    conn.out += Framed(response.bytes());
+    if (!conn.flush_queued) {
+      conn.flush_queued = true;
+      to_flush.push_back(fd);
+    }
   }
 
   static Writer Response(uint64_t id, Status status) {
@@ -119,19 +141,72 @@ struct TcpStoreServer::State {
     if (rejected.size() > kMaxRejectedKept) rejected.pop_front();
   }
 
-  void WakeWaiters() {
-    auto ready = [&](const Waiter& w) {
-      if (!HasAll(w.keys)) return false;
+  // Files a waiter under its first missing key from keys[w.missing] on,
+  // or answers it when it misses none; returns whether it still waits.
+  bool FileOrAnswer(uint64_t serial, Waiter& w) {
+    while (w.missing < w.keys.size() && values.count(w.keys[w.missing]) != 0) {
+      ++w.missing;
+    }
+    if (w.missing == w.keys.size()) {
       Reply(w.fd, Response(w.id, Status::kOk));
-      return true;
-    };
-    waiters.erase(std::remove_if(waiters.begin(), waiters.end(), ready),
-                  waiters.end());
+      return false;
+    }
+    waiting_on[w.keys[w.missing]].insert(serial);
+    return true;
+  }
+
+  void AddWaiter(Waiter waiter) {
+    const uint64_t serial = next_waiter++;
+    Waiter& w = waiters.emplace(serial, std::move(waiter)).first->second;
+    if (!FileOrAnswer(serial, w)) {
+      waiters.erase(serial);
+      return;
+    }
+    deadlines.insert({w.deadline, serial});
+    connections[w.fd].waiters.insert(serial);
+  }
+
+  // Forgets a waiter (answered, expired or its connection gone).
+  void RemoveWaiter(uint64_t serial) {
+    auto it = waiters.find(serial);
+    if (it == waiters.end()) return;
+    const Waiter& w = it->second;
+    if (w.missing < w.keys.size()) {
+      auto filed = waiting_on.find(w.keys[w.missing]);
+      if (filed != waiting_on.end()) {
+        filed->second.erase(serial);
+        if (filed->second.empty()) waiting_on.erase(filed);
+      }
+    }
+    deadlines.erase({w.deadline, serial});
+    auto conn = connections.find(w.fd);
+    if (conn != connections.end()) conn->second.waiters.erase(serial);
+    waiters.erase(it);
+  }
+
+  // `key` was set: the waiters filed under it move on to their next missing
+  // key, or are answered.
+  void WakeWaiters(const std::string& key) {
+    auto filed = waiting_on.find(key);
+    if (filed == waiting_on.end()) return;
+    const std::set<uint64_t> serials = std::move(filed->second);
+    waiting_on.erase(filed);
+    for (uint64_t serial : serials) {
+      auto it = waiters.find(serial);
+      if (it == waiters.end()) continue;
+      Waiter& w = it->second;
+      ++w.missing;  // keys[missing] == key, now set.
+      if (!FileOrAnswer(serial, w)) {
+        w.missing = w.keys.size();  // Filed nowhere.
+        RemoveWaiter(serial);
+      }
+    }
   }
 
   void ExpireWaiters(Clock::time_point now) {
-    auto expired = [&](const Waiter& w) {
-      if (w.deadline > now) return false;
+    while (!deadlines.empty() && deadlines.begin()->first <= now) {
+      const uint64_t serial = deadlines.begin()->second;
+      const Waiter& w = waiters.at(serial);
       Writer response = Response(w.id, Status::kTimeout);
       std::vector<std::string> missing;
       for (const auto& key : w.keys) {
@@ -140,10 +215,8 @@ struct TcpStoreServer::State {
       response.U64(missing.size());
       for (const auto& key : missing) response.Str(key);
       Reply(w.fd, response);
-      return true;
-    };
-    waiters.erase(std::remove_if(waiters.begin(), waiters.end(), expired),
-                  waiters.end());
+      RemoveWaiter(serial);
+    }
   }
 
   void Hello(int fd, uint64_t id, Reader& reader) {
@@ -176,6 +249,7 @@ struct TcpStoreServer::State {
       return;
     }
     conn.authenticated = true;
+    unauthenticated.erase({conn.accepted_at, fd});
     conn.rank = rank;
     if (rank >= 0) {
       rank_fds[rank] = fd;
@@ -208,7 +282,7 @@ struct TcpStoreServer::State {
         const std::string key = reader.Str();
         values[key] = reader.Str();
         Reply(fd, Response(id, Status::kOk));
-        WakeWaiters();
+        WakeWaiters(key);
         return;
       }
       case Op::kGet: {
@@ -223,17 +297,13 @@ struct TcpStoreServer::State {
       case Op::kWait: {
         const uint64_t count = reader.U64();
         if (count > message.size()) throw std::length_error("bad key count");
-        Waiter waiter{fd, id, {}, {}};
+        Waiter waiter{fd, id, {}, 0, {}};
         for (uint64_t i = 0; i < count; ++i)
           waiter.keys.push_back(reader.Str());
         const auto timeout =
             milliseconds(std::min<uint64_t>(reader.U64(), uint64_t{1} << 40));
         waiter.deadline = Clock::now() + timeout;
-        if (HasAll(waiter.keys)) {
-          Reply(fd, Response(id, Status::kOk));
-        } else {
-          waiters.push_back(std::move(waiter));
-        }
+        AddWaiter(std::move(waiter));
         return;
       }
       case Op::kAdd: {
@@ -252,7 +322,7 @@ struct TcpStoreServer::State {
             static_cast<uint64_t>(current) + static_cast<uint64_t>(delta));
         values[key] = std::to_string(result);
         Reply(fd, Response(id, Status::kOk).U64(static_cast<uint64_t>(result)));
-        WakeWaiters();
+        WakeWaiters(key);
         return;
       }
       case Op::kDepartures: {
@@ -305,25 +375,53 @@ struct TcpStoreServer::State {
                       << departures[conn.rank] << ")";
       }
     }
-    waiters.erase(std::remove_if(waiters.begin(), waiters.end(),
-                                 [fd](const Waiter& w) { return w.fd == fd; }),
-                  waiters.end());
+    const std::set<uint64_t> its_waiters = conn.waiters;
+    for (uint64_t serial : its_waiters) RemoveWaiter(serial);
+    if (!conn.authenticated) unauthenticated.erase({conn.accepted_at, fd});
     connections.erase(it);
     close(fd);
   }
 
-  // The unauthenticated connection accepted first, or -1.
-  int OldestUnauthenticated(size_t* count) const {
-    int oldest = -1;
-    *count = 0;
-    for (const auto& [fd, conn] : connections) {
-      if (conn.authenticated) continue;
-      ++*count;
-      if (oldest < 0 || conn.accepted_at < connections.at(oldest).accepted_at) {
-        oldest = fd;
+  // Sends what each connection in `to_flush` has to send, as far as its
+  // socket takes it; asks epoll to say when the rest can go. Returns the
+  // connections to drop (fd, unreachable).
+  void Flush(std::vector<std::pair<int, bool>>& to_drop) {
+    std::vector<int> fds;
+    fds.swap(to_flush);
+    for (int fd : fds) {
+      auto found = connections.find(fd);
+      if (found == connections.end()) continue;
+      Connection& conn = found->second;
+      conn.flush_queued = false;
+      if (!conn.out.empty()) {
+        const ssize_t n =
+            send(fd, conn.out.data(), conn.out.size(), MSG_NOSIGNAL);
+        if (n > 0) {
+          conn.out.erase(0, static_cast<size_t>(n));
+        } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
+          to_drop.push_back({fd, net::IsUnreachableError(errno)});
+          continue;
+        }
+      }
+      if (conn.close_after_flush && conn.out.empty()) {
+        to_drop.push_back({fd, false});
+        continue;
+      }
+      const bool want_output = !conn.out.empty();
+      if (want_output != conn.output_polled || conn.close_after_flush) {
+        epoll_event event{};
+        event.events = (conn.close_after_flush ? 0u : uint32_t{EPOLLIN}) |
+                       (want_output ? uint32_t{EPOLLOUT} : 0u);
+        event.data.fd = fd;
+        epoll_ctl(epoll_fd, EPOLL_CTL_MOD, fd, &event);
+        conn.output_polled = want_output;
       }
     }
-    return oldest;
+  }
+
+  // The unauthenticated connection accepted first, or -1.
+  int OldestUnauthenticated() const {
+    return unauthenticated.empty() ? -1 : unauthenticated.begin()->second;
   }
 
   void Accept(int listen_fd) {
@@ -334,8 +432,7 @@ struct TcpStoreServer::State {
         if (errno == EMFILE || errno == ENFILE) {
           // Make room by closing a stranger, else let the backlog wait a
           // moment (polling the listener now would spin).
-          size_t count = 0;
-          const int oldest = OldestUnauthenticated(&count);
+          const int oldest = OldestUnauthenticated();
           if (oldest >= 0) {
             Drop(oldest, false);
             continue;
@@ -358,32 +455,32 @@ struct TcpStoreServer::State {
       Connection& conn = connections[fd];
       conn.address = net::PeerAddress(fd);
       conn.accepted_at = Clock::now();
-      size_t count = 0;
-      const int oldest = OldestUnauthenticated(&count);
-      if (count > options.max_unauthenticated) Drop(oldest, false);
+      unauthenticated.insert({conn.accepted_at, fd});
+      epoll_event event{};
+      event.events = EPOLLIN;
+      event.data.fd = fd;
+      epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &event);
+      if (unauthenticated.size() > options.max_unauthenticated) {
+        Drop(OldestUnauthenticated(), false);
+      }
     }
   }
 
   void DropSilentStrangers(Clock::time_point now) {
-    std::vector<int> expired;
-    for (const auto& [fd, conn] : connections) {
-      if (!conn.authenticated &&
-          now - conn.accepted_at >= options.auth_timeout) {
-        expired.push_back(fd);
-      }
+    while (!unauthenticated.empty() &&
+           now - unauthenticated.begin()->first >= options.auth_timeout) {
+      Drop(unauthenticated.begin()->second, false);
     }
-    for (int fd : expired) Drop(fd, false);
   }
 
   // Milliseconds until the next deadline (waiters, silent strangers, the
   // accept pause), or -1 for none.
   int PollTimeout(Clock::time_point now) const {
     Clock::time_point next = Clock::time_point::max();
-    for (const auto& w : waiters) next = std::min(next, w.deadline);
-    for (const auto& [fd, conn] : connections) {
-      if (!conn.authenticated) {
-        next = std::min(next, conn.accepted_at + options.auth_timeout);
-      }
+    if (!deadlines.empty()) next = deadlines.begin()->first;
+    if (!unauthenticated.empty()) {
+      next =
+          std::min(next, unauthenticated.begin()->first + options.auth_timeout);
     }
     if (accept_paused_until > now) next = std::min(next, accept_paused_until);
     if (next == Clock::time_point::max()) return -1;
@@ -444,32 +541,56 @@ std::map<int, std::string> TcpStoreServer::rank_addresses() const {
 
 void TcpStoreServer::Serve() {
   State& state = *state_;
-  std::vector<pollfd> fds;
+  state.epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  if (state.epoll_fd < 0) {
+    ACCEL_LOG(ERROR) << "store server: epoll_create1 failed: "
+                     << std::strerror(errno);
+    return;
+  }
+  auto watch = [&](int fd, uint32_t events) {
+    epoll_event event{};
+    event.events = events;
+    event.data.fd = fd;
+    epoll_ctl(state.epoll_fd, EPOLL_CTL_ADD, fd, &event);
+  };
+  watch(wake_pipe_[0], EPOLLIN);
+  watch(listen_fd_, EPOLLIN);
+  bool listening = true;
+  std::vector<epoll_event> events(512);
   while (true) {
     const auto now = Clock::now();
-    fds.clear();
-    fds.push_back({wake_pipe_[0], POLLIN, 0});
-    const short listen_events = now >= state.accept_paused_until ? POLLIN : 0;
-    fds.push_back({listen_fd_, listen_events, 0});
-    for (const auto& [fd, conn] : state.connections) {
-      const short events =
-          static_cast<short>((conn.close_after_flush ? 0 : POLLIN) |
-                             (conn.out.empty() ? 0 : POLLOUT));
-      fds.push_back({fd, events, 0});
+    // After running out of descriptors, stop listening for a moment
+    // (a listener left readable would spin).
+    const bool listen = now >= state.accept_paused_until;
+    if (listen != listening) {
+      epoll_event event{};
+      event.events = listen ? uint32_t{EPOLLIN} : 0u;
+      event.data.fd = listen_fd_;
+      epoll_ctl(state.epoll_fd, EPOLL_CTL_MOD, listen_fd_, &event);
+      listening = listen;
     }
-    if (poll(fds.data(), fds.size(), state.PollTimeout(now)) < 0 &&
-        errno != EINTR) {
-      break;
-    }
-    if (fds[0].revents != 0) break;
+    const int ready =
+        epoll_wait(state.epoll_fd, events.data(),
+                   static_cast<int>(events.size()), state.PollTimeout(now));
+    if (ready < 0 && errno != EINTR) break;
+    bool stop = false, accept = false;
     std::vector<std::pair<int, bool>> to_drop;  // fd, unreachable
-    for (size_t i = 2; i < fds.size(); ++i) {
-      const int fd = fds[i].fd;
-      const short revents = fds[i].revents;
+    for (int i = 0; i < std::max(ready, 0); ++i) {
+      const int fd = events[i].data.fd;
+      const uint32_t revents = events[i].events;
+      if (fd == wake_pipe_[0]) {
+        stop = true;
+        break;
+      }
+      if (fd == listen_fd_) {
+        accept = true;
+        continue;
+      }
       auto found = state.connections.find(fd);
       if (found == state.connections.end()) continue;
       State::Connection& conn = found->second;
-      if (revents & (POLLIN | POLLHUP | POLLERR)) {
+      if ((revents & EPOLLIN && !conn.close_after_flush) ||
+          revents & (EPOLLHUP | EPOLLERR)) {
         char buffer[65536];
         bool closed = false;
         int error = 0;
@@ -485,7 +606,7 @@ void TcpStoreServer::Serve() {
           closed = true;
           break;
         }
-        if (revents & POLLERR && error == 0) error = SocketError(fd);
+        if (revents & EPOLLERR && error == 0) error = SocketError(fd);
         try {
           while (conn.in.size() >= 4 && !conn.close_after_flush) {
             const size_t length = DecodeLength(conn.in.data());
@@ -509,27 +630,27 @@ void TcpStoreServer::Serve() {
           continue;
         }
       }
-      if (!conn.out.empty()) {
-        const ssize_t n =
-            send(fd, conn.out.data(), conn.out.size(), MSG_NOSIGNAL);
-        if (n > 0) {
-          conn.out.erase(0, static_cast<size_t>(n));
-        } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
-          to_drop.push_back({fd, net::IsUnreachableError(errno)});
-          continue;
-        }
-      }
-      if (conn.close_after_flush && conn.out.empty()) {
-        to_drop.push_back({fd, false});
+      if (revents & EPOLLOUT && !conn.flush_queued) {
+        conn.flush_queued = true;
+        state.to_flush.push_back(fd);
       }
     }
+    if (stop) break;
     for (const auto& [fd, unreachable] : to_drop) state.Drop(fd, unreachable);
     // New connections after the old ones are served, so that a stranger
     // being evicted never delays a rank's request.
-    if (fds[1].revents & POLLIN) state.Accept(listen_fd_);
+    if (accept) state.Accept(listen_fd_);
     state.DropSilentStrangers(Clock::now());
     state.ExpireWaiters(Clock::now());
+    to_drop.clear();
+    state.Flush(to_drop);
+    for (const auto& [fd, unreachable] : to_drop) state.Drop(fd, unreachable);
+    // A full round: the next may bring more at once.
+    if (ready == static_cast<int>(events.size()))
+      events.resize(events.size() * 2);
   }
+  close(state.epoll_fd);
+  state.epoll_fd = -1;
 }
 
 }  // namespace accel
