@@ -80,7 +80,12 @@ int Listen(const std::string& host, int port, int* bound_port) {
     }
     const int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 512) == 0) {
+    // The longest backlog the kernel allows (net.core.somaxconn, 4096 on
+    // this kernel): every rank of a job connects to rank 0's store at once,
+    // and a connection that finds the backlog full waits a second or more
+    // for its SYN to be sent again.
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+        listen(fd, SOMAXCONN) == 0) {
       if (bound_port != nullptr) *bound_port = PortOf(fd);
       return fd;
     }
