@@ -175,13 +175,6 @@ std::string RatioText(double ratio) {
   return text;
 }
 
-std::string LoadAverage() {
-  std::ifstream in("/proc/loadavg");
-  std::string one, five, fifteen;
-  in >> one >> five >> fifteen;
-  return one + " " + five + " " + fifteen;
-}
-
 void PrintTable(int world_size, const std::string& backend,
                 const std::vector<Row>& rows, const Samples& ours,
                 const Samples& mpi, const Samples& torch,
@@ -197,8 +190,8 @@ void PrintTable(int world_size, const std::string& backend,
                                ? " (TCP only)"
                                : " (shared memory on this host)")
                         : "",
-      load_before.c_str(), LoadAverage().c_str(), FLAGS_repetitions,
-      FLAGS_rounds);
+      load_before.c_str(), accel::bench::LoadAverage().c_str(),
+      FLAGS_repetitions, FLAGS_rounds);
   std::printf("%-22s %7s %28s %28s %28s %7s %7s\n", "operation", "size",
               "accel", "Open MPI", "torch.distributed", "vs MPI", "vs torch");
   for (const Row& row : rows) {
@@ -253,7 +246,7 @@ void PrintTable(int world_size, const std::string& backend,
 }
 
 int Main(int argc, char** argv) {
-  const std::string load_before = LoadAverage();
+  const std::string load_before = accel::bench::LoadAverage();
   accel::ProcessGroupOptions options;
   options.backend = accel::flags::backend.value();
   auto group = accel::ProcessGroup::Join(

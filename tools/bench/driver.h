@@ -22,6 +22,9 @@ double Median(std::vector<double> values);
 std::vector<int> ParseList(const std::string& text);
 std::vector<std::string> ParseNames(const std::string& text);
 
+// The machine's load averages, "1.02 0.87 0.66" (1, 5 and 15 minutes).
+std::string LoadAverage();
+
 // This program's path (to start it again as a worker).
 std::string SelfPath();
 
