@@ -438,12 +438,16 @@ Communicator::Started Communicator::Start(const char* name,
     }
     if (inline_run) {
       const std::exception_ptr error = Execute(op, task);
+      bool queued = false;
       {
         std::lock_guard<std::mutex> lock(mutex_);
         executing_ = false;
+        queued = !queue_.empty();
       }
-      // Async work queued meanwhile waited for this call to finish.
-      work_available_.notify_one();
+      // Async work queued meanwhile waited for this call to finish. Only
+      // then: a notify with nothing queued would wake the worker to find
+      // nothing, a context switch per latency-bound call.
+      if (queued) work_available_.notify_one();
       if (error) std::rethrow_exception(error);
       return {nullptr, op.sequence};
     }
