@@ -107,13 +107,6 @@ struct TcpStoreServer::State {
   std::deque<RejectedClient> rejected;
   std::map<int, std::string> rank_addresses;
 
-  bool HasAll(const std::vector<std::string>& keys) const {
-    for (const auto& key : keys) {
-      if (values.count(key) == 0) return false;
-    }
-    return true;
-  }
-
   void Reply(int fd, const Writer& response) {
     Connection& conn = connections[fd];
     conn.out += Framed(response.bytes());
@@ -136,6 +129,9 @@ struct TcpStoreServer::State {
                   << " claiming rank " << rank << ": " << reason;
     Reply(fd, Response(id, status));
     conn.close_after_flush = true;
+    // Closed once its answer is sent: not a silent stranger to evict (and
+    // lose the answer with) before then.
+    unauthenticated.erase({conn.accepted_at, fd});
     std::lock_guard<std::mutex> lock(shared_mutex);
     rejected.push_back({conn.address, rank, reason});
     if (rejected.size() > kMaxRejectedKept) rejected.pop_front();
@@ -379,6 +375,10 @@ struct TcpStoreServer::State {
     for (uint64_t serial : its_waiters) RemoveWaiter(serial);
     if (!conn.authenticated) unauthenticated.erase({conn.accepted_at, fd});
     connections.erase(it);
+    // Before the close: a copy of the socket in a forked child of this
+    // process would keep it registered, reporting events for an fd that is
+    // no longer ours (or is a new connection's).
+    epoll_ctl(epoll_fd, EPOLL_CTL_DEL, fd, nullptr);
     close(fd);
   }
 
@@ -413,7 +413,10 @@ struct TcpStoreServer::State {
         event.events = (conn.close_after_flush ? 0u : uint32_t{EPOLLIN}) |
                        (want_output ? uint32_t{EPOLLOUT} : 0u);
         event.data.fd = fd;
-        epoll_ctl(epoll_fd, EPOLL_CTL_MOD, fd, &event);
+        if (epoll_ctl(epoll_fd, EPOLL_CTL_MOD, fd, &event) != 0) {
+          to_drop.push_back({fd, false});  // Its output would stall.
+          continue;
+        }
         conn.output_polled = want_output;
       }
     }
@@ -452,14 +455,20 @@ struct TcpStoreServer::State {
       const int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       net::SetNetworkTimeout(fd, options.network_timeout);
+      epoll_event event{};
+      event.events = EPOLLIN;
+      event.data.fd = fd;
+      if (epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &event) != 0) {
+        // Unserved, it would only wait for its auth timeout: refuse it now.
+        ACCEL_LOG(WARNING) << "store: cannot watch a new connection: "
+                           << std::strerror(errno);
+        close(fd);
+        continue;
+      }
       Connection& conn = connections[fd];
       conn.address = net::PeerAddress(fd);
       conn.accepted_at = Clock::now();
       unauthenticated.insert({conn.accepted_at, fd});
-      epoll_event event{};
-      event.events = EPOLLIN;
-      event.data.fd = fd;
-      epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &event);
       if (unauthenticated.size() > options.max_unauthenticated) {
         Drop(OldestUnauthenticated(), false);
       }
