@@ -106,7 +106,12 @@ void MeetAtStore(Store& store, const DistributedEnvironment& env,
                  const std::string& my_address, Clock::time_point deadline,
                  TcpStoreServer* hosted) {
   const auto started = Clock::now();
-  const std::string prefix = JoinPrefix(env);
+  // The count and the key that opens the meeting are per world size, so
+  // that processes started with different sizes (a misconfigured launch
+  // sharing the job id) never complete each other's meeting: each side
+  // times out naming the ranks it misses.
+  const std::string prefix =
+      JoinPrefix(env) + "of_" + std::to_string(env.world_size) + "/";
   // Each rank makes three requests and waits on one key, so the meeting
   // costs the store O(N) (waiting on every rank's key cost O(N) per rank:
   // at 4,096 ranks, 16M keys checked and 300 MB of requests). A rank counts

@@ -96,6 +96,37 @@ TEST(RendezvousTest, ARankClaimedTwiceCountsOnce) {
   }
 }
 
+// Processes started with different world sizes (a misconfigured launch that
+// shares the job id) do not complete each other's meeting: ranks 8-11 of a
+// job of 12 arrive first, then ranks 0-3 of a job of 8 make eight claims.
+TEST(RendezvousTest, RanksOfAnotherWorldSizeDoNotCompleteTheMeeting) {
+  InMemoryStore store;
+  const auto deadline = Clock::now() + milliseconds(1500);
+  std::vector<std::string> errors(8);
+  std::vector<std::thread> threads;
+  auto meet = [&](int index, int rank, int world_size) {
+    threads.emplace_back([&, index, rank, world_size] {
+      try {
+        MeetAtStore(store, Env(rank, world_size, 29500), "127.0.0.1", deadline,
+                    nullptr);
+      } catch (const std::exception& e) {
+        errors[index] = e.what();
+      }
+    });
+  };
+  for (int i = 0; i < 4; ++i) meet(4 + i, 8 + i, 12);
+  for (int i = 0; i < 4; ++i) {
+    store.wait({"accel_join/0/" + std::to_string(8 + i) + "/claimed"},
+               milliseconds(1000));
+  }
+  for (int i = 0; i < 4; ++i) meet(i, i, 8);
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_THAT(errors[i], HasSubstr("ranks 4, 5, 6, 7 did not join within"));
+  }
+  for (int i = 4; i < 8; ++i) EXPECT_THAT(errors[i], HasSubstr("did not join"));
+}
+
 // A rank that announced itself and stopped before counting itself: the
 // others do not wait past their deadline (and a bounded moment) for it.
 TEST(RendezvousTest, ARankThatStoppedBeforeCountingEndsTheWaitAtTheDeadline) {
