@@ -59,6 +59,11 @@ int main(int argc, char** argv) {
         MPI_Allgather(input.data(), count, type, output.data(), count, type,
                       MPI_COMM_WORLD);
       };
+    } else if (row.kind == Kind::kReduceScatter) {
+      call = [&] {
+        MPI_Reduce_scatter_block(output.data(), input.data(), count, type,
+                                 MPI_SUM, MPI_COMM_WORLD);
+      };
     } else {
       call = [&] {
         MPI_Allreduce(MPI_IN_PLACE, input.data(), count, type, MPI_SUM,

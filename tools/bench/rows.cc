@@ -31,6 +31,11 @@ std::vector<Row> Rows(const std::vector<size_t>& sizes,
     rows.push_back({Kind::kAllreduce, "allreduce_" + std::to_string(size),
                     "allreduce", size, false, false, iterations(size)});
   }
+  for (size_t size : sizes) {
+    rows.push_back(
+        {Kind::kReduceScatter, "reduce_scatter_" + std::to_string(size),
+         "reduce-scatter (out)", size, false, false, iterations(size)});
+  }
   return rows;
 }
 

@@ -16,18 +16,19 @@
 namespace accel::bench {
 
 struct Row {
-  enum class Kind { kBarrier, kAllgather, kAllreduce };
+  enum class Kind { kBarrier, kAllgather, kAllreduce, kReduceScatter };
   Kind kind;
   std::string key;    // "allreduce_1048576": the same in every program
   std::string label;  // "allreduce", for the table
-  size_t bytes;       // Per rank; 0 for barrier
+  size_t bytes;       // Per rank (reduce-scatter: each rank's output); 0
+                      // for barrier
   bool int64;         // int64 elements (else float32)
   bool latency;       // Reported in microseconds, else GB/s
   int iterations;     // Calls per round
 };
 
-// barrier, allgather of 3 int64, allreduce of 1 float32, then allgather and
-// allreduce of float32 at each size.
+// barrier, allgather of 3 int64, allreduce of 1 float32, then allgather,
+// allreduce and reduce-scatter (sum) of float32 at each size.
 std::vector<Row> Rows(const std::vector<size_t>& sizes, int latency_iterations);
 
 // "4096,65536" -> {4096, 65536}.

@@ -75,6 +75,15 @@ def worker(rank, world_size, port, sizes, latency_iterations, rounds, queue):
         timed_rounds(results, f"allreduce_{size}",
                      lambda: dist.all_reduce(buffer), iterations_for(size),
                      rounds)
+    for size in sizes:
+        output = torch.empty(size // 4, dtype=torch.float32)
+        inputs = [torch.ones_like(output) for _ in range(world_size)]
+        try:
+            timed_rounds(results, f"reduce_scatter_{size}",
+                         lambda: dist.reduce_scatter(output, inputs),
+                         iterations_for(size), rounds)
+        except RuntimeError:
+            break  # Gloo in torch 1.13 has no reduce_scatter: n/a.
     dist.barrier()
     if rank == 0:
         queue.put(results)
