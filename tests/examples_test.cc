@@ -258,7 +258,7 @@ TEST(ExamplesTest, KilledRankIsRestartedAndResumesToTheSameResult) {
           std::this_thread::sleep_for(std::chrono::milliseconds(10));
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        const std::vector<pid_t> ranks = ChildrenOf(launcher);
+        const std::vector<pid_t> ranks = RanksOf(launcher);
         if (ranks.size() == 2) killed = kill(ranks[1], SIGKILL) == 0;
       });
   ASSERT_TRUE(killed) << restarted.output;
@@ -316,7 +316,7 @@ TEST(ExamplesTest, PreemptedTrainDemoSavesLeavesAndResumesBitForBit) {
               kill(supervisor, signal_number);
               return;
             }
-            for (pid_t rank : ChildrenOf(supervisor)) kill(rank, signal_number);
+            for (pid_t rank : RanksOf(supervisor)) kill(rank, signal_number);
           });
       SCOPED_TRACE(std::string(to_ranks ? "ranks" : "supervisor") + " got " +
                    strsignal(signal_number));
@@ -491,8 +491,8 @@ TEST(ExamplesTest, ASecondJobInTheSameOutputFolderIsRefused) {
 // small program run in its place: it does not keep LibTorch resident.
 TEST(ExamplesTest, TheSupervisorOfASelfLaunchedJobIsSmall) {
   const std::string dir = MakeTempDir("supervisor");
-  std::string name, status;
-  size_t ranks = 0;
+  std::string name, status, zygote_name;
+  size_t ranks = 0, children = 0;
   const ProcessResult r = RunProcess(
       {Runfile("examples/train_demo"), "--num_processes=2", "--epochs=2",
        "--sleep_per_step_ms=100", "--output_dir=" + dir + "/out",
@@ -505,10 +505,12 @@ TEST(ExamplesTest, TheSupervisorOfASelfLaunchedJobIsSmall) {
         const std::string proc = "/proc/" + std::to_string(supervisor);
         name = ReadFile(proc + "/comm");
         status = ReadFile(proc + "/status");
-        ranks = ChildrenOf(supervisor).size();
+        ranks = RanksOf(supervisor).size();
+        children = ChildrenOf(supervisor).size();
       });
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(ranks, 2u);
+  EXPECT_EQ(children, 3u);  // And the zygote that forked them.
   EXPECT_EQ(name, "accel-launch\n");
   std::smatch rss;
   ASSERT_TRUE(std::regex_search(status, rss, std::regex("VmRSS:\\s+(\\d+) kB")))

@@ -100,6 +100,17 @@ std::vector<pid_t> ChildrenOf(pid_t pid) {
   return children;
 }
 
+std::vector<pid_t> RanksOf(pid_t supervisor) {
+  std::vector<pid_t> ranks;
+  for (const pid_t child : ChildrenOf(supervisor)) {
+    if (ReadFile("/proc/" + std::to_string(child) + "/comm") !=
+        "accel-zygote\n") {
+      ranks.push_back(child);
+    }
+  }
+  return ranks;
+}
+
 std::vector<pid_t> ReadPidFiles(const std::string& dir) {
   std::vector<pid_t> pids;
   DIR* d = opendir(dir.c_str());

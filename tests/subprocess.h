@@ -43,6 +43,11 @@ bool ProcessAlive(pid_t pid);
 // Child processes of `pid`, from /proc.
 std::vector<pid_t> ChildrenOf(pid_t pid);
 
+// The children of a supervisor but its zygote (accel-zygote, which a
+// self-launching program forks to start its ranks: see
+// accel/runtime/launch/zygote.h).
+std::vector<pid_t> RanksOf(pid_t supervisor);
+
 // A file's whole contents ("" if it cannot be read).
 std::string ReadFile(const std::string& path);
 

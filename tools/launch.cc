@@ -22,6 +22,10 @@
 // --log_dir is glog's flag (accel logs through glog), which the launcher
 // reuses for the ranks' logs, as programs do.
 
+DEFINE_int32(zygote_fd, -1,
+             "Internal: the socket of the zygote that forks a self-launching "
+             "program's ranks (accel/runtime/launch/zygote.h).");
+
 namespace {
 
 // Flags the launcher itself uses. Both names of the thread flag are listed
@@ -36,7 +40,8 @@ const std::set<std::string> kUsed = {"num_processes",
                                      "max_restarts",
                                      "signal_grace_s",
                                      "log_dir",
-                                     "config_file"};
+                                     "config_file",
+                                     "zygote_fd"};
 
 // Flags of the ranks that the launcher passes on, as `accelerate launch`
 // does with its training flags.
@@ -61,6 +66,7 @@ int main(int argc, char** argv) {
   gflags::SetUsageMessage(
       "launch --num_processes=N [--main_process_port=P] -- PROGRAM ARGS...");
   std::set<std::string> shown = kUsed;
+  shown.erase("zygote_fd");
   shown.insert(kForwarded.begin(), kForwarded.end());
   accel::UseLaunchConfig(argc, argv);
   accel::PrintHelpAndExitIfAsked(argc, argv, &shown);
@@ -113,7 +119,9 @@ int main(int argc, char** argv) {
     command[0] = std::string(user_dir) + "/" + command[0];
   }
   try {
-    return accel::Launch(accel::LaunchOptionsFromFlags(), command);
+    accel::LaunchOptions options = accel::LaunchOptionsFromFlags();
+    options.zygote_fd = FLAGS_zygote_fd;
+    return accel::Launch(options, command);
   } catch (const accel::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;

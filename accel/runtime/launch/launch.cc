@@ -29,6 +29,7 @@
 #include "accel/runtime/launch/mpirun.h"
 #include "accel/runtime/launch/rank_output.h"
 #include "accel/runtime/launch/rank_processes.h"
+#include "accel/runtime/launch/zygote.h"
 
 namespace accel {
 namespace {
@@ -140,17 +141,6 @@ int CoresAvailable() {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
   return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
-}
-
-// Many ranks mean many connections (rank 0's store, each rank's full
-// mesh): allow what the hard limit allows, as torchrun users do by hand.
-void RaiseOpenFileLimit() {
-  rlimit limit{};
-  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 &&
-      limit.rlim_cur < limit.rlim_max) {
-    limit.rlim_cur = limit.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &limit);
-  }
 }
 
 // Where launcher messages go: through the output relay when there is one
@@ -324,10 +314,26 @@ class RankSet {
 
 // Starts this machine's ranks once and watches them until all have exited,
 // one has failed, or the launcher got a signal.
+// A rank from the zygote when there is one (see zygote.h), else exec'd; a
+// zygote that fails once is not asked again.
+pid_t StartOneRank(const std::vector<std::string>& argv,
+                   const ChildSetup& setup, int rank, int world, int* zygote) {
+  if (*zygote >= 0) {
+    try {
+      return StartRankFromZygote(*zygote, setup, rank, world);
+    } catch (const Error& e) {
+      ACCEL_LOG(WARNING) << e.what() << "; exec'ing the ranks instead";
+      close(*zygote);
+      *zygote = -1;
+    }
+  }
+  return StartRank(argv, setup, rank, world);
+}
+
 Attempt RunRanks(const LaunchOptions& options,
                  const std::vector<std::string>& argv, HeldPort& held,
                  const std::string& secret, const std::string& job_id,
-                 int restart_count, Reporter& report) {
+                 int restart_count, int* zygote, Reporter& report) {
   const int local_world_size = options.num_processes / options.num_machines;
   const auto attempt_started = std::chrono::steady_clock::now();
   std::unique_ptr<RankOutput> output;
@@ -392,9 +398,11 @@ Attempt RunRanks(const LaunchOptions& options,
       if (rank == 0 && held.fd >= 0) {
         setup.env["ACCEL_STORE_LISTEN_FD"] = std::to_string(held.fd);
         setup.keep_fd = held.fd;
+        setup.keep_fd_variable = "ACCEL_STORE_LISTEN_FD";
       }
       if (output) setup.pipes = output->Add(rank);
-      ranks.Add(rank, StartRank(argv, setup, rank, options.num_processes));
+      ranks.Add(rank,
+                StartOneRank(argv, setup, rank, options.num_processes, zygote));
       if (output) output->StartedRank(rank);
       if (rank == 0 && held.fd >= 0) {
         close(held.fd);  // Rank 0 has it now.
@@ -487,6 +495,20 @@ int Launch(const LaunchOptions& options,
            " each)");
   }
   RaiseOpenFileLimit();
+  // The zygote's ranks are orphaned on purpose, to become ours; closing its
+  // socket ends it, however Launch returns.
+  struct Zygote {
+    int fd;
+    ~Zygote() {
+      if (fd >= 0) close(fd);
+    }
+  } zygote{options.zygote_fd};
+  if (zygote.fd >= 0 && (options.backend == "mpi" || !AdoptZygoteRanks())) {
+    close(zygote.fd);
+    zygote.fd = -1;
+  }
+  // Not for exec'd ranks (or mpirun) to inherit.
+  if (zygote.fd >= 0) fcntl(zygote.fd, F_SETFD, FD_CLOEXEC);
   std::vector<std::string> argv = command;
   if (!options.backend.empty()) argv.push_back("--backend=" + options.backend);
 
@@ -518,8 +540,8 @@ int Launch(const LaunchOptions& options,
     // last try's store may still be closing.
     HeldPort held;
     HoldPort(options, &held);
-    const Attempt attempt =
-        RunRanks(options, argv, held, secret, job_id, restart, report);
+    const Attempt attempt = RunRanks(options, argv, held, secret, job_id,
+                                     restart, &zygote.fd, report);
     if (attempt.exit_code == 0 || attempt.interrupted ||
         restart >= options.max_restarts) {
       if (attempt.exit_code != 0 && options.max_restarts > 0 &&

@@ -61,6 +61,9 @@ struct LaunchOptions {
   // When set, each rank's stdout and stderr also go to
   // <log_dir>/attempt_<n>/rank_<r>/{stdout,stderr}.log (see rank_output.h).
   std::string log_dir;
+  // A zygote's socket (zygote.h): the ranks are forked from the program
+  // already loaded rather than exec'd, unless that fails. -1: exec them.
+  int zygote_fd = -1;
 };
 
 // Runs `command` as this machine's ranks and returns the launcher's exit

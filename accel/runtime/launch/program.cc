@@ -57,7 +57,7 @@ LaunchOptions LaunchOptionsFromFlags() {
   return options;
 }
 
-void InitProgram(int* argc, char*** argv) {
+void internal::InitProgram(int* argc, char*** argv, void* program_module) {
   PrepareProcess();
   TraceStartup("main");
   std::atexit([] { TraceStartup("exit"); });
@@ -75,7 +75,7 @@ void InitProgram(int* argc, char*** argv) {
     std::fprintf(stderr, "error: %s\n", error.what());
     std::exit(2);
   }
-  SelfLaunchIfAsked(std::move(command));
+  SelfLaunchIfAsked(std::move(command), program_module);
 }
 
 void EnterUserDirectory() {

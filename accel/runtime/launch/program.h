@@ -28,11 +28,23 @@
 #include "accel/runtime/launch/launch.h"
 #include "accel/runtime/launch/program_flags.h"
 
+// The calling module's handle for its static destructors (crtbegin.o's;
+// GCC declares it so itself once a static object has a destructor).
+extern void* __dso_handle __attribute__((__visibility__("hidden")));
+
 namespace accel {
 
+namespace internal {
+void InitProgram(int* argc, char*** argv, void* program_module);
+}  // namespace internal
+
 // Reads the launch configuration file (see launch_config.h), parses flags
-// (removing them from argv) and self-launches when asked to.
-void InitProgram(int* argc, char*** argv);
+// (removing them from argv) and self-launches when asked to. Inline so that
+// it names the program's own module: a rank forked from the zygote runs the
+// program's destructors at exit but not LibTorch's (see zygote.h).
+inline void InitProgram(int* argc, char*** argv) {
+  internal::InitProgram(argc, argv, &__dso_handle);
+}
 
 // The configuration file's values as the flags' defaults, before the
 // command line is parsed; prints the error and exits with code 2 for a bad

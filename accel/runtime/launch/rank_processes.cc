@@ -26,6 +26,15 @@ std::string ProcessLimit() {
 
 }  // namespace
 
+void RaiseOpenFileLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 &&
+      limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &limit);
+  }
+}
+
 pid_t StartRank(const std::vector<std::string>& command,
                 const ChildSetup& setup, int rank, int world) {
   int report[2];

@@ -34,6 +34,10 @@ struct RankProcess {
 struct ChildSetup {
   std::map<std::string, std::string> env;
   int keep_fd = -1;  // Inherited across exec (rank 0's store socket).
+  // The variable in env that names keep_fd ("ACCEL_STORE_LISTEN_FD"): a
+  // rank forked by the zygote (zygote.h) gets the socket under another
+  // number and the variable rewritten.
+  std::string keep_fd_variable;
   RankOutput::Pipes pipes;
 };
 
@@ -42,6 +46,11 @@ struct ChildSetup {
 // launcher, clearly (UsageError); Error when fork fails.
 pid_t StartRank(const std::vector<std::string>& command,
                 const ChildSetup& setup, int rank, int world);
+
+// Raises the soft limit on open files to the hard one (many ranks mean
+// many connections: rank 0's store, each rank's full mesh), as torchrun
+// users do by hand.
+void RaiseOpenFileLimit();
 
 // "exited with code 3", "was killed by signal 9 (Killed); ...".
 std::string DescribeStatus(int status);

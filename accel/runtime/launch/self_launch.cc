@@ -11,10 +11,12 @@
 
 #include "accel/runtime/base/errors.h"
 #include "accel/runtime/base/logging.h"
+#include "accel/runtime/base/startup_trace.h"
 #include "accel/runtime/env/env_value.h"
 #include "accel/runtime/env/environment.h"
 #include "accel/runtime/launch/launch.h"
 #include "accel/runtime/launch/program.h"
+#include "accel/runtime/launch/zygote.h"
 
 namespace accel {
 namespace {
@@ -49,7 +51,7 @@ std::vector<std::string> LauncherFlags() {
 // `command` as the ranks. Returns only when that could not be done (then
 // this process launches them itself); ACCEL_IN_PROCESS_LAUNCH=1 asks for
 // that too.
-void ExecLauncher(const std::vector<std::string>& command) {
+void ExecLauncher(const std::vector<std::string>& command, int zygote_fd) {
   const bool in_process = EnvSwitch("ACCEL_IN_PROCESS_LAUNCH").value_or(false);
   if (g_launcher_image == nullptr || in_process) return;
   const int fd = memfd_create("accel-launch", MFD_CLOEXEC);
@@ -67,6 +69,8 @@ void ExecLauncher(const std::vector<std::string>& command) {
   }
   std::vector<std::string> args = {"accel-launch"};
   for (auto& flag : LauncherFlags()) args.push_back(std::move(flag));
+  if (zygote_fd >= 0)
+    args.push_back("--zygote_fd=" + std::to_string(zygote_fd));
   args.push_back("--");
   args.insert(args.end(), command.begin(), command.end());
   std::vector<char*> argv;
@@ -100,7 +104,7 @@ std::string ExecutablePath() {
   return resolved;
 }
 
-void SelfLaunchIfAsked(std::vector<std::string> command) {
+void SelfLaunchIfAsked(std::vector<std::string> command, void* program_module) {
   if (flags::num_processes.value() < 1) {
     Fail("--num_processes must be at least 1, found " +
              std::to_string(flags::num_processes.value()),
@@ -144,14 +148,24 @@ void SelfLaunchIfAsked(std::vector<std::string> command) {
                       flags::num_machines.value() > 1 ||
                       flags::max_restarts.value() > 0;
   if (!wanted) return;
+  // Ranks forked from here need not load the program again (zygote.h);
+  // mpirun starts its own.
+  ZygoteStart zygote;
+  if (flags::backend.value() != "mpi") zygote = StartZygote(program_module);
+  if (zygote.role == ZygoteStart::Role::kRank) {
+    TraceStartup("main");
+    return;
+  }
   command[0] = ExecutablePath();
   try {
-    ExecLauncher(command);
+    ExecLauncher(command, zygote.fd);
   } catch (const Error& e) {
     Fail(e.what(), 2);
   }
   try {
-    std::exit(Launch(LaunchOptionsFromFlags(), command));
+    LaunchOptions options = LaunchOptionsFromFlags();
+    options.zygote_fd = zygote.fd;
+    std::exit(Launch(options, command));
   } catch (const Error& e) {
     Fail(e.what(), 2);
   }

@@ -27,7 +27,9 @@ namespace accel {
 
 // Exits with the launcher's exit code after a launch, with 1 after an
 // error; returns when this process should go on as a rank (or alone).
-void SelfLaunchIfAsked(std::vector<std::string> command);
+// `program_module`: the program's __dso_handle, or null (see zygote.h).
+void SelfLaunchIfAsked(std::vector<std::string> command,
+                       void* program_module = nullptr);
 
 // Registers the executable image (an ELF file's bytes, static storage) that
 // SelfLaunchIfAsked runs in this process's place to supervise the ranks.

@@ -1,0 +1,166 @@
+// End-to-end tests of the zygote (accel/runtime/launch/zygote.h): a
+// self-launching LibTorch program forks its ranks from the loaded program,
+// and each gets what an exec'd rank would.
+#include <dirent.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/subprocess.h"
+
+namespace accel::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+const auto kTimeout = std::chrono::seconds(120);
+
+std::string Program() { return Runfile("tests/zygote_program"); }
+
+struct RankLine {
+  int rank, loaded, self, parent, threads, blas_threads;
+  std::string name;
+  double gather;
+};
+
+std::vector<RankLine> RankLines(const std::string& output) {
+  const std::regex line(
+      R"(rank (\d+)/\d+: loaded in pid (\d+), runs as pid (\d+), parent )"
+      R"((\d+), name (\S+), torch threads (\d+), blas threads (-?\d+), )"
+      R"(gather (\S+))");
+  std::vector<RankLine> lines;
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), line);
+       it != std::sregex_iterator(); ++it) {
+    const std::smatch& m = *it;
+    lines.push_back({std::stoi(m[1]), std::stoi(m[2]), std::stoi(m[3]),
+                     std::stoi(m[4]), std::stoi(m[6]), std::stoi(m[7]), m[5],
+                     std::stod(m[8])});
+  }
+  return lines;
+}
+
+// Processes named accel-zygote whose command line holds `marker`.
+std::vector<pid_t> Zygotes(const std::string& marker) {
+  std::vector<pid_t> found;
+  DIR* proc = opendir("/proc");
+  while (dirent* entry = proc ? readdir(proc) : nullptr) {
+    const pid_t pid = std::atoi(entry->d_name);
+    if (pid <= 0) continue;
+    const std::string dir = "/proc/" + std::to_string(pid);
+    if (ReadFile(dir + "/comm") == "accel-zygote\n" &&
+        ReadFile(dir + "/cmdline").find(marker) != std::string::npos &&
+        ProcessAlive(pid)) {
+      found.push_back(pid);
+    }
+  }
+  if (proc) closedir(proc);
+  return found;
+}
+
+class ZygoteTest : public ::testing::Test {
+ protected:
+  // The launcher's value must be what the ranks see, not the test's.
+  void SetUp() override { unsetenv("OMP_NUM_THREADS"); }
+};
+
+TEST_F(ZygoteTest, RanksAreForkedFromTheLoadedProgramWithTheirThreads) {
+  for (const int threads : {1, 2}) {
+    const ProcessResult r =
+        RunProcess({Program(), "--num_processes=2", "--main_process_port=0",
+                    "--num_cpu_threads_per_process=" + std::to_string(threads)},
+                   {}, kTimeout);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::vector<RankLine> lines = RankLines(r.output);
+    ASSERT_EQ(lines.size(), 2u) << r.output;
+    for (const RankLine& line : lines) {
+      // Loaded once, by the process that now supervises (exec keeps the
+      // pid): the ranks are its children but never ran the loader.
+      EXPECT_EQ(line.loaded, line.parent) << r.output;
+      EXPECT_NE(line.loaded, line.self) << r.output;
+      EXPECT_EQ(line.name, "zygote_program") << r.output;
+      EXPECT_EQ(line.threads, threads) << r.output;
+      EXPECT_EQ(line.blas_threads, threads) << r.output;
+      EXPECT_EQ(line.gather, 1.0) << r.output;  // 0 + 1
+    }
+  }
+}
+
+TEST_F(ZygoteTest, AccelZygoteZeroExecsEachRankAsBefore) {
+  const ProcessResult r =
+      RunProcess({Program(), "--num_processes=2", "--main_process_port=0",
+                  "--num_cpu_threads_per_process=1"},
+                 {{"ACCEL_ZYGOTE", "0"}}, kTimeout);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<RankLine> lines = RankLines(r.output);
+  ASSERT_EQ(lines.size(), 2u) << r.output;
+  for (const RankLine& line : lines) {
+    EXPECT_EQ(line.loaded, line.self) << r.output;
+    EXPECT_EQ(line.threads, 1) << r.output;
+    EXPECT_EQ(line.blas_threads, 1) << r.output;
+  }
+}
+
+TEST_F(ZygoteTest, RestartedRanksAreForkedAgain) {
+  const ProcessResult r =
+      RunProcess({Program(), "--num_processes=2", "--main_process_port=0",
+                  "--max_restarts=1", "--fail_rank=1"},
+                 {}, kTimeout);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("rank 1 fails on purpose"));
+  EXPECT_THAT(r.output, HasSubstr("restarting all ranks (restart 1 of 1"));
+  const std::vector<RankLine> lines = RankLines(r.output);
+  ASSERT_EQ(lines.size(), 2u) << r.output;  // Only the second attempt's.
+  for (const RankLine& line : lines) {
+    EXPECT_EQ(line.loaded, line.parent) << r.output;
+  }
+}
+
+TEST_F(ZygoteTest, NothingOutlivesTheJobEvenWhenTheLauncherIsKilled) {
+  const std::string marker = MakeTempDir("zygote_kill");
+  std::vector<pid_t> during;
+  const ProcessResult r = RunProcess(
+      {Program(), "--num_processes=2", "--main_process_port=0",
+       "--pid_dir=" + marker},
+      {}, kTimeout, [&](pid_t launcher) {
+        for (int i = 0; i < 1000 && ReadPidFiles(marker).size() < 2; ++i) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+        during = Zygotes(marker);
+        kill(launcher, SIGKILL);
+      });
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.output;
+  EXPECT_EQ(during.size(), 1u) << r.output;
+  const std::vector<pid_t> ranks = ReadPidFiles(marker);
+  ASSERT_EQ(ranks.size(), 2u) << r.output;
+  bool any = true;
+  for (int i = 0; i < 250 && any; ++i) {
+    any = !Zygotes(marker).empty();
+    for (const pid_t pid : ranks) any |= ProcessAlive(pid);
+    if (any) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_FALSE(any) << "a rank or the zygote survived the launcher";
+}
+
+TEST_F(ZygoteTest, TheZygoteEndsWithANormalJob) {
+  const std::string marker = "--fail_rank=-7";  // Unique in cmdline.
+  const ProcessResult r = RunProcess(
+      {Program(), "--num_processes=2", "--main_process_port=0", marker}, {},
+      kTimeout);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<pid_t> left = Zygotes(marker);
+  for (int i = 0; i < 100 && !left.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    left = Zygotes(marker);
+  }
+  EXPECT_TRUE(left.empty());
+}
+
+}  // namespace
+}  // namespace accel::testing
