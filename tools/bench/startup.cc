@@ -17,10 +17,16 @@
 //   training      the rest, up to the exit, less the checkpoints
 //   checkpoints   every save_state (train_demo saves each epoch)
 //   exit          from the ranks' exit to the supervisor's
-// Memory: each rank's peak resident set, the supervisor's resident set while
-// the ranks train, and LibTorch's own footprint (an empty program linking
-// it). The Python rows run shared/peer's launch.sh and train_demo.py (the
-// seed's job) with --peer_src; runs of the two alternate.
+// The ranks are forked from the loaded program (accel/runtime/launch/
+// zygote.h); with --compare_exec the same job also runs with ACCEL_ZYGOTE=0
+// (each rank exec'd and loading LibTorch itself, as before the zygote), in
+// the same run.
+// Memory: each rank's peak resident set, the supervisor's and the zygote's
+// resident sets (and the zygote's private part, what it adds to the
+// machine: the rest it shares with the ranks) while the ranks train, and
+// LibTorch's own footprint (an empty program linking it). The Python rows
+// run shared/peer's launch.sh and train_demo.py (the seed's job) with
+// --peer_src; runs alternate.
 #include <dirent.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -48,6 +54,8 @@ DEFINE_string(peer_src, "",
               "Folder holding Python Accelerate's `accelerate` package: also "
               "run the seed's train_demo.py with it.");
 DEFINE_string(peer_dir, "", "Folder of launch.sh and train_demo.py.");
+DEFINE_bool(compare_exec, true,
+            "Also run each job with ACCEL_ZYGOTE=0 (ranks exec'd).");
 
 namespace {
 
@@ -70,13 +78,39 @@ std::string Runfile(const std::string& path) {
   return base + "/accel/" + path;
 }
 
-long ResidentKb(pid_t pid) {
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+// A field of /proc/<pid>/<file> in kB ("VmRSS:" of status), 0 if absent.
+long FieldKb(pid_t pid, const char* file, const std::string& field) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/" + file);
   std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::atol(line.c_str() + 6);
+  long kb = 0;
+  while (std::getline(in, line)) {
+    if (line.rfind(field, 0) == 0) kb += std::atol(line.c_str() + field.size());
   }
-  return 0;
+  return kb;
+}
+
+long ResidentKb(pid_t pid) { return FieldKb(pid, "status", "VmRSS:"); }
+
+// What a process holds alone: private pages, clean and dirty.
+long PrivateKb(pid_t pid) {
+  return FieldKb(pid, "smaps_rollup", "Private_Clean:") +
+         FieldKb(pid, "smaps_rollup", "Private_Dirty:");
+}
+
+std::vector<pid_t> Children(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/task/" +
+                   std::to_string(pid) + "/children");
+  std::vector<pid_t> children;
+  pid_t child;
+  while (in >> child) children.push_back(child);
+  return children;
+}
+
+std::string LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  std::string one, five, fifteen;
+  in >> one >> five >> fifteen;
+  return one + " " + five + " " + fifteen;
 }
 
 std::string Comm(pid_t pid) {
@@ -88,7 +122,9 @@ std::string Comm(pid_t pid) {
 
 struct Run {
   double wall_ms = 0;
-  long supervisor_kb = 0;  // Largest while the ranks ran.
+  long supervisor_kb = 0;      // Largest while the ranks ran.
+  long zygote_kb = 0;          // The zygote's largest resident set...
+  long zygote_private_kb = 0;  // ... and private part.
   std::vector<std::string> stdout_lines;
 };
 
@@ -115,6 +151,12 @@ Run RunJob(const std::vector<std::string>& argv,
     // ranks: that is the supervisor to measure.
     if (Comm(pid) == "accel-launch") {
       run.supervisor_kb = std::max(run.supervisor_kb, ResidentKb(pid));
+      for (const pid_t child : Children(pid)) {
+        if (Comm(child) != "accel-zygote") continue;
+        run.zygote_kb = std::max(run.zygote_kb, ResidentKb(child));
+        run.zygote_private_kb =
+            std::max(run.zygote_private_kb, PrivateKb(child));
+      }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
@@ -186,7 +228,11 @@ Phases Breakdown(const std::vector<Event>& events, long long start_ns,
   p["exit, ms"] = (end_ns - exit_ns) / 1e6;
   p["wall, ms"] = run.wall_ms;
   p["rank peak RSS, MiB"] = peak_kb / 1024.0;
-  if (supervised) p["supervisor RSS, MiB"] = run.supervisor_kb / 1024.0;
+  if (supervised) {
+    p["supervisor RSS, MiB"] = run.supervisor_kb / 1024.0;
+    p["zygote RSS, MiB"] = run.zygote_kb / 1024.0;
+    p["zygote private, MiB"] = run.zygote_private_kb / 1024.0;
+  }
   return p;
 }
 
@@ -225,6 +271,7 @@ std::vector<int> ParseList(const std::string& text) {
 
 int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
+  const std::string load_before = LoadAverage();
   const std::vector<int> counts = ParseList(FLAGS_processes);
   const std::string program =
       FLAGS_program.empty() ? Runfile("examples/train_demo") : FLAGS_program;
@@ -253,24 +300,26 @@ int main(int argc, char** argv) {
     torch_mib.push_back(kb / 1024.0);
   }
 
-  std::map<int, std::map<std::string, std::vector<double>>> table;
-  std::map<int, std::vector<double>> python_ms, ratio;
+  std::map<int, std::map<std::string, std::vector<double>>> table, exec_table;
+  std::map<int, std::vector<double>> python_ms, ratio, exec_ratio;
   int port = 29700;
   for (int n : counts) {
     for (int i = 0; i < FLAGS_repetitions; ++i) {
       const std::string dir =
           scratch + "/run_" + std::to_string(n) + "_" + std::to_string(i);
       std::filesystem::create_directories(dir);
-      auto accel_run = [&] {
-        const std::string trace = dir + "/trace";
+      auto accel_run = [&](bool zygote) {
+        const std::string trace = dir + (zygote ? "/trace" : "/trace_exec");
         const long long start = NowNs();
         const Run run =
             RunJob({program, "--num_processes=" + std::to_string(n),
                     "--main_process_port=0"},
-                   {"ACCEL_STARTUP_TRACE=" + trace}, dir, dir + "/accel.log");
+                   {"ACCEL_STARTUP_TRACE=" + trace,
+                    std::string("ACCEL_ZYGOTE=") + (zygote ? "1" : "0")},
+                   dir, dir + "/accel.log");
         for (const auto& [row, value] :
              Breakdown(ReadTrace(trace), start, run, n)) {
-          table[n][row].push_back(value);
+          (zygote ? table : exec_table)[n][row].push_back(value);
         }
         return run.wall_ms;
       };
@@ -281,25 +330,30 @@ int main(int argc, char** argv) {
             .wall_ms;
       };
       // Alternate which goes first, so neither always finds a warm cache.
-      double accel_ms = 0, py_ms = 0;
+      double accel_ms = 0, exec_ms = 0, py_ms = 0;
       if (i % 2 == 0 || !peer) {
-        accel_ms = accel_run();
+        accel_ms = accel_run(true);
+        if (FLAGS_compare_exec) exec_ms = accel_run(false);
         if (peer) py_ms = python_run();
       } else {
-        py_ms = python_run();
-        accel_ms = accel_run();
+        if (peer) py_ms = python_run();
+        if (FLAGS_compare_exec) exec_ms = accel_run(false);
+        accel_ms = accel_run(true);
       }
       if (peer) {
         python_ms[n].push_back(py_ms);
         ratio[n].push_back(accel_ms / py_ms);
+        if (FLAGS_compare_exec) exec_ratio[n].push_back(exec_ms / py_ms);
       }
     }
   }
 
   std::printf(
       "train_demo (3 epochs) from start to exit, %u cores, %d runs per "
-      "column, min/median/max\n",
-      std::thread::hardware_concurrency(), FLAGS_repetitions);
+      "column, min/median/max; load average (1, 5, 15 min) %s before, %s "
+      "after\n",
+      std::thread::hardware_concurrency(), FLAGS_repetitions,
+      load_before.c_str(), LoadAverage().c_str());
   std::printf("%-28s", "");
   for (int n : counts)
     std::printf("%22s", (std::to_string(n) + " process(es)").c_str());
@@ -313,18 +367,33 @@ int main(int argc, char** argv) {
                         "exit, ms",
                         "wall, ms",
                         "rank peak RSS, MiB",
-                        "supervisor RSS, MiB"};
-  for (const char* row : rows) {
-    std::printf("%-28s", row);
-    for (int n : counts) std::printf("%22s", Cell(table[n][row]).c_str());
+                        "supervisor RSS, MiB",
+                        "zygote RSS, MiB",
+                        "zygote private, MiB"};
+  auto print_row = [&](const std::string& label, auto&& cell) {
+    std::printf("%-28s", label.c_str());
+    for (int n : counts) std::printf("%22s", cell(n).c_str());
     std::printf("\n");
+  };
+  for (const char* row : rows) {
+    print_row(row, [&](int n) { return Cell(table[n][row]); });
+  }
+  if (FLAGS_compare_exec) {
+    std::printf("ranks exec'd (ACCEL_ZYGOTE=0), as before the zygote:\n");
+    for (const char* row : {"ranks start+load, ms", "wall, ms",
+                            "rank peak RSS, MiB", "supervisor RSS, MiB"}) {
+      print_row(std::string("  ") + row,
+                [&](int n) { return Cell(exec_table[n][row]); });
+    }
   }
   if (peer) {
-    std::printf("%-28s", "Python Accelerate wall, ms");
-    for (int n : counts) std::printf("%22s", Cell(python_ms[n]).c_str());
-    std::printf("\n%-28s", "accel/Python wall");
-    for (int n : counts) std::printf("%22s", Cell(ratio[n]).c_str());
-    std::printf("\n");
+    print_row("Python Accelerate wall, ms",
+              [&](int n) { return Cell(python_ms[n]); });
+    print_row("accel/Python wall", [&](int n) { return Cell(ratio[n]); });
+    if (FLAGS_compare_exec) {
+      print_row("  exec'd ranks/Python wall",
+                [&](int n) { return Cell(exec_ratio[n]); });
+    }
   }
   std::printf(
       "\nLibTorch alone (an empty program linking it): %s ms to run, %s MiB "
