@@ -107,16 +107,21 @@ void SharedMemoryGroup::Allgatherv(const Call& call, const void* input,
                    : size_t{0};
       };
       const uint64_t chunk = BeginChunk(call);
-      Copy(Slot(local_rank_, chunk), in + offset, piece(local_rank_));
+      const size_t own = piece(local_rank_);
+      Copy(Slot(local_rank_, chunk), in + offset, own);
       Post(chunk, id);
+      // Our own piece while the others post theirs.
+      char* own_destination = out + offsets[local_rank_] + offset;
+      if (receive && own > 0 && own_destination != in + offset) {
+        Copy(own_destination, in + offset, own);
+      }
       WaitPosted(call, chunk, id);
       if (receive) {
         for (int r = 0; r < local_size_; ++r) {
           const size_t n = piece(r);
-          if (n == 0) continue;
-          char* destination = out + offsets[r] + offset;
-          const char* source = r == local_rank_ ? in + offset : Slot(r, chunk);
-          if (destination != source) Copy(destination, source, n);
+          if (r != local_rank_ && n > 0) {
+            Copy(out + offsets[r] + offset, Slot(r, chunk), n);
+          }
         }
       }
       Consume(chunk);
