@@ -19,6 +19,7 @@ using shm_internal::kAborted;
 using shm_internal::kLongestSleep;
 using shm_internal::kMagic;
 using shm_internal::kOverlappedSpin;
+using shm_internal::kOversubscribedYield;
 using shm_internal::kPageBytes;
 using shm_internal::kReasonBytes;
 using shm_internal::kRunning;
@@ -49,8 +50,8 @@ SharedMemoryGroup::SharedMemoryGroup(int local_rank,
       options_(options),
       // More local ranks than CPUs: a waiting rank holds a CPU that the
       // rank it waits for may need, so it sleeps at once.
-      spin_(local_size_ > UsableCpus() ? std::chrono::microseconds(0)
-                                       : options.spin) {
+      oversubscribed_(local_size_ > UsableCpus()),
+      spin_(oversubscribed_ ? std::chrono::microseconds(0) : options.spin) {
   if (options_.slot_bytes < 4096 || options_.slot_bytes % 64 != 0) {
     throw UsageError(
         "shared memory slots must be a multiple of 64 bytes and "
@@ -182,6 +183,16 @@ void SharedMemoryGroup::WaitUntil(const Call& call, Ready&& ready,
       check_abort();
       if (Clock::now() >= spin_until) break;
       if (SharesCpu()) sched_yield();
+    }
+  }
+  // Oversubscribed (spin_ is 0): yield to the ranks sharing our CPU for a
+  // while, unless computation overlaps the call and needs the CPU more.
+  if (oversubscribed_ && !call.overlapped) {
+    const auto yield_until = Clock::now() + kOversubscribedYield;
+    while (Clock::now() < yield_until) {
+      sched_yield();
+      if (ready()) return;
+      check_abort();
     }
   }
   // Sleep on the segment's futex word until a rank publishes progress.

@@ -61,8 +61,9 @@ struct SharedMemoryOptions {
   // polling lasts as long as a scheduler time slice. A rank that polls while
   // the one it waits for last ran on the same CPU moves to another CPU (at
   // most every 5 ms), or else yields its CPU.
-  // With more local ranks than CPUs a waiting rank sleeps at once: the rank
-  // it waits for may need its CPU.
+  // With more local ranks than CPUs a waiting rank does not poll: the rank
+  // it waits for may need its CPU. It yields the CPU for a while, then
+  // sleeps.
   std::chrono::microseconds spin{1000};
 };
 
@@ -154,6 +155,7 @@ class SharedMemoryGroup {
   const int local_size_;
   const std::vector<int> global_ranks_;
   const SharedMemoryOptions options_;
+  const bool oversubscribed_;  // More local ranks than usable CPUs.
   std::chrono::microseconds spin_;
   std::unique_ptr<SharedSegment> segment_;
   Header* header_ = nullptr;

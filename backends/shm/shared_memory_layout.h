@@ -23,6 +23,12 @@ constexpr auto kLongestSleep = std::chrono::milliseconds(100);
 // How long an overlapped call polls (see Call::overlapped): about what a
 // futex wake-up costs.
 constexpr auto kOverlappedSpin = std::chrono::microseconds(20);
+// With more local ranks than CPUs, how long a waiting rank keeps yielding
+// its CPU before it sleeps: the rank it waits for is likely runnable on
+// the same CPU, and a yield hands it the CPU at once, where a futex sleep
+// and wake-up cost tens of microseconds (4 ranks on 2 cores: a barrier took
+// 50 us sleeping at once, against Open MPI's 13 us, which yields).
+constexpr auto kOversubscribedYield = std::chrono::microseconds(200);
 constexpr size_t kReasonBytes = 512;
 
 enum AbortState : uint32_t { kRunning = 0, kWriting = 1, kAborted = 2 };
