@@ -309,6 +309,12 @@ TEST(LaunchTest, EveryVariableAccelReadsIsCheckedByName) {
                  {{"ACCEL_IN_PROCESS_LAUNCH", "perhaps"}}, kTimeout);
   EXPECT_THAT(in_process.output,
               HasSubstr("ACCEL_IN_PROCESS_LAUNCH must be 1 or 0"));
+  const ProcessResult zygote =
+      RunProcess({Worker(), "--num_processes=2", "--main_process_port=0"},
+                 {{"ACCEL_ZYGOTE", "perhaps"}}, kTimeout);
+  EXPECT_EQ(zygote.exit_code, 2) << zygote.output;
+  EXPECT_THAT(zygote.output, HasSubstr("ACCEL_ZYGOTE must be 1 or 0"));
+  EXPECT_LT(zygote.elapsed, seconds(5));
 }
 
 TEST(LaunchTest, MissingRankTimesOutNamingTheRendezvous) {

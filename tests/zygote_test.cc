@@ -148,6 +148,46 @@ TEST_F(ZygoteTest, NothingOutlivesTheJobEvenWhenTheLauncherIsKilled) {
   EXPECT_FALSE(any) << "a rank or the zygote survived the launcher";
 }
 
+// Waits until `dir` holds `count` pid files; false after 20 s.
+bool WaitForPidFiles(const std::string& dir, size_t count) {
+  for (int i = 0; i < 1000; ++i) {
+    if (ReadPidFiles(dir).size() >= count) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+TEST_F(ZygoteTest, AZygoteThatDiedLeavesTheRestartToExec) {
+  const std::string marker = MakeTempDir("zygote_died");
+  bool steps_done = false;
+  const ProcessResult r = RunProcess(
+      {Program(), "--num_processes=2", "--main_process_port=0",
+       "--max_restarts=1", "--pid_dir=" + marker},
+      {}, kTimeout, [&](pid_t launcher) {
+        if (!WaitForPidFiles(marker, 2)) return;
+        const std::vector<pid_t> zygotes = Zygotes(marker);
+        if (zygotes.size() != 1) return;
+        kill(zygotes[0], SIGKILL);
+        const pid_t rank1 = std::atoi(ReadFile(marker + "/rank1.pid").c_str());
+        for (const char* file : {"/rank0.pid", "/rank1.pid"}) {
+          unlink((marker + file).c_str());
+        }
+        kill(rank1, SIGKILL);  // The launcher restarts both ranks.
+        steps_done = WaitForPidFiles(marker, 2);
+        kill(launcher, SIGTERM);
+      });
+  ASSERT_TRUE(steps_done) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("restarting all ranks (restart 1 of 1"));
+  EXPECT_THAT(r.output, HasSubstr("the zygote is gone"));
+  EXPECT_THAT(r.output, HasSubstr("exec'ing the ranks instead"));
+  const std::vector<RankLine> lines = RankLines(r.output);
+  ASSERT_EQ(lines.size(), 4u) << r.output;
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(lines[i].loaded, lines[i].parent) << r.output;  // Forked.
+    EXPECT_EQ(lines[2 + i].loaded, lines[2 + i].self) << r.output;  // Exec'd.
+  }
+}
+
 TEST_F(ZygoteTest, TheZygoteEndsWithANormalJob) {
   const std::string marker = "--fail_rank=-7";  // Unique in cmdline.
   const ProcessResult r = RunProcess(

@@ -151,7 +151,11 @@ void SelfLaunchIfAsked(std::vector<std::string> command, void* program_module) {
   // Ranks forked from here need not load the program again (zygote.h);
   // mpirun starts its own.
   ZygoteStart zygote;
-  if (flags::backend.value() != "mpi") zygote = StartZygote(program_module);
+  try {
+    if (flags::backend.value() != "mpi") zygote = StartZygote(program_module);
+  } catch (const Error& e) {
+    Fail(e.what(), 2);
+  }
   if (zygote.role == ZygoteStart::Role::kRank) {
     TraceStartup("main");
     return;
