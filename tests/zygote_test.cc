@@ -183,7 +183,7 @@ TEST_F(ZygoteTest, AZygoteThatDiedLeavesTheRestartToExec) {
   const std::vector<RankLine> lines = RankLines(r.output);
   ASSERT_EQ(lines.size(), 4u) << r.output;
   for (size_t i = 0; i < 2; ++i) {
-    EXPECT_EQ(lines[i].loaded, lines[i].parent) << r.output;  // Forked.
+    EXPECT_EQ(lines[i].loaded, lines[i].parent) << r.output;        // Forked.
     EXPECT_EQ(lines[2 + i].loaded, lines[2 + i].self) << r.output;  // Exec'd.
   }
 }
