@@ -6,9 +6,11 @@
 //   zygote_program --num_processes=2 --main_process_port=0
 //   rank 1/2: loaded in pid 41, runs as pid 45, parent 41, name
 //   zygote_program, torch threads 1, blas threads 1, gather 1
+//   rank 1 signals: INT=dfl TERM=dfl HUP=dfl QUIT=dfl USR1=dfl USR2=dfl
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
 #include <gflags/gflags.h>
+#include <signal.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -32,7 +34,27 @@ namespace {
 // loading LibTorch.
 const pid_t g_loaded_pid = getpid();
 
+// What each stop signal does in this process (dfl, ign or handled): a
+// forked rank must start with what exec would have given it.
+std::string Dispositions() {
+  const std::pair<const char*, int> signals[] = {
+      {"INT", SIGINT},   {"TERM", SIGTERM}, {"HUP", SIGHUP},
+      {"QUIT", SIGQUIT}, {"USR1", SIGUSR1}, {"USR2", SIGUSR2}};
+  std::string text;
+  for (const auto& [name, number] : signals) {
+    struct sigaction now {};
+    sigaction(number, nullptr, &now);
+    text += std::string(text.empty() ? "" : " ") + name + "=" +
+            (now.sa_handler == SIG_DFL   ? "dfl"
+             : now.sa_handler == SIG_IGN ? "ign"
+                                         : "handled");
+  }
+  return text;
+}
+
 int Main(int argc, char** argv) {
+  // Before the Accelerator installs its own handlers (preemption.h).
+  const std::string signals = Dispositions();
   accel::Accelerator accelerator;
   const int rank = accelerator.process_index();
   const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
@@ -59,6 +81,7 @@ int Main(int argc, char** argv) {
       rank, accelerator.num_processes(), static_cast<int>(g_loaded_pid),
       static_cast<int>(getpid()), static_cast<int>(getppid()), name,
       at::get_num_threads(), blas_threads, ranks.sum().item<double>());
+  std::printf("rank %d signals: %s\n", rank, signals.c_str());
   std::fflush(stdout);
   if (!FLAGS_pid_dir.empty()) {
     std::ofstream(FLAGS_pid_dir + "/rank" + std::to_string(rank) + ".pid")

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <map>
 #include <regex>
 #include <string>
 #include <thread>
@@ -19,6 +20,7 @@ namespace accel::testing {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 const auto kTimeout = std::chrono::seconds(120);
 
@@ -92,6 +94,60 @@ TEST_F(ZygoteTest, RanksAreForkedFromTheLoadedProgramWithTheirThreads) {
   }
 }
 
+// Each rank's "rank R signals: ..." line, in rank order.
+std::vector<std::string> SignalLines(const std::string& output) {
+  const std::regex line(R"(rank (\d+) signals: ([^\n]*))");
+  std::map<int, std::string> by_rank;
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), line);
+       it != std::sregex_iterator(); ++it) {
+    by_rank[std::stoi((*it)[1])] = (*it)[2];
+  }
+  std::vector<std::string> lines;
+  for (const auto& [rank, text] : by_rank) lines.push_back(text);
+  return lines;
+}
+
+// Started as a script's `nohup ... &` would start it, through a symlink and
+// with OPENBLAS_NUM_THREADS set, forked and exec'd ranks must agree: the
+// file's name, exec's signal dispositions, each library's thread count.
+TEST_F(ZygoteTest, ForkedRanksStartAsExecdOnes) {
+  const std::string link = MakeTempDir("zygote_link") + "/zp-link";
+  ASSERT_EQ(symlink(Program().c_str(), link.c_str()), 0);
+  // sh's `trap ""` ignores a signal, and exec keeps it ignored.
+  const std::vector<std::string> command = {
+      "/bin/sh",
+      "-c",
+      "trap '' QUIT HUP USR1; exec \"$0\" \"$@\"",
+      link,
+      "--num_processes=2",
+      "--main_process_port=0",
+      "--num_cpu_threads_per_process=2"};
+  std::map<std::string, std::vector<std::string>> signals;
+  for (const char* zygote : {"1", "0"}) {
+    const ProcessResult r = RunProcess(
+        command, {{"ACCEL_ZYGOTE", zygote}, {"OPENBLAS_NUM_THREADS", "1"}},
+        kTimeout);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::vector<RankLine> lines = RankLines(r.output);
+    ASSERT_EQ(lines.size(), 2u) << r.output;
+    for (const RankLine& line : lines) {
+      EXPECT_EQ(line.loaded == line.parent, std::string(zygote) == "1")
+          << r.output;
+      EXPECT_EQ(line.name, "zygote_program") << r.output;
+      EXPECT_EQ(line.threads, 2) << r.output;
+      EXPECT_EQ(line.blas_threads, 1) << r.output;
+    }
+    signals[zygote] = SignalLines(r.output);
+    ASSERT_EQ(signals[zygote].size(), 2u) << r.output;
+  }
+  // The launcher passes QUIT and USR1 on, so exec resets them; a SIGHUP
+  // ignored at the start stays ignored (nohup).
+  for (const std::string& line : signals["1"]) {
+    EXPECT_EQ(line, "INT=dfl TERM=dfl HUP=ign QUIT=dfl USR1=dfl USR2=dfl");
+  }
+  EXPECT_EQ(signals["1"], signals["0"]);
+}
+
 TEST_F(ZygoteTest, AccelZygoteZeroExecsEachRankAsBefore) {
   const ProcessResult r =
       RunProcess({Program(), "--num_processes=2", "--main_process_port=0",
@@ -157,28 +213,37 @@ bool WaitForPidFiles(const std::string& dir, size_t count) {
   return false;
 }
 
-TEST_F(ZygoteTest, AZygoteThatDiedLeavesTheRestartToExec) {
-  const std::string marker = MakeTempDir("zygote_died");
-  bool steps_done = false;
-  const ProcessResult r = RunProcess(
+// Runs a 2-rank job that may restart once. When both ranks have started,
+// sends the zygote `to_zygote` and kills rank 1, so that the launcher asks
+// the zygote again; then `after(launcher)` runs and, if it returns true,
+// the launcher gets SIGTERM once the restarted ranks run. Sets *zygote to
+// the zygote's pid.
+ProcessResult RestartWithZygote(int to_zygote, pid_t* zygote,
+                                const std::function<bool(pid_t)>& after) {
+  const std::string marker = MakeTempDir("zygote_restart");
+  return RunProcess(
       {Program(), "--num_processes=2", "--main_process_port=0",
        "--max_restarts=1", "--pid_dir=" + marker},
       {}, kTimeout, [&](pid_t launcher) {
         if (!WaitForPidFiles(marker, 2)) return;
         const std::vector<pid_t> zygotes = Zygotes(marker);
         if (zygotes.size() != 1) return;
-        kill(zygotes[0], SIGKILL);
+        *zygote = zygotes[0];
+        kill(*zygote, to_zygote);
         const pid_t rank1 = std::atoi(ReadFile(marker + "/rank1.pid").c_str());
         for (const char* file : {"/rank0.pid", "/rank1.pid"}) {
           unlink((marker + file).c_str());
         }
         kill(rank1, SIGKILL);  // The launcher restarts both ranks.
-        steps_done = WaitForPidFiles(marker, 2);
-        kill(launcher, SIGTERM);
+        if (after(launcher) && WaitForPidFiles(marker, 2)) {
+          kill(launcher, SIGTERM);
+        }
       });
-  ASSERT_TRUE(steps_done) << r.output;
+}
+
+// Forked in the first attempt, exec'd in the second.
+void ExpectForkedThenExecd(const ProcessResult& r) {
   EXPECT_THAT(r.output, HasSubstr("restarting all ranks (restart 1 of 1"));
-  EXPECT_THAT(r.output, HasSubstr("the zygote is gone"));
   EXPECT_THAT(r.output, HasSubstr("exec'ing the ranks instead"));
   const std::vector<RankLine> lines = RankLines(r.output);
   ASSERT_EQ(lines.size(), 4u) << r.output;
@@ -186,6 +251,59 @@ TEST_F(ZygoteTest, AZygoteThatDiedLeavesTheRestartToExec) {
     EXPECT_EQ(lines[i].loaded, lines[i].parent) << r.output;        // Forked.
     EXPECT_EQ(lines[2 + i].loaded, lines[2 + i].self) << r.output;  // Exec'd.
   }
+}
+
+TEST_F(ZygoteTest, AZygoteThatDiedLeavesTheRestartToExec) {
+  pid_t zygote = 0;
+  const ProcessResult r =
+      RestartWithZygote(SIGKILL, &zygote, [](pid_t) { return true; });
+  ASSERT_GT(zygote, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("the zygote is gone"));
+  ExpectForkedThenExecd(r);
+}
+
+// A zygote stopped (SIGSTOP) never answers: after 10 s the launcher execs
+// the ranks and kills the zygote, rather than hang.
+TEST_F(ZygoteTest, AStoppedZygoteIsEndedAndTheRestartExecs) {
+  pid_t zygote = 0;
+  bool zygote_ended = false;
+  const ProcessResult r =
+      RestartWithZygote(SIGSTOP, &zygote, [&](pid_t launcher) {
+        for (int i = 0; i < 1000 && !zygote_ended; ++i) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          zygote_ended = !ProcessAlive(zygote);
+        }
+        return true;
+      });
+  ASSERT_GT(zygote, 0) << r.output;
+  EXPECT_TRUE(zygote_ended) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("the zygote did not answer in 10 s"));
+  ExpectForkedThenExecd(r);
+}
+
+// Nor does a stopped zygote hold a Ctrl-C.
+TEST_F(ZygoteTest, CtrlCWhileTheZygoteIsStoppedStopsTheJob) {
+  pid_t zygote = 0;
+  std::chrono::steady_clock::time_point interrupted;
+  const ProcessResult r =
+      RestartWithZygote(SIGSTOP, &zygote, [&](pid_t launcher) {
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+        interrupted = std::chrono::steady_clock::now();
+        kill(launcher, SIGINT);
+        return false;
+      });
+  const auto stopped_in = std::chrono::steady_clock::now() - interrupted;
+  ASSERT_GT(zygote, 0) << r.output;
+  EXPECT_EQ(r.exit_code, 128 + SIGINT) << r.output;
+  EXPECT_LT(stopped_in, std::chrono::seconds(5)) << r.output;
+  EXPECT_THAT(r.output, Not(HasSubstr("exec'ing the ranks instead")));
+  bool zygote_alive = true;
+  for (int i = 0; i < 250 && zygote_alive; ++i) {
+    zygote_alive = ProcessAlive(zygote);
+    if (zygote_alive)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_FALSE(zygote_alive);
 }
 
 TEST_F(ZygoteTest, TheZygoteEndsWithANormalJob) {

@@ -25,6 +25,7 @@
 DEFINE_int32(zygote_fd, -1,
              "Internal: the socket of the zygote that forks a self-launching "
              "program's ranks (accel/runtime/launch/zygote.h).");
+DEFINE_int32(zygote_pid, 0, "Internal: that zygote's pid.");
 
 namespace {
 
@@ -41,7 +42,8 @@ const std::set<std::string> kUsed = {"num_processes",
                                      "signal_grace_s",
                                      "log_dir",
                                      "config_file",
-                                     "zygote_fd"};
+                                     "zygote_fd",
+                                     "zygote_pid"};
 
 // Flags of the ranks that the launcher passes on, as `accelerate launch`
 // does with its training flags.
@@ -67,6 +69,7 @@ int main(int argc, char** argv) {
       "launch --num_processes=N [--main_process_port=P] -- PROGRAM ARGS...");
   std::set<std::string> shown = kUsed;
   shown.erase("zygote_fd");
+  shown.erase("zygote_pid");
   shown.insert(kForwarded.begin(), kForwarded.end());
   accel::UseLaunchConfig(argc, argv);
   accel::PrintHelpAndExitIfAsked(argc, argv, &shown);
@@ -121,6 +124,7 @@ int main(int argc, char** argv) {
   try {
     accel::LaunchOptions options = accel::LaunchOptionsFromFlags();
     options.zygote_fd = FLAGS_zygote_fd;
+    options.zygote_pid = FLAGS_zygote_pid;
     return accel::Launch(options, command);
   } catch (const accel::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

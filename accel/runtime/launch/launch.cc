@@ -314,17 +314,34 @@ class RankSet {
 
 // Starts this machine's ranks once and watches them until all have exited,
 // one has failed, or the launcher got a signal.
-// A rank from the zygote when there is one (see zygote.h), else exec'd; a
-// zygote that fails once is not asked again.
+// The zygote that forks the ranks (zygote.h); ended however Launch returns.
+struct Zygote {
+  int fd = -1;  // -1: none; ranks are exec'd.
+  pid_t pid = 0;
+  void End() {
+    EndZygote(fd, pid);
+    fd = -1;
+    pid = 0;
+  }
+  ~Zygote() { End(); }
+};
+
+// A rank from the zygote when there is one, else exec'd; a zygote that
+// fails once is ended and not asked again. 0: a stop signal came while the
+// zygote was forking it, and there is no rank.
 pid_t StartOneRank(const std::vector<std::string>& argv,
-                   const ChildSetup& setup, int rank, int world, int* zygote) {
-  if (*zygote >= 0) {
+                   const ChildSetup& setup, int rank, int world,
+                   Zygote* zygote) {
+  if (zygote->fd >= 0) {
     try {
-      return StartRankFromZygote(*zygote, setup, rank, world);
+      return StartRankFromZygote(zygote->fd, setup, rank, world,
+                                 [] { return g_forwarded_signal != 0; });
+    } catch (const ZygoteInterrupted&) {
+      zygote->End();
+      return 0;
     } catch (const Error& e) {
       ACCEL_LOG(WARNING) << e.what() << "; exec'ing the ranks instead";
-      close(*zygote);
-      *zygote = -1;
+      zygote->End();
     }
   }
   return StartRank(argv, setup, rank, world);
@@ -333,7 +350,7 @@ pid_t StartOneRank(const std::vector<std::string>& argv,
 Attempt RunRanks(const LaunchOptions& options,
                  const std::vector<std::string>& argv, HeldPort& held,
                  const std::string& secret, const std::string& job_id,
-                 int restart_count, int* zygote, Reporter& report) {
+                 int restart_count, Zygote* zygote, Reporter& report) {
   const int local_world_size = options.num_processes / options.num_machines;
   const auto attempt_started = std::chrono::steady_clock::now();
   std::unique_ptr<RankOutput> output;
@@ -401,8 +418,10 @@ Attempt RunRanks(const LaunchOptions& options,
         setup.keep_fd_variable = "ACCEL_STORE_LISTEN_FD";
       }
       if (output) setup.pipes = output->Add(rank);
-      ranks.Add(rank,
-                StartOneRank(argv, setup, rank, options.num_processes, zygote));
+      const pid_t pid =
+          StartOneRank(argv, setup, rank, options.num_processes, zygote);
+      if (pid == 0) return ranks.CheckSignal().value_or(Attempt{1, true});
+      ranks.Add(rank, pid);
       if (output) output->StartedRank(rank);
       if (rank == 0 && held.fd >= 0) {
         close(held.fd);  // Rank 0 has it now.
@@ -495,17 +514,10 @@ int Launch(const LaunchOptions& options,
            " each)");
   }
   RaiseOpenFileLimit();
-  // The zygote's ranks are orphaned on purpose, to become ours; closing its
-  // socket ends it, however Launch returns.
-  struct Zygote {
-    int fd;
-    ~Zygote() {
-      if (fd >= 0) close(fd);
-    }
-  } zygote{options.zygote_fd};
+  // The zygote's ranks are orphaned on purpose, to become ours.
+  Zygote zygote{options.zygote_fd, options.zygote_pid};
   if (zygote.fd >= 0 && (options.backend == "mpi" || !AdoptZygoteRanks())) {
-    close(zygote.fd);
-    zygote.fd = -1;
+    zygote.End();
   }
   // Not for exec'd ranks (or mpirun) to inherit.
   if (zygote.fd >= 0) fcntl(zygote.fd, F_SETFD, FD_CLOEXEC);
@@ -540,8 +552,8 @@ int Launch(const LaunchOptions& options,
     // last try's store may still be closing.
     HeldPort held;
     HoldPort(options, &held);
-    const Attempt attempt = RunRanks(options, argv, held, secret, job_id,
-                                     restart, &zygote.fd, report);
+    const Attempt attempt =
+        RunRanks(options, argv, held, secret, job_id, restart, &zygote, report);
     if (attempt.exit_code == 0 || attempt.interrupted ||
         restart >= options.max_restarts) {
       if (attempt.exit_code != 0 && options.max_restarts > 0 &&

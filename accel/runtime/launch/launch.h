@@ -64,6 +64,7 @@ struct LaunchOptions {
   // A zygote's socket (zygote.h): the ranks are forked from the program
   // already loaded rather than exec'd, unless that fails. -1: exec them.
   int zygote_fd = -1;
+  pid_t zygote_pid = 0;  // The zygote itself, a child of the launcher.
 };
 
 // Runs `command` as this machine's ranks and returns the launcher's exit

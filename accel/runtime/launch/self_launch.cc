@@ -51,7 +51,8 @@ std::vector<std::string> LauncherFlags() {
 // `command` as the ranks. Returns only when that could not be done (then
 // this process launches them itself); ACCEL_IN_PROCESS_LAUNCH=1 asks for
 // that too.
-void ExecLauncher(const std::vector<std::string>& command, int zygote_fd) {
+void ExecLauncher(const std::vector<std::string>& command,
+                  const ZygoteStart& zygote) {
   const bool in_process = EnvSwitch("ACCEL_IN_PROCESS_LAUNCH").value_or(false);
   if (g_launcher_image == nullptr || in_process) return;
   const int fd = memfd_create("accel-launch", MFD_CLOEXEC);
@@ -69,8 +70,10 @@ void ExecLauncher(const std::vector<std::string>& command, int zygote_fd) {
   }
   std::vector<std::string> args = {"accel-launch"};
   for (auto& flag : LauncherFlags()) args.push_back(std::move(flag));
-  if (zygote_fd >= 0)
-    args.push_back("--zygote_fd=" + std::to_string(zygote_fd));
+  if (zygote.fd >= 0) {
+    args.push_back("--zygote_fd=" + std::to_string(zygote.fd));
+    args.push_back("--zygote_pid=" + std::to_string(zygote.pid));
+  }
   args.push_back("--");
   args.insert(args.end(), command.begin(), command.end());
   std::vector<char*> argv;
@@ -162,13 +165,14 @@ void SelfLaunchIfAsked(std::vector<std::string> command, void* program_module) {
   }
   command[0] = ExecutablePath();
   try {
-    ExecLauncher(command, zygote.fd);
+    ExecLauncher(command, zygote);
   } catch (const Error& e) {
     Fail(e.what(), 2);
   }
   try {
     LaunchOptions options = LaunchOptionsFromFlags();
     options.zygote_fd = zygote.fd;
+    options.zygote_pid = zygote.pid;
     std::exit(Launch(options, command));
   } catch (const Error& e) {
     Fail(e.what(), 2);

@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -15,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -37,19 +39,50 @@ enum Passed { kOut, kErr, kKeep, kPassedCount };
 // The largest request: a rank's environment is a dozen short variables.
 constexpr size_t kMaxRequest = 64 * 1024;
 
-// The signals whose dispositions the program had when the zygote was
-// forked; the zygote ignores them (the launcher decides what a Ctrl-C
-// means) and each rank gets them back.
+// The signals the launcher catches and passes on (launch.cc). The zygote
+// ignores them (the launcher decides what a Ctrl-C means); a rank gets what
+// exec would have given it: the default, but for a SIGHUP that was ignored
+// when the job started (nohup), which the launcher leaves ignored.
 constexpr int kHeldSignals[] = {SIGINT,  SIGTERM, SIGHUP,
                                 SIGQUIT, SIGUSR1, SIGUSR2};
+
+// How long the launcher waits for the zygote's answer before it execs the
+// rank instead: a fork takes milliseconds, so this is a zygote stopped or
+// stuck.
+constexpr auto kAnswerTimeout = std::chrono::seconds(10);
 
 struct ZygoteState {
   int socket = -1;
   void* program_module = nullptr;
   pid_t launcher = 0;
-  char name[16] = {};  // The program's name in ps (comm).
-  struct sigaction signals[sizeof(kHeldSignals) / sizeof(int)] = {};
+  char name[16] = {};           // The program's name in ps (comm).
+  bool hangup_ignored = false;  // SIGHUP was ignored when the job started.
 };
+
+// The name exec gives a process in ps: its file's, not a symlink's.
+void ExecutableName(char (&name)[16]) {
+  char path[4096];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n <= 0) return;
+  std::string file(path, static_cast<size_t>(n));
+  const std::string deleted = " (deleted)";  // Rebuilt while running.
+  if (file.size() > deleted.size() &&
+      file.compare(file.size() - deleted.size(), deleted.size(), deleted) ==
+          0) {
+    file.resize(file.size() - deleted.size());
+  }
+  file = file.substr(file.rfind('/') + 1);
+  std::snprintf(name, sizeof(name), "%s", file.c_str());
+}
+
+// Blocks (or unblocks) the held signals: a rank holds any sent to it while
+// it still ignores them, and they arrive once it has exec's dispositions.
+void BlockHeldSignals(int how) {
+  sigset_t held;
+  sigemptyset(&held);
+  for (const int signal_number : kHeldSignals) sigaddset(&held, signal_number);
+  sigprocmask(how, &held, nullptr);
+}
 
 int ThreadCount() {
   DIR* dir = opendir("/proc/self/task");
@@ -87,33 +120,48 @@ struct Reply {
   int error;  // errno of the fork that failed; 0 when pid is the rank.
 };
 
-void WriteAll(int fd, const void* data, size_t size) {
+bool WriteAll(int fd, const void* data, size_t size) {
   const char* at = static_cast<const char*>(data);
   while (size > 0) {
     const ssize_t n = write(fd, at, size);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
+    if (n <= 0) return false;
     at += n;
     size -= static_cast<size_t>(n);
   }
+  return true;
 }
 
-// OpenMP and OpenBLAS read OMP_NUM_THREADS when they are loaded, which for
-// a forked rank was in the zygote, before the launcher's value existed.
+// The first of `variables` that is set to a positive count; 0 if none.
+int ThreadCountFrom(std::initializer_list<const char*> variables) {
+  for (const char* variable : variables) {
+    const char* text = std::getenv(variable);
+    if (text == nullptr || *text == '\0') continue;
+    return std::max(0, std::atoi(text));
+  }
+  return 0;
+}
+
+// Calls `function(threads)` if this process has it and threads > 0.
+void SetThreads(const char* function, int threads) {
+  if (threads < 1) return;
+  if (void* symbol = dlsym(RTLD_DEFAULT, function)) {
+    reinterpret_cast<void (*)(int)>(symbol)(threads);
+  }
+}
+
+// OpenMP and OpenBLAS read their thread counts when they are loaded, which
+// for a forked rank was in the zygote, before the launcher's values existed:
+// each is told again, from the variables it reads itself, in its order.
 // Looked up at run time: accel's runtime links neither. OpenBLAS starts its
 // workers again when told a count; they would idle until the rank exits,
 // which then waits for them (0.6 s measured), so they are stopped again:
 // OpenBLAS starts them when it next needs them, as after a fork.
 void ApplyThreadCount() {
-  const char* text = std::getenv("OMP_NUM_THREADS");
-  if (text == nullptr) return;
-  const int threads = std::atoi(text);
-  if (threads < 1) return;
-  for (const char* name : {"omp_set_num_threads", "openblas_set_num_threads"}) {
-    if (void* symbol = dlsym(RTLD_DEFAULT, name)) {
-      reinterpret_cast<void (*)(int)>(symbol)(threads);
-    }
-  }
+  SetThreads("omp_set_num_threads", ThreadCountFrom({"OMP_NUM_THREADS"}));
+  SetThreads("openblas_set_num_threads",
+             ThreadCountFrom({"OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
+                              "OMP_NUM_THREADS"}));
   StopBlasWorkers();
 }
 
@@ -134,12 +182,21 @@ void FinishForkedRank(int status, void* program_module) {
   _exit(status);
 }
 
-// In the rank, once the middle process has exited: waits to be the
-// launcher's child, then becomes what exec would have made it.
-void BecomeRank(const ZygoteState& zygote, pid_t middle,
+// In the rank, once the middle process has exited: waits for the zygote's
+// word that the launcher knows its pid (`go`: EOF means the zygote died
+// before it could answer, and the launcher will exec this rank instead),
+// and to be the launcher's child; then becomes what exec would have made it.
+void BecomeRank(const ZygoteState& zygote, pid_t middle, int go,
                 const std::vector<std::string>& fields, const int* fds) {
   close(zygote.socket);
   setpgid(0, 0);
+  char word = 0;
+  ssize_t got;
+  do {
+    got = read(go, &word, 1);
+  } while (got < 0 && errno == EINTR);
+  close(go);
+  if (got != 1) _exit(1);
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (getppid() == middle && std::chrono::steady_clock::now() < deadline) {
@@ -149,11 +206,10 @@ void BecomeRank(const ZygoteState& zygote, pid_t middle,
   if (getppid() != zygote.launcher) _exit(1);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != zygote.launcher) _exit(1);
-  for (size_t i = 0; i < sizeof(kHeldSignals) / sizeof(int); ++i) {
-    sigaction(kHeldSignals[i], &zygote.signals[i], nullptr);
+  for (const int signal_number : kHeldSignals) {
+    const bool ignored = signal_number == SIGHUP && zygote.hangup_ignored;
+    signal(signal_number, ignored ? SIG_IGN : SIG_DFL);
   }
-  signal(SIGINT, SIG_DFL);  // As StartRank does before exec.
-  signal(SIGTERM, SIG_DFL);
   prctl(PR_SET_NAME, zygote.name);
   // fields: flags, keep_fd_variable, then KEY=VALUE.
   for (size_t i = 2; i < fields.size(); ++i) {
@@ -181,6 +237,7 @@ void BecomeRank(const ZygoteState& zygote, pid_t middle,
   if (zygote.program_module != nullptr) {
     on_exit(FinishForkedRank, zygote.program_module);
   }
+  BlockHeldSignals(SIG_UNBLOCK);
 }
 
 // Reads one request; false at the launcher's end (EOF or an error).
@@ -223,49 +280,67 @@ bool ReadRequest(int socket, std::vector<std::string>* fields, int* fds) {
   return fields->size() >= 2;
 }
 
+// Forks a rank for one request; returns true in the rank, false in the
+// zygote once it has answered. The rank goes on only when the zygote has
+// told the launcher its pid (`go`), so that no rank runs unknown to it.
+bool ForkRank(ZygoteState& zygote, const std::vector<std::string>& fields,
+              const int* fds) {
+  int pid_pipe[2] = {-1, -1};
+  int go[2] = {-1, -1};
+  Reply reply{-1, 0};
+  if (pipe2(pid_pipe, O_CLOEXEC) != 0 || pipe2(go, O_CLOEXEC) != 0) {
+    reply.error = errno;
+  } else {
+    const pid_t middle = fork();
+    if (middle == 0) {
+      const pid_t self = getpid();
+      const pid_t rank = fork();
+      if (rank == 0) {
+        close(pid_pipe[0]);
+        close(pid_pipe[1]);
+        close(go[1]);
+        BecomeRank(zygote, self, go[0], fields, fds);
+        return true;
+      }
+      const Reply mine{rank, rank < 0 ? errno : 0};
+      WriteAll(pid_pipe[1], &mine, sizeof(mine));
+      _exit(0);
+    }
+    close(pid_pipe[1]);  // EOF, should the middle process die.
+    pid_pipe[1] = -1;
+    if (middle < 0) {
+      reply.error = errno;
+    } else {
+      ssize_t n;
+      do {
+        n = read(pid_pipe[0], &reply, sizeof(reply));
+      } while (n < 0 && errno == EINTR);
+      if (n != sizeof(reply)) reply = {-1, ECHILD};
+      // Once the middle process is reaped, the rank is the launcher's.
+      while (waitpid(middle, nullptr, 0) < 0 && errno == EINTR) {
+      }
+    }
+  }
+  for (const int fd : {pid_pipe[0], pid_pipe[1], go[0]}) {
+    if (fd >= 0) close(fd);
+  }
+  for (int i = 0; i < kPassedCount; ++i) {
+    if (fds[i] >= 0) close(fds[i]);
+  }
+  const bool answered = WriteAll(zygote.socket, &reply, sizeof(reply));
+  if (go[1] >= 0) {
+    if (answered && reply.pid > 0) WriteAll(go[1], "g", 1);
+    close(go[1]);
+  }
+  return false;
+}
+
 // The zygote's loop: a rank per request. Returns only in a rank.
 void Serve(ZygoteState& zygote) {
   std::vector<std::string> fields;
   int fds[kPassedCount];
   while (ReadRequest(zygote.socket, &fields, fds)) {
-    int pid_pipe[2];
-    Reply reply{-1, 0};
-    if (pipe2(pid_pipe, O_CLOEXEC) != 0) {
-      reply.error = errno;
-    } else {
-      const pid_t middle = fork();
-      if (middle == 0) {
-        const pid_t self = getpid();
-        const pid_t rank = fork();
-        if (rank == 0) {
-          close(pid_pipe[0]);
-          close(pid_pipe[1]);
-          BecomeRank(zygote, self, fields, fds);
-          return;
-        }
-        const Reply mine{rank, rank < 0 ? errno : 0};
-        WriteAll(pid_pipe[1], &mine, sizeof(mine));
-        _exit(0);
-      }
-      close(pid_pipe[1]);
-      if (middle < 0) {
-        reply.error = errno;
-      } else {
-        ssize_t n;
-        do {
-          n = read(pid_pipe[0], &reply, sizeof(reply));
-        } while (n < 0 && errno == EINTR);
-        if (n != sizeof(reply)) reply = {-1, ECHILD};
-        // Once the middle process is reaped, the rank is the launcher's.
-        while (waitpid(middle, nullptr, 0) < 0 && errno == EINTR) {
-        }
-      }
-      close(pid_pipe[0]);
-    }
-    for (const int fd : fds) {
-      if (fd >= 0) close(fd);
-    }
-    WriteAll(zygote.socket, &reply, sizeof(reply));
+    if (ForkRank(zygote, fields, fds)) return;
   }
   _exit(0);
 }
@@ -292,7 +367,7 @@ ZygoteStart StartZygote(void* program_module) {
   zygote.socket = sockets[1];
   zygote.program_module = program_module;
   zygote.launcher = getpid();
-  prctl(PR_GET_NAME, zygote.name);
+  ExecutableName(zygote.name);
   std::fflush(stdout);
   std::fflush(stderr);
   const pid_t pid = fork();
@@ -306,11 +381,11 @@ ZygoteStart StartZygote(void* program_module) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != zygote.launcher) _exit(0);
     prctl(PR_SET_NAME, "accel-zygote");
-    for (size_t i = 0; i < sizeof(kHeldSignals) / sizeof(int); ++i) {
-      struct sigaction ignore {};
-      ignore.sa_handler = SIG_IGN;
-      sigaction(kHeldSignals[i], &ignore, &zygote.signals[i]);
-    }
+    zygote.hangup_ignored = signal(SIGHUP, SIG_IGN) == SIG_IGN;
+    for (const int signal_number : kHeldSignals) signal(signal_number, SIG_IGN);
+    // Inherited by each rank, which unblocks them once it has exec's
+    // dispositions (BecomeRank).
+    BlockHeldSignals(SIG_BLOCK);
     Serve(zygote);  // Returns only in a rank.
     start.role = ZygoteStart::Role::kRank;
     return start;
@@ -318,13 +393,39 @@ ZygoteStart StartZygote(void* program_module) {
   close(sockets[1]);
   fcntl(sockets[0], F_SETFD, 0);  // The exec'd supervisor keeps it.
   start.fd = sockets[0];
+  start.pid = pid;
   return start;
 }
 
 bool AdoptZygoteRanks() { return prctl(PR_SET_CHILD_SUBREAPER, 1) == 0; }
 
-pid_t StartRankFromZygote(int fd, const ChildSetup& setup, int rank,
-                          int world) {
+void EndZygote(int fd, pid_t pid) {
+  if (fd >= 0) close(fd);
+  // Only while it is still our child: once reaped, its pid may be another's.
+  if (pid > 0 && waitpid(pid, nullptr, WNOHANG) == 0) {
+    kill(pid, SIGKILL);
+    while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+  }
+}
+
+// Waits for the zygote's answer on `fd`; false when `give_up` says so or
+// kAnswerTimeout has passed.
+bool AwaitAnswer(int fd, const std::function<bool()>& give_up,
+                 const std::string& who) {
+  const auto deadline = std::chrono::steady_clock::now() + kAnswerTimeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd ready{fd, POLLIN, 0};
+    if (poll(&ready, 1, 100) > 0) return true;
+    if (give_up && give_up()) {
+      throw ZygoteInterrupted(who + ": interrupted while the zygote forked it");
+    }
+  }
+  return false;
+}
+
+pid_t StartRankFromZygote(int fd, const ChildSetup& setup, int rank, int world,
+                          const std::function<bool()>& give_up) {
   const int passed[kPassedCount] = {setup.pipes.out, setup.pipes.err,
                                     setup.keep_fd};
   std::string text;
@@ -364,9 +465,13 @@ pid_t StartRankFromZygote(int fd, const ChildSetup& setup, int rank,
   if (n != static_cast<ssize_t>(text.size())) {
     throw Error(who + ": the zygote is gone (" + std::strerror(errno) + ")");
   }
+  if (!AwaitAnswer(fd, give_up, who)) {
+    throw Error(who + ": the zygote did not answer in " +
+                std::to_string(kAnswerTimeout.count()) + " s");
+  }
   Reply reply{};
   do {
-    n = recv(fd, &reply, sizeof(reply), 0);
+    n = recv(fd, &reply, sizeof(reply), MSG_DONTWAIT);
   } while (n < 0 && errno == EINTR);
   if (n != sizeof(reply)) {
     throw Error(who + ": the zygote did not answer");

@@ -19,12 +19,17 @@
 // waits for it, signals it and reaps it exactly as a rank it had exec'd.
 // The rank gets what exec would have given it: its own process group, the
 // launcher's environment for it, its output pipes (SCM_RIGHTS), rank 0's
-// store socket, the program's name in ps, the signal dispositions the
-// program started with, SIGKILL when the launcher dies, the thread counts
-// of OMP_NUM_THREADS (OpenMP and OpenBLAS read it when loaded, so the
-// zygote's value would stick otherwise) and the open-file limit raised.
+// store socket, the program file's name in ps (not a symlink's), exec's
+// signal dispositions (default; SIGHUP ignored if it was when the job
+// started; a signal sent meanwhile is held, not lost), SIGKILL when the
+// launcher dies, the thread counts of OMP_NUM_THREADS and
+// OPENBLAS_NUM_THREADS (OpenMP and OpenBLAS read them when loaded, so the
+// zygote's values would stick otherwise) and the open-file limit raised.
 // Then it returns from StartZygote into main, as if it had just parsed its
-// flags.
+// flags. What stays different: /proc/<pid>/environ and cmdline show the
+// program's start (getenv sees the rank's variables), and threads the
+// program starts itself begin OpenMP with its default count rather than
+// OMP_NUM_THREADS (set it in each thread, as with any fork).
 //
 // A forked rank leaves without the destructors of the libraries it shares
 // with the zygote: LibTorch's unregister thousands of operator kernels, and
@@ -36,13 +41,17 @@
 // that is registered after the fork, and stdio, iostreams and glog's files
 // are flushed.
 //
-// The zygote ends when the launcher closes its socket or dies. Anything
+// The zygote ends when the launcher closes its socket (EndZygote kills it
+// if it does not) or dies. Anything
 // that fails on the way (a thread already running, ACCEL_ZYGOTE=0, a fork
 // or socket error) leaves the launcher to exec the ranks as before.
 #pragma once
 
 #include <sys/types.h>
 
+#include <functional>
+
+#include "accel/runtime/base/errors.h"
 #include "accel/runtime/launch/rank_processes.h"
 
 namespace accel {
@@ -53,7 +62,14 @@ struct ZygoteStart {
     kRank,      // A rank forked by the zygote: go on with main.
   };
   Role role = Role::kLauncher;
-  int fd = -1;  // -1: no zygote; exec the ranks.
+  int fd = -1;    // -1: no zygote; exec the ranks.
+  pid_t pid = 0;  // The zygote, a child of the launcher.
+};
+
+// StartRankFromZygote gave up because `give_up` said so (a stop signal).
+class ZygoteInterrupted : public Error {
+ public:
+  using Error::Error;
 };
 
 // Forks the zygote. In the launcher, returns the socket (not close-on-exec,
@@ -64,9 +80,18 @@ ZygoteStart StartZygote(void* program_module);
 
 // Asks the zygote on `fd` for a rank set up as `setup` (env, pipes,
 // keep_fd) and returns its pid, by then a child of this process. The caller
-// must be a child subreaper (AdoptZygoteRanks). Throws Error when
-// the zygote fails, is gone, or the rank is not this process's child.
-pid_t StartRankFromZygote(int fd, const ChildSetup& setup, int rank, int world);
+// must be a child subreaper (AdoptZygoteRanks). Throws Error when the zygote
+// fails, is gone, does not answer in 10 s (stopped, say), or the rank is not
+// this process's child; ZygoteInterrupted when `give_up` returns true while
+// it waits. A rank the zygote forks but could not report never runs: it
+// waits for the zygote's word that the launcher knows it.
+pid_t StartRankFromZygote(int fd, const ChildSetup& setup, int rank, int world,
+                          const std::function<bool()>& give_up = nullptr);
+
+// Ends the zygote: closes its socket and, if `pid` (> 0) is still this
+// process's child, kills and reaps it, so that neither a stopped zygote nor
+// its zombie outlives the job's launch.
+void EndZygote(int fd, pid_t pid);
 
 // Makes this process the parent of the ranks the zygote forks (a child
 // subreaper); false if the kernel refuses.
