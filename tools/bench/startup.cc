@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "gflags/gflags.h"
+#include "tools/bench/driver.h"
 
 DEFINE_string(processes, "1,2,4", "Numbers of processes to measure.");
 DEFINE_int32(repetitions, 5, "Runs per number of processes.");
@@ -104,13 +105,6 @@ std::vector<pid_t> Children(pid_t pid) {
   pid_t child;
   while (in >> child) children.push_back(child);
   return children;
-}
-
-std::string LoadAverage() {
-  std::ifstream in("/proc/loadavg");
-  std::string one, five, fifteen;
-  in >> one >> five >> fifteen;
-  return one + " " + five + " " + fifteen;
 }
 
 std::string Comm(pid_t pid) {
@@ -271,7 +265,7 @@ std::vector<int> ParseList(const std::string& text) {
 
 int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
-  const std::string load_before = LoadAverage();
+  const std::string load_before = accel::bench::LoadAverage();
   const std::vector<int> counts = ParseList(FLAGS_processes);
   const std::string program =
       FLAGS_program.empty() ? Runfile("examples/train_demo") : FLAGS_program;
@@ -353,7 +347,7 @@ int main(int argc, char** argv) {
       "column, min/median/max; load average (1, 5, 15 min) %s before, %s "
       "after\n",
       std::thread::hardware_concurrency(), FLAGS_repetitions,
-      load_before.c_str(), LoadAverage().c_str());
+      load_before.c_str(), accel::bench::LoadAverage().c_str());
   std::printf("%-28s", "");
   for (int n : counts)
     std::printf("%22s", (std::to_string(n) + " process(es)").c_str());
