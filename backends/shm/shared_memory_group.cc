@@ -172,11 +172,13 @@ void SharedMemoryGroup::WaitUntil(const Call& call, Ready&& ready,
     throw TimeoutError("waited for " + laggards() + " in shared memory");
   };
   // Poll: in lockstep, the others arrive within microseconds. A rank that
-  // last ran on our CPU may be waiting for it: give it the CPU.
+  // last ran on our CPU may be waiting for it: give it the CPU. Not when
+  // oversubscribed: the rank we wait for most likely waits for our CPU, and
+  // there is no free CPU to move to.
   const auto spin_until =
       Clock::now() +
       (call.overlapped ? std::min(spin_, kOverlappedSpin) : spin_);
-  for (uint32_t i = 1;; ++i) {
+  for (uint32_t i = 1; !oversubscribed_ || call.overlapped; ++i) {
     Pause();
     if (ready()) return;
     if (i % 64 == 0) {
@@ -188,6 +190,7 @@ void SharedMemoryGroup::WaitUntil(const Call& call, Ready&& ready,
   // Oversubscribed (spin_ is 0): yield to the ranks sharing our CPU for a
   // while, unless computation overlaps the call and needs the CPU more.
   if (oversubscribed_ && !call.overlapped) {
+    SpreadOverCpus();
     const auto yield_until = Clock::now() + kOversubscribedYield;
     while (Clock::now() < yield_until) {
       sched_yield();
@@ -255,6 +258,41 @@ bool SharedMemoryGroup::SharesCpu() {
   sched_setaffinity(0, sizeof(allowed), &allowed);
   State(local_rank_).cpu.store(sched_getcpu(), std::memory_order_relaxed);
   return false;
+}
+
+void SharedMemoryGroup::SpreadOverCpus() {
+  const auto now = Clock::now();
+  if (now < next_move_) return;
+  next_move_ = now + std::chrono::milliseconds(5);
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return;
+  const int cpu = sched_getcpu();
+  std::vector<int> ranks_on(CPU_SETSIZE, 0);
+  int highest_here = local_rank_;
+  for (int r = 0; r < local_size_; ++r) {
+    const int other =
+        r == local_rank_ ? cpu : State(r).cpu.load(std::memory_order_relaxed);
+    if (other < 0 || other >= CPU_SETSIZE) continue;
+    ++ranks_on[other];
+    if (other == cpu) highest_here = std::max(highest_here, r);
+  }
+  // One rank moves at a time, the highest of those crowding a CPU, so that
+  // two do not trade places.
+  if (highest_here != local_rank_ || cpu < 0 || cpu >= CPU_SETSIZE) return;
+  int target = -1;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &allowed) &&
+        (target < 0 || ranks_on[c] < ranks_on[target])) {
+      target = c;
+    }
+  }
+  if (target < 0 || ranks_on[target] + 1 >= ranks_on[cpu]) return;
+  cpu_set_t only;
+  CPU_ZERO(&only);
+  CPU_SET(target, &only);
+  if (sched_setaffinity(0, sizeof(only), &only) != 0) return;
+  sched_setaffinity(0, sizeof(allowed), &allowed);
+  State(local_rank_).cpu.store(sched_getcpu(), std::memory_order_relaxed);
 }
 
 uint64_t SharedMemoryGroup::BeginChunk(const Call& call) {
