@@ -34,12 +34,15 @@ namespace {
 // loading LibTorch.
 const pid_t g_loaded_pid = getpid();
 
-// What each stop signal does in this process (dfl, ign or handled): a
-// forked rank must start with what exec would have given it.
+// What each stop signal does in this process (dfl, ign or handled, and
+// whether it is blocked): a forked rank must start with what exec would
+// have given it.
 std::string Dispositions() {
   const std::pair<const char*, int> signals[] = {
       {"INT", SIGINT},   {"TERM", SIGTERM}, {"HUP", SIGHUP},
       {"QUIT", SIGQUIT}, {"USR1", SIGUSR1}, {"USR2", SIGUSR2}};
+  sigset_t blocked;
+  sigprocmask(SIG_BLOCK, nullptr, &blocked);
   std::string text;
   for (const auto& [name, number] : signals) {
     struct sigaction now {};
@@ -47,7 +50,8 @@ std::string Dispositions() {
     text += std::string(text.empty() ? "" : " ") + name + "=" +
             (now.sa_handler == SIG_DFL   ? "dfl"
              : now.sa_handler == SIG_IGN ? "ign"
-                                         : "handled");
+                                         : "handled") +
+            (sigismember(&blocked, number) ? "/blocked" : "");
   }
   return text;
 }

@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -107,9 +108,10 @@ std::vector<std::string> SignalLines(const std::string& output) {
   return lines;
 }
 
-// Started as a script's `nohup ... &` would start it, through a symlink and
-// with OPENBLAS_NUM_THREADS set, forked and exec'd ranks must agree: the
-// file's name, exec's signal dispositions, each library's thread count.
+// Started as a script's `nohup ... &` would start it, through a symlink,
+// with SIGUSR2 blocked and OPENBLAS_NUM_THREADS set, forked and exec'd ranks
+// must agree: the file's name, exec's signal dispositions and mask, each
+// library's thread count.
 TEST_F(ZygoteTest, ForkedRanksStartAsExecdOnes) {
   const std::string link = MakeTempDir("zygote_link") + "/zp-link";
   ASSERT_EQ(symlink(Program().c_str(), link.c_str()), 0);
@@ -123,6 +125,15 @@ TEST_F(ZygoteTest, ForkedRanksStartAsExecdOnes) {
       "--main_process_port=0",
       "--num_cpu_threads_per_process=2"};
   std::map<std::string, std::vector<std::string>> signals;
+  // Blocked in this thread, inherited by the program (fork keeps the mask).
+  sigset_t usr2, before;
+  sigemptyset(&usr2);
+  sigaddset(&usr2, SIGUSR2);
+  pthread_sigmask(SIG_BLOCK, &usr2, &before);
+  struct RestoreMask {
+    sigset_t mask;
+    ~RestoreMask() { pthread_sigmask(SIG_SETMASK, &mask, nullptr); }
+  } restore{before};
   for (const char* zygote : {"1", "0"}) {
     const ProcessResult r = RunProcess(
         command, {{"ACCEL_ZYGOTE", zygote}, {"OPENBLAS_NUM_THREADS", "1"}},
@@ -143,9 +154,43 @@ TEST_F(ZygoteTest, ForkedRanksStartAsExecdOnes) {
   // The launcher passes QUIT and USR1 on, so exec resets them; a SIGHUP
   // ignored at the start stays ignored (nohup).
   for (const std::string& line : signals["1"]) {
-    EXPECT_EQ(line, "INT=dfl TERM=dfl HUP=ign QUIT=dfl USR1=dfl USR2=dfl");
+    EXPECT_EQ(line,
+              "INT=dfl TERM=dfl HUP=ign QUIT=dfl USR1=dfl USR2=dfl/blocked");
   }
   EXPECT_EQ(signals["1"], signals["0"]);
+}
+
+// OpenBLAS's count as OpenBLAS itself reads it in an exec'd rank: 0 passes
+// to the next variable, and a count is capped at the CPUs the rank may use.
+TEST_F(ZygoteTest, BlasThreadsFollowOpenBlasRules) {
+  struct Case {
+    std::vector<std::string> prefix;
+    std::map<std::string, std::string> env;
+    int threads, blas_threads;
+  };
+  const Case cases[] = {
+      {{}, {{"OPENBLAS_NUM_THREADS", "0"}}, 1, 1},
+      {{"/usr/bin/taskset", "-c", "0"}, {}, 2, 1},
+  };
+  for (const Case& c : cases) {
+    for (const char* zygote : {"1", "0"}) {
+      std::vector<std::string> command = c.prefix;
+      command.insert(
+          command.end(),
+          {Program(), "--num_processes=2", "--main_process_port=0",
+           "--num_cpu_threads_per_process=" + std::to_string(c.threads)});
+      std::map<std::string, std::string> env = c.env;
+      env["ACCEL_ZYGOTE"] = zygote;
+      const ProcessResult r = RunProcess(command, env, kTimeout);
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      const std::vector<RankLine> lines = RankLines(r.output);
+      ASSERT_EQ(lines.size(), 2u) << r.output;
+      for (const RankLine& line : lines) {
+        EXPECT_EQ(line.threads, c.threads) << r.output;
+        EXPECT_EQ(line.blas_threads, c.blas_threads) << r.output;
+      }
+    }
+  }
 }
 
 TEST_F(ZygoteTest, AccelZygoteZeroExecsEachRankAsBefore) {

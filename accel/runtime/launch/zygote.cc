@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -57,6 +58,7 @@ struct ZygoteState {
   pid_t launcher = 0;
   char name[16] = {};           // The program's name in ps (comm).
   bool hangup_ignored = false;  // SIGHUP was ignored when the job started.
+  sigset_t mask{};              // The program's signal mask, as exec keeps it.
 };
 
 // The name exec gives a process in ps: its file's, not a symlink's.
@@ -75,13 +77,14 @@ void ExecutableName(char (&name)[16]) {
   std::snprintf(name, sizeof(name), "%s", file.c_str());
 }
 
-// Blocks (or unblocks) the held signals: a rank holds any sent to it while
-// it still ignores them, and they arrive once it has exec's dispositions.
-void BlockHeldSignals(int how) {
+// Blocks the held signals, keeping the mask they had: a rank holds any
+// sent to it while it still ignores them, and they arrive once it has
+// exec's dispositions and the program's mask back.
+void BlockHeldSignals(sigset_t* mask) {
   sigset_t held;
   sigemptyset(&held);
   for (const int signal_number : kHeldSignals) sigaddset(&held, signal_number);
-  sigprocmask(how, &held, nullptr);
+  sigprocmask(SIG_BLOCK, &held, mask);
 }
 
 int ThreadCount() {
@@ -120,6 +123,9 @@ struct Reply {
   int error;  // errno of the fork that failed; 0 when pid is the rank.
 };
 
+// The launcher's answer to a Reply with a pid (LauncherTookRank).
+constexpr char kTaken = 't';
+
 bool WriteAll(int fd, const void* data, size_t size) {
   const char* at = static_cast<const char*>(data);
   while (size > 0) {
@@ -132,14 +138,22 @@ bool WriteAll(int fd, const void* data, size_t size) {
   return true;
 }
 
-// The first of `variables` that is set to a positive count; 0 if none.
+// The first of `variables` that holds a positive count, as OpenMP and
+// OpenBLAS read them (0 or a non-number passes to the next); 0 if none.
 int ThreadCountFrom(std::initializer_list<const char*> variables) {
   for (const char* variable : variables) {
     const char* text = std::getenv(variable);
-    if (text == nullptr || *text == '\0') continue;
-    return std::max(0, std::atoi(text));
+    if (text != nullptr && std::atoi(text) > 0) return std::atoi(text);
   }
   return 0;
+}
+
+// The CPUs this process may run on: OpenBLAS caps a count from the
+// environment there when it loads (its setter does not).
+int UsableCpuCount() {
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return 0;
+  return CPU_COUNT(&allowed);
 }
 
 // Calls `function(threads)` if this process has it and threads > 0.
@@ -159,9 +173,10 @@ void SetThreads(const char* function, int threads) {
 // OpenBLAS starts them when it next needs them, as after a fork.
 void ApplyThreadCount() {
   SetThreads("omp_set_num_threads", ThreadCountFrom({"OMP_NUM_THREADS"}));
-  SetThreads("openblas_set_num_threads",
-             ThreadCountFrom({"OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
-                              "OMP_NUM_THREADS"}));
+  int blas = ThreadCountFrom(
+      {"OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"});
+  if (const int cpus = UsableCpuCount(); cpus > 0) blas = std::min(blas, cpus);
+  SetThreads("openblas_set_num_threads", blas);
   StopBlasWorkers();
 }
 
@@ -183,9 +198,9 @@ void FinishForkedRank(int status, void* program_module) {
 }
 
 // In the rank, once the middle process has exited: waits for the zygote's
-// word that the launcher knows its pid (`go`: EOF means the zygote died
-// before it could answer, and the launcher will exec this rank instead),
-// and to be the launcher's child; then becomes what exec would have made it.
+// word that the launcher tracks its pid (`go`: EOF means the zygote died or
+// the launcher gave up on it and will exec this rank instead), and to be
+// the launcher's child; then becomes what exec would have made it.
 void BecomeRank(const ZygoteState& zygote, pid_t middle, int go,
                 const std::vector<std::string>& fields, const int* fds) {
   close(zygote.socket);
@@ -237,7 +252,7 @@ void BecomeRank(const ZygoteState& zygote, pid_t middle, int go,
   if (zygote.program_module != nullptr) {
     on_exit(FinishForkedRank, zygote.program_module);
   }
-  BlockHeldSignals(SIG_UNBLOCK);
+  sigprocmask(SIG_SETMASK, &zygote.mask, nullptr);
 }
 
 // Reads one request; false at the launcher's end (EOF or an error).
@@ -278,6 +293,18 @@ bool ReadRequest(int socket, std::vector<std::string>* fields, int* fds) {
   }
   for (; next < received.size(); ++next) close(received[next]);
   return fields->size() >= 2;
+}
+
+// The launcher's acknowledgement that it has the rank's pid and tracks it.
+// A launcher that gave up on this answer (a timeout) never sends it: it
+// kills the zygote, and the rank, told nothing, exits.
+bool LauncherTookRank(int socket) {
+  char ack = 0;
+  ssize_t n;
+  do {
+    n = recv(socket, &ack, 1, 0);
+  } while (n < 0 && errno == EINTR);
+  return n == 1 && ack == kTaken;
 }
 
 // Forks a rank for one request; returns true in the rank, false in the
@@ -327,11 +354,11 @@ bool ForkRank(ZygoteState& zygote, const std::vector<std::string>& fields,
   for (int i = 0; i < kPassedCount; ++i) {
     if (fds[i] >= 0) close(fds[i]);
   }
-  const bool answered = WriteAll(zygote.socket, &reply, sizeof(reply));
-  if (go[1] >= 0) {
-    if (answered && reply.pid > 0) WriteAll(go[1], "g", 1);
-    close(go[1]);
+  if (WriteAll(zygote.socket, &reply, sizeof(reply)) && reply.pid > 0 &&
+      LauncherTookRank(zygote.socket)) {
+    WriteAll(go[1], "g", 1);
   }
+  if (go[1] >= 0) close(go[1]);
   return false;
 }
 
@@ -385,7 +412,7 @@ ZygoteStart StartZygote(void* program_module) {
     for (const int signal_number : kHeldSignals) signal(signal_number, SIG_IGN);
     // Inherited by each rank, which unblocks them once it has exec's
     // dispositions (BecomeRank).
-    BlockHeldSignals(SIG_BLOCK);
+    BlockHeldSignals(&zygote.mask);
     Serve(zygote);  // Returns only in a rank.
     start.role = ZygoteStart::Role::kRank;
     return start;
@@ -490,6 +517,13 @@ pid_t StartRankFromZygote(int fd, const ChildSetup& setup, int rank, int world,
                 ") is not this launcher's child");
   }
   setpgid(reply.pid, reply.pid);
+  do {
+    n = send(fd, &kTaken, 1, MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  if (n != 1) {
+    // The rank never starts without it; the caller ends the zygote.
+    throw Error(who + ": the zygote is gone (" + std::strerror(errno) + ")");
+  }
   ACCEL_VLOG(1) << "launch: forked rank " << rank << "/" << world
                 << " from the zygote as pid " << reply.pid;
   return reply.pid;

@@ -26,10 +26,15 @@
 // OPENBLAS_NUM_THREADS (OpenMP and OpenBLAS read them when loaded, so the
 // zygote's values would stick otherwise) and the open-file limit raised.
 // Then it returns from StartZygote into main, as if it had just parsed its
-// flags. What stays different: /proc/<pid>/environ and cmdline show the
-// program's start (getenv sees the rank's variables), and threads the
-// program starts itself begin OpenMP with its default count rather than
-// OMP_NUM_THREADS (set it in each thread, as with any fork).
+// flags. What stays different, as with any fork server: /proc/<pid>/environ
+// and cmdline show the program's start (getenv sees the rank's variables);
+// threads the program starts itself begin OpenMP with its default count
+// rather than OMP_NUM_THREADS (set it in each thread); memory locked
+// (mlock) before the fork is not locked in the rank; the ranks share the
+// zygote's address layout and stack canary, where exec'd ranks each get
+// their own; a rank's orphaned children go to the launcher (a subreaper)
+// rather than init; and a restart after the program was rebuilt forks the
+// old program, where exec would run the new file.
 //
 // A forked rank leaves without the destructors of the libraries it shares
 // with the zygote: LibTorch's unregister thousands of operator kernels, and
