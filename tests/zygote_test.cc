@@ -286,6 +286,22 @@ ProcessResult RestartWithZygote(int to_zygote, pid_t* zygote,
       });
 }
 
+// A program whose file is deleted as it starts (rebuilt): the launcher, run
+// from memory, must still exec the program's own file, not itself.
+TEST_F(ZygoteTest, ExecdRanksRunTheProgramEvenOnceItsFileIsDeleted) {
+  const std::string copy = MakeTempDir("zygote_deleted") + "/zp-copy";
+  ASSERT_EQ(RunProcess({"/bin/cp", Program(), copy}, {}, kTimeout).exit_code,
+            0);
+  // Started through a descriptor of the file, once the file is gone.
+  const ProcessResult r =
+      RunProcess({"/bin/sh", "-c",
+                  "exec 3<\"$0\" && rm \"$0\" && exec /proc/self/fd/3 \"$@\"",
+                  copy, "--num_processes=2", "--main_process_port=0"},
+                 {{"ACCEL_ZYGOTE", "0"}}, kTimeout);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(RankLines(r.output).size(), 2u) << r.output;
+}
+
 // Forked in the first attempt, exec'd in the second.
 void ExpectForkedThenExecd(const ProcessResult& r) {
   EXPECT_THAT(r.output, HasSubstr("restarting all ranks (restart 1 of 1"));

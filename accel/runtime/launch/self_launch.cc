@@ -1,5 +1,6 @@
 #include "accel/runtime/launch/self_launch.h"
 
+#include <fcntl.h>
 #include <gflags/gflags.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -97,12 +98,16 @@ std::string ExecutablePath() {
   const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
   if (n <= 0) return "/proc/self/exe";
   const std::string resolved(path, static_cast<size_t>(n));
-  // Rebuilt while running: only the open file is still this program.
+  // Rebuilt while running: only the open file is still this program. Not
+  // "/proc/self/exe", which in the launcher run from memory is the
+  // launcher: a descriptor of the file, which the launcher and the ranks it
+  // execs inherit.
   const std::string deleted = " (deleted)";
   if (resolved.size() > deleted.size() &&
       resolved.compare(resolved.size() - deleted.size(), deleted.size(),
                        deleted) == 0) {
-    return "/proc/self/exe";
+    const int fd = open("/proc/self/exe", O_RDONLY);
+    return fd >= 0 ? "/proc/self/fd/" + std::to_string(fd) : "/proc/self/exe";
   }
   return resolved;
 }

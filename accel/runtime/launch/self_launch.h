@@ -35,7 +35,8 @@ void SelfLaunchIfAsked(std::vector<std::string> command,
 // SelfLaunchIfAsked runs in this process's place to supervise the ranks.
 void SetLauncherImage(const char* data, size_t size);
 
-// This executable's path, resolved ("/proc/self/exe" if it cannot be).
+// This executable's path, resolved; if the file was deleted (a rebuild),
+// "/proc/self/fd/N" of a descriptor opened on it and inherited across exec.
 std::string ExecutablePath();
 
 }  // namespace accel
