@@ -176,6 +176,21 @@ int Main(int argc, char** argv) {
                                            {"seed", FLAGS_seed}});
   const bool show_progress =
       FLAGS_progress && accelerator.is_local_main_process();
+  // The epoch's accuracy, reported once its last batch is done.
+  auto finish_epoch = [&](int epoch) {
+    accelerator.wait_for_everyone();
+    accelerator.log({{"epoch_accuracy", static_cast<double>(totals.correct) /
+                                            static_cast<double>(totals.total)}},
+                    accelerator.step());
+    if (accelerator.is_main_process()) {
+      std::printf("Epoch %d - Accuracy: %.4f\n", epoch + 1,
+                  static_cast<double>(totals.correct) /
+                      static_cast<double>(totals.total));
+      std::fflush(stdout);
+    }
+    totals.correct = 0;
+    totals.total = 0;
+  };
   for (int epoch = static_cast<int>(loader.epoch()); epoch < FLAGS_epochs;
        ++epoch) {
     int64_t& correct = totals.correct;
@@ -228,6 +243,11 @@ int Main(int argc, char** argv) {
       // --signal=USR1@60): every rank saves at this step and leaves, and
       // --resume continues bit for bit.
       if (accelerator.check_preemption()) {
+        // At the epoch's last batch the checkpoint records the next epoch
+        // (the loader is done with this one): report this one first, or
+        // the resumed run would never print it and would count it into
+        // the next.
+        if (step == loader.size()) finish_epoch(epoch);
         const std::string saved = accelerator.save_state();
         if (show_progress) std::fprintf(stderr, "\n");
         accelerator.print("Preempted by",
@@ -238,17 +258,7 @@ int Main(int argc, char** argv) {
         return accel::kPreemptedExitCode;
       }
     }
-    accelerator.wait_for_everyone();
-    accelerator.log({{"epoch_accuracy", static_cast<double>(correct) /
-                                            static_cast<double>(total)}},
-                    accelerator.step());
-    if (accelerator.is_main_process()) {
-      std::printf("Epoch %d - Accuracy: %.4f\n", epoch + 1,
-                  static_cast<double>(correct) / static_cast<double>(total));
-      std::fflush(stdout);
-    }
-    correct = 0;
-    total = 0;
+    finish_epoch(epoch);
     // Every rank saves (its own RNG file); the newest --total_limit stay.
     accelerator.save_state();
   }
