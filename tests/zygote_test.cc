@@ -49,6 +49,17 @@ std::vector<RankLine> RankLines(const std::string& output) {
   return lines;
 }
 
+// Runs `command`, a job of two ranks, into *result; its rank lines, or
+// none (and a test failure) when it fails.
+std::vector<RankLine> RunTwoRanks(const std::vector<std::string>& command,
+                                  const std::map<std::string, std::string>& env,
+                                  ProcessResult* result) {
+  *result = RunProcess(command, env, kTimeout);
+  EXPECT_EQ(result->exit_code, 0) << result->output;
+  if (result->exit_code != 0) return {};
+  return RankLines(result->output);
+}
+
 // Processes named accel-zygote whose command line holds `marker`.
 std::vector<pid_t> Zygotes(const std::string& marker) {
   std::vector<pid_t> found;
@@ -75,12 +86,11 @@ class ZygoteTest : public ::testing::Test {
 
 TEST_F(ZygoteTest, RanksAreForkedFromTheLoadedProgramWithTheirThreads) {
   for (const int threads : {1, 2}) {
-    const ProcessResult r =
-        RunProcess({Program(), "--num_processes=2", "--main_process_port=0",
-                    "--num_cpu_threads_per_process=" + std::to_string(threads)},
-                   {}, kTimeout);
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    const std::vector<RankLine> lines = RankLines(r.output);
+    ProcessResult r;
+    const std::vector<RankLine> lines = RunTwoRanks(
+        {Program(), "--num_processes=2", "--main_process_port=0",
+         "--num_cpu_threads_per_process=" + std::to_string(threads)},
+        {}, &r);
     ASSERT_EQ(lines.size(), 2u) << r.output;
     for (const RankLine& line : lines) {
       // Loaded once, by the process that now supervises (exec keeps the
@@ -135,11 +145,9 @@ TEST_F(ZygoteTest, ForkedRanksStartAsExecdOnes) {
     ~RestoreMask() { pthread_sigmask(SIG_SETMASK, &mask, nullptr); }
   } restore{before};
   for (const char* zygote : {"1", "0"}) {
-    const ProcessResult r = RunProcess(
-        command, {{"ACCEL_ZYGOTE", zygote}, {"OPENBLAS_NUM_THREADS", "1"}},
-        kTimeout);
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    const std::vector<RankLine> lines = RankLines(r.output);
+    ProcessResult r;
+    const std::vector<RankLine> lines = RunTwoRanks(
+        command, {{"ACCEL_ZYGOTE", zygote}, {"OPENBLAS_NUM_THREADS", "1"}}, &r);
     ASSERT_EQ(lines.size(), 2u) << r.output;
     for (const RankLine& line : lines) {
       EXPECT_EQ(line.loaded == line.parent, std::string(zygote) == "1")
@@ -181,9 +189,8 @@ TEST_F(ZygoteTest, BlasThreadsFollowOpenBlasRules) {
            "--num_cpu_threads_per_process=" + std::to_string(c.threads)});
       std::map<std::string, std::string> env = c.env;
       env["ACCEL_ZYGOTE"] = zygote;
-      const ProcessResult r = RunProcess(command, env, kTimeout);
-      ASSERT_EQ(r.exit_code, 0) << r.output;
-      const std::vector<RankLine> lines = RankLines(r.output);
+      ProcessResult r;
+      const std::vector<RankLine> lines = RunTwoRanks(command, env, &r);
       ASSERT_EQ(lines.size(), 2u) << r.output;
       for (const RankLine& line : lines) {
         EXPECT_EQ(line.threads, c.threads) << r.output;
@@ -194,12 +201,11 @@ TEST_F(ZygoteTest, BlasThreadsFollowOpenBlasRules) {
 }
 
 TEST_F(ZygoteTest, AccelZygoteZeroExecsEachRankAsBefore) {
-  const ProcessResult r =
-      RunProcess({Program(), "--num_processes=2", "--main_process_port=0",
-                  "--num_cpu_threads_per_process=1"},
-                 {{"ACCEL_ZYGOTE", "0"}}, kTimeout);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::vector<RankLine> lines = RankLines(r.output);
+  ProcessResult r;
+  const std::vector<RankLine> lines =
+      RunTwoRanks({Program(), "--num_processes=2", "--main_process_port=0",
+                   "--num_cpu_threads_per_process=1"},
+                  {{"ACCEL_ZYGOTE", "0"}}, &r);
   ASSERT_EQ(lines.size(), 2u) << r.output;
   for (const RankLine& line : lines) {
     EXPECT_EQ(line.loaded, line.self) << r.output;
