@@ -241,11 +241,8 @@ bool SharedMemoryGroup::SharesCpu() {
   // collective instead of 0.2, measured). Move to a CPU that no other local
   // rank last ran on, or any other, then let the thread go anywhere again.
   // At most every few milliseconds, so as not to fight the scheduler.
-  const auto now = Clock::now();
-  if (now < next_move_) return true;
-  next_move_ = now + std::chrono::milliseconds(5);
   cpu_set_t allowed;
-  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return true;
+  if (!MayMove(&allowed)) return true;
   cpu_set_t target;
   CPU_AND(&target, &allowed, &others_use);
   CPU_XOR(&target, &allowed, &target);  // allowed and not used by others
@@ -254,18 +251,27 @@ bool SharedMemoryGroup::SharesCpu() {
     CPU_CLR(cpu, &target);
     if (CPU_COUNT(&target) == 0) return true;
   }
-  if (sched_setaffinity(0, sizeof(target), &target) != 0) return true;
+  return !MoveTo(target, allowed);
+}
+
+bool SharedMemoryGroup::MayMove(cpu_set_t* allowed) {
+  const auto now = Clock::now();
+  if (now < next_move_) return false;
+  next_move_ = now + std::chrono::milliseconds(5);
+  return sched_getaffinity(0, sizeof(*allowed), allowed) == 0;
+}
+
+bool SharedMemoryGroup::MoveTo(const cpu_set_t& target,
+                               const cpu_set_t& allowed) {
+  if (sched_setaffinity(0, sizeof(target), &target) != 0) return false;
   sched_setaffinity(0, sizeof(allowed), &allowed);
   State(local_rank_).cpu.store(sched_getcpu(), std::memory_order_relaxed);
-  return false;
+  return true;
 }
 
 void SharedMemoryGroup::SpreadOverCpus() {
-  const auto now = Clock::now();
-  if (now < next_move_) return;
-  next_move_ = now + std::chrono::milliseconds(5);
   cpu_set_t allowed;
-  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return;
+  if (!MayMove(&allowed)) return;
   const int cpu = sched_getcpu();
   std::vector<int> ranks_on(CPU_SETSIZE, 0);
   int highest_here = local_rank_;
@@ -290,9 +296,7 @@ void SharedMemoryGroup::SpreadOverCpus() {
   cpu_set_t only;
   CPU_ZERO(&only);
   CPU_SET(target, &only);
-  if (sched_setaffinity(0, sizeof(only), &only) != 0) return;
-  sched_setaffinity(0, sizeof(allowed), &allowed);
-  State(local_rank_).cpu.store(sched_getcpu(), std::memory_order_relaxed);
+  MoveTo(only, allowed);
 }
 
 uint64_t SharedMemoryGroup::BeginChunk(const Call& call) {

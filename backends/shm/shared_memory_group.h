@@ -34,6 +34,8 @@
 // later operations fail at once, naming the rank that gave up and why.
 #pragma once
 
+#include <sched.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -148,6 +150,12 @@ class SharedMemoryGroup {
   // 2 and 2). Moves this rank off a CPU with more local ranks than another,
   // at most every few milliseconds.
   void SpreadOverCpus();
+  // Both above move at most every few milliseconds: true when this rank may
+  // now, with the CPUs it may use in *allowed.
+  bool MayMove(cpu_set_t* allowed);
+  // Moves this rank's thread onto `target`, then lets it go anywhere in
+  // `allowed` again; false if the kernel refused.
+  bool MoveTo(const cpu_set_t& target, const cpu_set_t& allowed);
   void WakeAll();
 
   char* Slot(int rank, uint64_t chunk) const;

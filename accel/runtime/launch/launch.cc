@@ -312,8 +312,6 @@ class RankSet {
   size_t running_ = 0;
 };
 
-// Starts this machine's ranks once and watches them until all have exited,
-// one has failed, or the launcher got a signal.
 // The zygote that forks the ranks (zygote.h); ended however Launch returns.
 struct Zygote {
   int fd = -1;  // -1: none; ranks are exec'd.
@@ -347,6 +345,8 @@ pid_t StartOneRank(const std::vector<std::string>& argv,
   return StartRank(argv, setup, rank, world);
 }
 
+// Starts this machine's ranks once and watches them until all have exited,
+// one has failed, or the launcher got a signal.
 Attempt RunRanks(const LaunchOptions& options,
                  const std::vector<std::string>& argv, HeldPort& held,
                  const std::string& secret, const std::string& job_id,
