@@ -17,13 +17,16 @@ CheckpointContents Accelerator::Contents() {
   contents.run_id = run_id_;
   if (!state_->prepared.sharded_optimizers().empty()) {
     contents.zero_stage = options_.zero_stage;
+  }
+  if (num_processes() > 1) {
     contents.all_ranks_wrote = [this](bool wrote) {
       int32_t all = wrote ? 1 : 0;
       AllreduceHostValues(communicator(), &all, 1, torch::kInt32,
                           ReduceOp::kMin,
                           At(CallSite::Here(),
-                             "save_state (under ZeRO every rank calls "
-                             "it: each writes its optimizer shard)"));
+                             "save_state (every process calls it: each "
+                             "writes its own file, and it returns once the "
+                             "checkpoint is complete)"));
       return all != 0;
     };
   }

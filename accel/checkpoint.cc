@@ -424,6 +424,60 @@ int RandomStatesRank(const std::string& name) {
   return std::stoi(digits);
 }
 
+// The main process's file (kStateFile), written last: it marks the
+// checkpoint complete. `written` and `last_complete` tell the caller what
+// to remove if this fails.
+void WriteSharedFile(const std::string& dir, int world_size, bool sharded,
+                     const CheckpointContents& contents,
+                     const CheckpointIdentity& base,
+                     std::vector<std::string>* written, bool* last_complete) {
+  // A save at fewer processes than an earlier one into the same folder:
+  // the extra ranks' files are of that save, and a later load at the
+  // larger count would refuse them. Gone before the shared file makes the
+  // checkpoint complete.
+  for (const std::string& name : ListFolder(dir)) {
+    if (!IsRandomStatesFile(name)) continue;
+    const int other = RandomStatesRank(name);
+    if (other < 0 || other >= world_size) {
+      std::remove(Join(dir, name).c_str());
+    }
+  }
+  torch::serialize::OutputArchive state;
+  state.write("num_processes", c10::IValue(int64_t{world_size}));
+  state.write("zero_stage",
+              c10::IValue(int64_t{sharded ? contents.zero_stage : 0}));
+  state.write("num_models", c10::IValue(int64_t(contents.models.size())));
+  for (size_t i = 0; i < contents.models.size(); ++i) {
+    auto model = SaveModel(*contents.models[i]);
+    state.write("model_" + std::to_string(i), model);
+  }
+  for (const StatefulKind& kind : StatefulKinds(contents)) {
+    state.write("num_" + kind.plural, c10::IValue(int64_t(kind.parts.size())));
+    // Sharded optimizer state is in each rank's file.
+    if (sharded && kind.singular == "optimizer") continue;
+    for (size_t i = 0; i < kind.parts.size(); ++i) {
+      torch::serialize::OutputArchive archive;
+      kind.parts[i].save(archive);
+      state.write(kind.singular + "_" + std::to_string(i), archive);
+    }
+  }
+  // Per loader: the epoch to run next and the samples of it done (over
+  // all ranks, so that any number of processes can resume there).
+  c10::List<int64_t> positions;
+  for (const auto& loader : contents.loaders) {
+    const auto [epoch, done] = loader->Checkpoint();
+    positions.push_back(epoch);
+    positions.push_back(done);
+  }
+  state.write(kLoaderSamplesKey, c10::IValue(positions));
+  CheckpointIdentity id = base;
+  id.role = "accelerator_state";
+  *last_complete = false;
+  written->push_back(Join(dir, kStateFile));
+  WriteCheckpointFile(written->back(), id, state);
+  *last_complete = true;
+}
+
 }  // namespace
 
 void SaveCheckpoint(const std::string& dir, int rank, int world_size,
@@ -432,8 +486,20 @@ void SaveCheckpoint(const std::string& dir, int rank, int world_size,
   MakeDirectories(dir);
   const CheckpointIdentity base{contents.run_id, contents.step, ""};
   std::vector<std::string> written;
-  bool agreed = false;  // Whether this rank took part in all_ranks_wrote.
   bool last_complete = false;  // Whether written.back() was fully written.
+  // With several processes the ranks agree twice (all_ranks_wrote): once
+  // every rank wrote its own file, so that the shared file, which marks the
+  // checkpoint complete, comes last; and once the main process wrote that,
+  // so that no rank returns before the checkpoint is complete (a load right
+  // after the save found another save's files on 3 of 3 tries).
+  const bool several = world_size > 1 && contents.all_ranks_wrote;
+  int agreements = 0;    // Those this rank took part in.
+  bool refused = false;  // One of them said that some rank failed.
+  const auto agree = [&](bool wrote) {
+    ++agreements;
+    refused = !contents.all_ranks_wrote(wrote);
+    return !refused;
+  };
   try {
     // This rank's file first: the shared file, written last, marks the
     // checkpoint complete.
@@ -456,73 +522,37 @@ void SaveCheckpoint(const std::string& dir, int rank, int world_size,
     written.push_back(Join(dir, RandomStatesFile(rank)));
     WriteCheckpointFile(written.back(), id, random);
     last_complete = true;
-    if (sharded) {
-      agreed = true;
-      if (!contents.all_ranks_wrote(true)) {
-        throw CheckpointError(
-            "save_state: another rank could not write its optimizer shard "
-            "into '" +
-            dir +
-            "' (see its error); the checkpoint is not "
-            "complete");
-      }
+    if (several && !agree(true)) {
+      throw CheckpointError(
+          "save_state: another rank could not write its " +
+          std::string(sharded ? "optimizer shard" : "random states") +
+          " into '" + dir +
+          "' (see its error); the checkpoint is not complete");
     }
-    if (!write_shared) return;
-    // A save at fewer processes than an earlier one into the same folder:
-    // the extra ranks' files are of that save, and a later load at the
-    // larger count would refuse them. Gone before the shared file makes the
-    // checkpoint complete.
-    for (const std::string& name : ListFolder(dir)) {
-      if (!IsRandomStatesFile(name)) continue;
-      const int other = RandomStatesRank(name);
-      if (other < 0 || other >= world_size) {
-        std::remove(Join(dir, name).c_str());
-      }
+    if (write_shared) {
+      WriteSharedFile(dir, world_size, sharded, contents, base, &written,
+                      &last_complete);
+      // Complete: nothing after this may remove it.
+      written.clear();
     }
-    torch::serialize::OutputArchive state;
-    state.write("num_processes", c10::IValue(int64_t{world_size}));
-    state.write("zero_stage",
-                c10::IValue(int64_t{sharded ? contents.zero_stage : 0}));
-    state.write("num_models", c10::IValue(int64_t(contents.models.size())));
-    for (size_t i = 0; i < contents.models.size(); ++i) {
-      auto model = SaveModel(*contents.models[i]);
-      state.write("model_" + std::to_string(i), model);
+    if (several && !agree(true)) {
+      throw CheckpointError("save_state: the main process could not write '" +
+                            Join(dir, kStateFile) +
+                            "' (see its error); the checkpoint is not "
+                            "complete");
     }
-    for (const StatefulKind& kind : StatefulKinds(contents)) {
-      state.write("num_" + kind.plural,
-                  c10::IValue(int64_t(kind.parts.size())));
-      // Sharded optimizer state is in each rank's file.
-      if (sharded && kind.singular == "optimizer") continue;
-      for (size_t i = 0; i < kind.parts.size(); ++i) {
-        torch::serialize::OutputArchive archive;
-        kind.parts[i].save(archive);
-        state.write(kind.singular + "_" + std::to_string(i), archive);
-      }
-    }
-    // Per loader: the epoch to run next and the samples of it done (over
-    // all ranks, so that any number of processes can resume there).
-    c10::List<int64_t> positions;
-    for (const auto& loader : contents.loaders) {
-      const auto [epoch, done] = loader->Checkpoint();
-      positions.push_back(epoch);
-      positions.push_back(done);
-    }
-    state.write(kLoaderSamplesKey, c10::IValue(positions));
-    id.role = "accelerator_state";
-    last_complete = false;
-    written.push_back(Join(dir, kStateFile));
-    WriteCheckpointFile(written.back(), id, state);
   } catch (...) {
     // What this rank wrote goes (the file that failed is already gone): a
     // failed save must not keep a full disk full. The folder goes only when
     // no other rank may be writing into it; otherwise their files of this
     // save stay in an incomplete checkpoint, which loading passes over and
-    // pruning removes.
-    if (IsSharded(contents, world_size) && !agreed) {
-      contents.all_ranks_wrote(false);
-    }
-    // A file that failed midway is already gone; one written whole before
-    // the failure goes with the others.
+    // pruning removes. The others learn of a failure here in the agreement
+    // they wait in; after one that failed, nobody waits in another.
+    if (several && !refused && agreements < 2) contents.all_ranks_wrote(false);
+    // A collective error in the last agreement (the main process died)
+    // leaves it unknown whether the shared file was written: this rank's
+    // file stays, and loading tells whether the checkpoint is complete.
+    if (agreements == 2 && !refused) written.clear();
     if (!written.empty() && !last_complete) written.pop_back();
     for (const std::string& path : written) std::remove(path.c_str());
     if (!existed && world_size == 1) rmdir(dir.c_str());
@@ -650,7 +680,8 @@ void LoadCheckpoint(const std::string& dir, int rank, int world_size,
     } else if (saved_world == world_size) {
       Note("'" + files.random_path + "' is missing (rank " +
            std::to_string(rank) +
-           " did not call save_state); its RNG state is not restored");
+           " wrote none: a checkpoint of an older accel, or a removed file); "
+           "its RNG state is not restored");
     }
 
     // Optimizers, schedulers, the scaler and registered objects can only be

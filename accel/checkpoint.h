@@ -15,20 +15,20 @@
 //                           the samples of it done (by all ranks, so any
 //                           process count resumes there), and every object
 //                           registered for checkpointing (object_0, ...).
-//   random_states_<r>.pt    written by rank r when it calls save_state: the
-//                           step and that rank's RNG state (CPU generator);
-//                           under ZeRO (zero_stage > 0, several processes)
-//                           also rank r's shard of every optimizer's state
-//                           (optimizer_0, ...), and every rank must save.
-//                           Such a checkpoint loads at the same number of
+//   random_states_<r>.pt    written by rank r: the step and that rank's RNG
+//                           state (CPU generator); under ZeRO (zero_stage >
+//                           0, several processes) also rank r's shard of
+//                           every optimizer's state (optimizer_0, ...). Such
+//                           a checkpoint loads at the same number of
 //                           processes only (CheckpointError naming both).
+// Every rank calls save_state: it returns on each once every file is
+// written.
 // Each file is written beside its final name, flushed to disk, then renamed
 // over it, so a crash mid-save leaves the previous file whole. Loading
 // checks everything (names, shapes, dtypes, counts) before changing anything
 // and raises CheckpointError naming the file and the mismatch. As in
-// Accelerate, a missing random_states file is only reported: ranks that did
-// not call save_state (the seed's `if (is_main_process) save_state(...)`)
-// have none.
+// Accelerate, a missing random_states file is only reported (a checkpoint
+// of an older accel, where only the main process had to save).
 #pragma once
 
 #include <torch/nn/module.h>
@@ -71,9 +71,13 @@ struct CheckpointContents {
   // and a stage above 0, each rank's optimizer state is its shard, saved in
   // its own file.
   int zero_stage = 0;
-  // Sharded saves: every rank calls it once it wrote (true) or failed to
-  // write (false) its file; it returns whether every rank wrote, so that
-  // the shared file, which marks the checkpoint complete, comes last.
+  // Saves at several processes: every rank calls it once it wrote (true)
+  // or failed to write (false) its file, and again once the main process
+  // wrote the shared file (the others pass true); it returns whether every
+  // rank did. So the shared file, which marks the checkpoint complete,
+  // comes last, and no rank returns before it is there. Without it (a
+  // program calling SaveCheckpoint itself) ranks do not wait for each
+  // other.
   std::function<bool(bool)> all_ranks_wrote;
 };
 

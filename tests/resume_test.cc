@@ -97,5 +97,20 @@ TEST(ResumeTest, ASplitBatchThatTheNewCountCannotDivideFailsBeforeAnyStep) {
   EXPECT_THAT(resumed.output, ::testing::Not(HasSubstr("trained:")));
 }
 
+// save_state returns on each rank only once the checkpoint is complete: a
+// load right after it finds this save's files (on 3 of 3 tries rank 1 had
+// returned while rank 0 still wrote its shared file, and its load found
+// "'random_states_1.pt' comes from another save than 'accelerator_state.pt'").
+TEST(ResumeTest, ALoadRightAfterASaveFindsTheCompleteCheckpoint) {
+  for (int processes : {2, 3}) {
+    const std::string dir = MakeTempDir("reload") + "/best";
+    const ProcessResult r =
+        RunWorker(processes, {"--dir=" + dir, "--reload_rounds=3",
+                              "--ballast=4000000", "--samples=16"});
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(Trained(r).size(), 16u) << r.output;
+  }
+}
+
 }  // namespace
 }  // namespace accel::testing

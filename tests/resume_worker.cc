@@ -5,6 +5,7 @@
 //
 //   resume_worker --num_processes=2 --save_after_steps=3 --dir=/tmp/ck
 //   resume_worker --num_processes=3 --resume --dir=/tmp/ck
+//   resume_worker --num_processes=2 --reload_rounds=3 --dir=/tmp/ck
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 
@@ -19,8 +20,25 @@ DEFINE_string(dir, "", "The checkpoint folder.");
 DEFINE_int32(batch_size, 4, "Per process, or global with --split_batches.");
 DEFINE_bool(split_batches, false, "Accelerate's split_batches.");
 DEFINE_int32(samples, 64, "Samples in the data set.");
+DEFINE_int32(reload_rounds, 0,
+             "Before training, save_state(--dir) and at once load_state(--dir) "
+             "this many times (as Accelerate's DeepSpeed example keeps its "
+             "best checkpoint).");
+DEFINE_int64(ballast, 0,
+             "Floats of a registered tensor that the main process saves: a "
+             "shared file that takes a while to write.");
 
 namespace {
+
+struct Ballast {
+  torch::Tensor values;
+  void save(torch::serialize::OutputArchive& archive) const {
+    archive.write("values", values);
+  }
+  void load(torch::serialize::InputArchive& archive) {
+    archive.read("values", values);
+  }
+};
 
 class Numbered {
  public:
@@ -43,6 +61,12 @@ int Main(int argc, char** argv) {
   loader_options.seed = 7;
   accel::DataLoader<Numbered> data(Numbered(), loader_options);
   auto [net, optimizer, loader] = accelerator.prepare(model, sgd, data);
+  Ballast ballast{torch::rand({FLAGS_ballast})};
+  if (FLAGS_ballast > 0) accelerator.register_for_checkpointing(ballast);
+  for (int round = 0; round < FLAGS_reload_rounds; ++round) {
+    accelerator.save_state(FLAGS_dir);
+    accelerator.load_state(FLAGS_dir);
+  }
   if (FLAGS_resume) accelerator.load_state(FLAGS_dir);
   std::ostringstream trained;
   int steps = 0;
