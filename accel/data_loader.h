@@ -168,6 +168,7 @@ class DataLoader {
       start_sample = 0;
       skip_batches = static_cast<size_t>(*skip_next_);
     }
+    skipped_ = skip_next_ ? skip_batches : 0;
     skip_next_.reset();
     state_->resume_samples = 0;
     ++state_->epoch;
@@ -245,17 +246,31 @@ class DataLoader {
     return Iterator(nullptr, pass ? pass->size() : 0);
   }
 
-  // Batches this rank gets in the pass under way, or else in the next one:
-  // a whole epoch, or what is left of one that load_state or
-  // skip_first_batches resumes (as Accelerate's skipped loader counts).
+  // Batches this rank gets in an epoch: Python's len(prepared_loader), the
+  // whole epoch also after load_state resumed in the middle of one (a loop
+  // that computes its epoch and step from accelerator.step() / size()
+  // stays right). A loader that skip_first_batches returned counts the
+  // epoch less the skipped batches, until its shortened pass ends (as
+  // Accelerate's skipped loader). What a pass has left: batches_remaining().
   size_t size() const {
-    if (state_->in_pass && state_->position < state_->pass_batches) {
-      return static_cast<size_t>(state_->pass_batches);
-    }
+    size_t skipped = 0;
     if (skip_next_) {
-      return batches_per_epoch() -
-             std::min(batches_per_epoch(), static_cast<size_t>(*skip_next_));
+      skipped = static_cast<size_t>(*skip_next_);
+    } else if (skipped_ > 0 && !current_pass_.expired() && state_->in_pass) {
+      skipped = skipped_;
     }
+    return batches_per_epoch() - std::min(batches_per_epoch(), skipped);
+  }
+  // Batches of the pass under way that this rank has not been given yet
+  // (0 once the last one is out); between passes, those the next pass
+  // gives: a whole epoch, or what is left of one that load_state or
+  // skip_first_batches resumes.
+  size_t batches_remaining() const {
+    if (!current_pass_.expired() && state_->in_pass) {
+      return static_cast<size_t>(
+          std::max<int64_t>(state_->pass_batches - state_->position, 0));
+    }
+    if (skip_next_) return size();
     const size_t done = static_cast<size_t>(std::min<int64_t>(
         state_->resume_samples, static_cast<int64_t>(dataset_size_)));
     return Plan(dataset_size_ - done).batches_per_rank;
@@ -405,6 +420,7 @@ class DataLoader {
   int num_replicas_ = 1;
   torch::Device device_ = torch::kCPU;
   std::optional<int64_t> skip_next_;
+  size_t skipped_ = 0;  // Batches skip_first_batches took off the last pass.
   std::weak_ptr<data::Pass<Sample, Batch>> current_pass_;
   data::FromMainProcess dispatch_;
 };

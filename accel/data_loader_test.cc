@@ -227,10 +227,20 @@ TEST(DataLoaderTest, PositionInsideAnEpochIsRecordedAndResumed) {
 
   DataLoader<Numbers> resumed(Numbers(12), options);
   resumed.state()->Restore(epoch, done);
-  EXPECT_EQ(resumed.size(), 2u);  // What is left of the epoch.
-  EXPECT_EQ(resumed.batches_per_epoch(), 6u);
-  const auto rest = Drain(resumed);
+  // Python's len(): the whole epoch, also when resuming inside one.
   EXPECT_EQ(resumed.size(), 6u);
+  EXPECT_EQ(resumed.batches_remaining(), 2u);  // What is left of it.
+  EXPECT_EQ(resumed.batches_per_epoch(), 6u);
+  std::vector<size_t> remaining;
+  std::vector<std::vector<int64_t>> rest;
+  for (auto& batch : resumed) {
+    rest.push_back({batch[0].item<int64_t>(), batch[1].item<int64_t>()});
+    remaining.push_back(resumed.batches_remaining());
+    EXPECT_EQ(resumed.size(), 6u);
+  }
+  EXPECT_THAT(remaining, ElementsAre(1u, 0u));
+  EXPECT_EQ(resumed.size(), 6u);
+  EXPECT_EQ(resumed.batches_remaining(), 6u);  // The next epoch, whole.
   ASSERT_EQ(rest.size(), 2u);
   EXPECT_EQ(rest[0], epoch0[4]);
   EXPECT_EQ(rest[1], epoch0[5]);
@@ -243,8 +253,13 @@ TEST(DataLoaderTest, PositionInsideAnEpochIsRecordedAndResumed) {
 TEST(DataLoaderTest, SkipFirstBatchesSkipsOnlyTheNextPass) {
   DataLoader<Numbers> loader(Numbers(8), Batch(2));
   auto skipping = loader.SkipFirstBatches(3);
+  // As Accelerate's skipped loader: len() is what the pass gives.
+  EXPECT_EQ(skipping.size(), 1u);
+  EXPECT_EQ(skipping.batches_remaining(), 1u);
   EXPECT_THAT(Drain(skipping), ElementsAre(ElementsAre(6, 7)));
+  EXPECT_EQ(skipping.size(), 4u);
   EXPECT_EQ(Drain(skipping).size(), 4u);
+  EXPECT_EQ(loader.size(), 4u);
   EXPECT_THROW(loader.SkipFirstBatches(-1), UsageError);
   auto past_the_end = loader.SkipFirstBatches(10);
   EXPECT_TRUE(Drain(past_the_end).empty());
