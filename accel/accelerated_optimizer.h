@@ -24,6 +24,7 @@
 
 #include <memory>
 
+#include "accel/autocast.h"
 #include "accel/runtime/base/errors.h"
 #include "accel/training_state.h"
 
@@ -37,6 +38,8 @@ class AcceleratedOptimizerBase {
 
   // `site`: where the program calls it (ZeRO's all-gather names it).
   void step(CallSite site = CallSite::Here()) {
+    // In the parameters' precision, whatever the program's autocast.
+    const AutocastPause full_precision;
     prepared();  // A UsageError after reset().
     if (!state_->gradients.sync_gradients()) return;
     for (GradientReducer* reducer : state_->prepared.synchronizers()) {

@@ -10,6 +10,7 @@
 #include <exception>
 #include <mutex>
 #include <random>
+#include <thread>
 
 #include "accel/checkpoint_manager.h"
 #include "accel/invariant_reduction.h"
@@ -149,10 +150,10 @@ void Accelerator::MakeLossScaler() {
   if (!device_.is_cuda() && is_main_process()) {
     // LibTorch 1.13 has no float16 autocast on the CPU; accel keeps 2.x to
     // the same behaviour, so that results do not depend on the version.
-    ACCEL_LOG(INFO) << "on the CPU, --mixed_precision=fp16 computes in "
-                       "float32 and only the loss scaling runs (LibTorch 1.13 "
-                       "has no float16 autocast there; bf16 autocasts on the "
-                       "CPU)";
+    ACCEL_LOG(WARNING) << "on the CPU, --mixed_precision=fp16 computes in "
+                          "float32 and only the loss scaling runs (LibTorch "
+                          "1.13 has no float16 autocast there); "
+                          "--mixed_precision=bf16 autocasts on the CPU";
   }
 }
 
@@ -261,6 +262,7 @@ double Accelerator::AgreeOnMetric(double metric) {
 }
 
 Accelerator::~Accelerator() {
+  EndThreadAutocast();
   // The trackers finish (see TrackerSet) before the job is left.
   trackers_.reset();
   // Prepared optimizers and schedulers may outlive the Accelerator; models'
@@ -296,6 +298,7 @@ void Accelerator::PrepareModule(
     const std::shared_ptr<torch::nn::Module>& module) {
   if (module == nullptr) throw UsageError("prepare: the model is null");
   module->to(device_);
+  AutocastThisThread();
   const int micro_batches = options_.invariant_micro_batches;
   if (num_processes() == 1) {
     state_->prepared.AddModel(
@@ -419,6 +422,7 @@ GradientReducer* Accelerator::SynchronizerOf(const torch::nn::Module* model,
 }
 
 void Accelerator::backward(const torch::Tensor& loss, CallSite site) {
+  const AutocastPause full_precision;
   torch::Tensor scaled = loss;
   const int steps = gradient_accumulation_steps();
   if (steps > 1) scaled = scaled / steps;
@@ -479,19 +483,49 @@ AutocastScope Accelerator::autocast() const {
   return autocast(options_.autocast);
 }
 
-AutocastScope Accelerator::autocast(const AutocastKwargs& handler) const {
-  std::optional<c10::ScalarType> dtype;
-  if (!handler.enabled) {
-    // Accelerate's AutocastKwargs(enabled=False): full precision here.
-  } else if (precision_ == MixedPrecision::kBf16) {
-    dtype = c10::ScalarType::BFloat16;
-  } else if (precision_ == MixedPrecision::kFp16 && device_.is_cuda()) {
-    dtype = c10::ScalarType::Half;
+std::optional<c10::ScalarType> Accelerator::AutocastDtype() const {
+  if (precision_ == MixedPrecision::kBf16) return c10::ScalarType::BFloat16;
+  if (precision_ == MixedPrecision::kFp16 && device_.is_cuda()) {
+    return c10::ScalarType::Half;
   }
-  return AutocastScope(device_.type(), dtype, handler.cache_enabled);
+  return std::nullopt;
+}
+
+AutocastScope Accelerator::autocast(const AutocastKwargs& handler) const {
+  // Accelerate's AutocastKwargs(enabled=False): full precision here, even
+  // under the prepared model's autocast.
+  if (!handler.enabled) return AutocastScope::Off(device_.type());
+  return AutocastScope(device_.type(), AutocastDtype(), handler.cache_enabled);
+}
+
+void Accelerator::AutocastThisThread() {
+  if (model_autocast_ || !options_.autocast.enabled) return;
+  const std::optional<c10::ScalarType> dtype = AutocastDtype();
+  if (!dtype) return;
+  // Without the cache of casted weights: nothing closes this scope between
+  // steps, and a cached copy would outlive the optimizer's update of its
+  // weight.
+  model_autocast_.emplace(device_.type(), dtype, /*cache_enabled=*/false);
+  model_autocast_thread_ = std::this_thread::get_id();
+  if (is_main_process()) {
+    ACCEL_LOG(INFO) << "mixed precision " << options_.mixed_precision
+                    << ": autocast is on for the thread that prepared the "
+                       "model, as Accelerate's prepare() wraps forward; "
+                       "accel's backward, optimizer step and clipping run "
+                       "in float32 (see accel/autocast.h)";
+  }
+}
+
+void Accelerator::EndThreadAutocast() {
+  if (!model_autocast_) return;
+  if (model_autocast_thread_ != std::this_thread::get_id()) {
+    model_autocast_->Abandon();  // Another thread's state is not ours.
+  }
+  model_autocast_.reset();
 }
 
 void Accelerator::unscale_gradients() {
+  const AutocastPause full_precision;
   CheckStepsComplete("unscale_gradients");
   GradScaler* scaler = state_->scaler.get();
   if (scaler == nullptr || !scaler->is_enabled()) return;
@@ -509,6 +543,7 @@ void Accelerator::unscale_gradients() {
 double Accelerator::clip_grad_norm_(
     const std::vector<torch::Tensor>& parameters, double max_norm,
     double norm_type, CallSite site) {
+  const AutocastPause full_precision;
   CheckStepsComplete("clip_grad_norm_");
   unscale_gradients();
   const std::vector<ZeroOptimizer*> sharded =
@@ -522,6 +557,7 @@ double Accelerator::clip_grad_norm_(
 
 void Accelerator::clip_grad_value_(const std::vector<torch::Tensor>& parameters,
                                    double clip_value) {
+  const AutocastPause full_precision;
   CheckStepsComplete("clip_grad_value_");
   unscale_gradients();
   const std::vector<ZeroOptimizer*> sharded =
@@ -605,6 +641,7 @@ void Accelerator::end_training(CallSite site) {
   // Trackers first, as in Accelerate; a tracker's error (a full disk) still
   // lets this rank leave the job with the others, then propagates.
   const std::exception_ptr tracker_error = trackers_->Finish();
+  EndThreadAutocast();
   if (group_ != nullptr) {
     wait_for_everyone(site);
     LeaveTheJob();
@@ -629,6 +666,7 @@ Accelerator::FreedMemory Accelerator::ForgetPreparedObjects(
   freed.schedulers = state_->prepared.scheduler_count();
   freed.data_loaders = state_->prepared.loader_count();
   state_->prepared.Clear();
+  EndThreadAutocast();
   save_hooks_.clear();
   load_hooks_.clear();
   state_->split_batches = options_.dataloader_config.split_batches;

@@ -7,11 +7,8 @@
 //       accel::get_linear_schedule_with_warmup(adamw, 100, 1000));
 //   for (auto& batch : loader) {
 //     auto accumulate = accelerator.accumulate(model);
-//     torch::Tensor loss;
-//     {
-//       auto autocast = accelerator.autocast();  // --mixed_precision
-//       loss = criterion(model->forward(batch.data), batch.target);
-//     }
+//     // --mixed_precision=bf16: prepare() autocasts this thread's forward.
+//     torch::Tensor loss = criterion(model->forward(batch.data), batch.target);
 //     accelerator.backward(loss);
 //     if (accelerator.sync_gradients()) {
 //       accelerator.clip_grad_norm_(model->parameters(), 1.0);
@@ -29,8 +26,10 @@
 // always check that shapes and dtypes agree across ranks (a clear error on
 // every rank instead of a hang or garbage); save_state never leaves a
 // half-written file in place of a good one and records where a data loader
-// stands inside an epoch; autocast is a scope around forward (LibTorch's C++
-// modules have no forward hooks to wrap). The README lists every name.
+// stands inside an epoch; mixed precision's autocast is on for the thread
+// that prepared a model, paused in accel's backward, optimizer step and
+// clipping (LibTorch's C++ modules have no forward hooks to wrap). The
+// README lists every name.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -46,6 +45,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -292,7 +292,10 @@ class Accelerator {
   void set_gradient_accumulation_steps(int steps);
   // Mixed precision's autocast for the scope (none with "no"), as
   // AcceleratorOptions::autocast says, or as `handler` says (Accelerate's
-  // accelerator.autocast(autocast_handler=...)).
+  // accelerator.autocast(autocast_handler=...)); a handler with enabled =
+  // false gives a scope in full precision. prepare() already turns
+  // autocast on for its thread (see accel/autocast.h), so the loop needs no
+  // scope of its own.
   AutocastScope autocast() const;
   AutocastScope autocast(const AutocastKwargs& handler) const;
   // Clips the gradients' total norm (unscaling them first under fp16) and
@@ -669,6 +672,13 @@ class Accelerator {
     }
   }
 
+  // The dtype autocast computes in under mixed_precision, if any here.
+  std::optional<c10::ScalarType> AutocastDtype() const;
+  // Mixed precision with no code in the loop: prepare() turns autocast on
+  // for the thread that prepares a model, until end_training(),
+  // free_memory() or the Accelerator's end.
+  void AutocastThisThread();
+  void EndThreadAutocast();
   // get_state_dict and save_model.
   std::map<std::string, torch::Tensor> StateDictOf(
       const torch::nn::Module& model);
@@ -786,6 +796,8 @@ class Accelerator {
   // What was prepared is in state_->prepared, the one registry.
   std::shared_ptr<TrainingState> state_;
   MixedPrecision precision_ = MixedPrecision::kNo;
+  std::optional<AutocastScope> model_autocast_;
+  std::thread::id model_autocast_thread_;
   // Backward passes (under invariant_micro_batches: steps), restored by
   // load_state.
   int64_t step_ = 0;

@@ -80,6 +80,25 @@ TEST(ExamplesTest, TrainDemoPrintsTheSameAccuraciesOnceForAnyProcessCount) {
   }
 }
 
+// --mixed_precision=bf16 changes what train_demo computes, at 1 and 2
+// processes, with no code for it in the loop (the prepared model computes
+// under autocast, as Accelerate's); it printed float32's fingerprint.
+TEST(ExamplesTest, TrainDemoUnderBf16TrainsInBf16) {
+  for (int n : {1, 2}) {
+    std::map<std::string, std::string> fingerprints;
+    for (const std::string precision : {"no", "bf16"}) {
+      const ProcessResult r = RunExample(
+          "train_demo",
+          {"--num_processes=" + std::to_string(n),
+           "--mixed_precision=" + precision,
+           "--output_dir=" + MakeTempDir("precision") + "/trained_model"});
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      fingerprints[precision] = Fingerprint(r);
+    }
+    EXPECT_NE(fingerprints["bf16"], fingerprints["no"]) << n << " processes";
+  }
+}
+
 // fsdp_example: sharded training state shows in each rank's peak host
 // memory (ZeRO stage 2 holds about 10 of DDP's 16 bytes per parameter at 2
 // processes, fewer at 3; stage 3 fewer again at 3, where its two units of

@@ -311,6 +311,47 @@ TEST_F(MixedPrecisionTest, AutocastRunsMatmulsInTheLowerPrecision) {
             torch::kFloat32);
 }
 
+// --mixed_precision=bf16 takes effect on the prepared model with no code in
+// the loop, as Accelerate's prepare() wraps forward (it did nothing unless
+// the program opened accelerator.autocast() itself). The gradients, the
+// optimizer's step and the parameters stay float32, and a step's update
+// reaches the next forward (no stale casted weight).
+TEST_F(MixedPrecisionTest, APreparedModelComputesInBf16WithNoCodeInTheLoop) {
+  AcceleratorOptions options = TestAcceleratorOptions();
+  options.mixed_precision = "bf16";
+  options.project_dir = "";  // The shared Accelerator's is in use.
+  torch::manual_seed(3);
+  torch::nn::Linear linear(4, 2);
+  torch::optim::SGD sgd(linear->parameters(), torch::optim::SGDOptions(0.5));
+  const torch::Tensor x = torch::rand({3, 4});
+  {
+    Accelerator bf16(options);
+    auto [model, optimizer] = bf16.prepare(linear, sgd);
+    const torch::Tensor out = model->forward(x);
+    EXPECT_EQ(out.scalar_type(), torch::kBFloat16);
+    bf16.backward(out.sum());
+    EXPECT_EQ(linear->weight.grad().scalar_type(), torch::kFloat32);
+    const torch::Tensor before = linear->weight.detach().clone();
+    optimizer.step();
+    optimizer.zero_grad();
+    EXPECT_EQ(linear->weight.scalar_type(), torch::kFloat32);
+    EXPECT_FALSE(torch::equal(linear->weight, before));
+    const torch::Tensor expected = torch::nn::functional::linear(
+        x.to(torch::kBFloat16), linear->weight.detach().to(torch::kBFloat16),
+        linear->bias.detach().to(torch::kBFloat16));
+    EXPECT_TRUE(torch::equal(model->forward(x), expected));
+    {
+      AutocastKwargs full;
+      full.enabled = false;
+      auto off = bf16.autocast(full);
+      EXPECT_EQ(model->forward(x).scalar_type(), torch::kFloat32);
+    }
+    EXPECT_EQ(model->forward(x).scalar_type(), torch::kBFloat16);
+  }
+  // Until the Accelerator ends.
+  EXPECT_EQ(linear->forward(x).scalar_type(), torch::kFloat32);
+}
+
 TEST_F(MixedPrecisionTest, GatherObjectAndBroadcastObjectList) {
   const std::vector<std::string> all = A().gather_object(
       std::vector<std::string>(R() + 1, std::string(R(), 'x')));
