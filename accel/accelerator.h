@@ -174,9 +174,13 @@ class Accelerator {
   //   - DataLoaders: returned sharded for this process;
   //   - schedulers (accel::LRScheduler by reference, std::unique_ptr or
   //     std::shared_ptr): returned as AcceleratedScheduler.
-  // All of them are recorded for save_state.
+  // All of them are recorded for save_state. The models of a call are
+  // prepared first, whatever their place in it (as Accelerate does), so
+  // that prepare(optimizer, data, model) shards the optimizer over the
+  // model under ZeRO as prepare(model, optimizer, data) does.
   template <typename... Objects>
   auto prepare(Objects&&... objects) {
+    (PrepareIfModel(objects), ...);
     if constexpr (sizeof...(Objects) == 1) {
       return PrepareOne(std::forward<Objects>(objects)...);
     } else {
@@ -618,16 +622,22 @@ class Accelerator {
   void clear() { free_memory(); }
 
  private:
+  // prepare()'s first pass: a model is prepared in place (its module is
+  // shared with every copy of the handle).
+  template <typename T>
+  void PrepareIfModel(const T& object) {
+    if constexpr (std::is_base_of_v<torch::detail::ModuleHolderIndicator, T>) {
+      PrepareModule(object.ptr());
+    } else if constexpr (detail::IsSharedModule<T>::value) {
+      PrepareModule(object);
+    }
+  }
+  // prepare()'s second pass; models were prepared by the first.
   template <typename T>
   auto PrepareOne(T&& object) {
     using U = std::decay_t<T>;
-    if constexpr (std::is_base_of_v<torch::detail::ModuleHolderIndicator, U>) {
+    if constexpr (detail::kIsModel<U>) {
       U copy = object;
-      PrepareModule(copy.ptr());
-      return copy;
-    } else if constexpr (detail::IsSharedModule<U>::value) {
-      U copy = object;
-      PrepareModule(copy);
       return copy;
     } else if constexpr (std::is_base_of_v<torch::optim::Optimizer, U>) {
       static_assert(std::is_lvalue_reference_v<T>,

@@ -68,6 +68,7 @@ struct Run {
   // Backwards per step outside accumulate(), each syncing, before one step
   // (their gradients add up).
   int backwards = 1;
+  bool optimizer_first = false;  // prepare(optimizer, model).
 };
 
 struct Result {
@@ -94,7 +95,11 @@ Result Train(const Run& run) {
   torch::nn::Sequential net = MakeModel(run.freeze_first);
   torch::optim::AdamW adamw(net->parameters(),
                             torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
-  auto [model, optimizer] = accelerator.prepare(net, adamw);
+  auto [model, optimizer] = [&] {
+    if (!run.optimizer_first) return accelerator.prepare(net, adamw);
+    auto [o, m] = accelerator.prepare(adamw, net);
+    return std::make_tuple(m, o);
+  }();
   std::optional<AcceleratedScheduler> scheduler;
   if (run.schedule) {
     scheduler = accelerator.prepare(
@@ -309,6 +314,19 @@ TEST(ZeroTest, Stage3GivesDdpsParameters) {
 int64_t ShareOf(int64_t total, int n, int rank) {
   const int64_t share = (total + n - 1) / n;
   return std::min(total, (rank + 1) * share) - std::min(total, rank * share);
+}
+
+// Accelerate prepares the models of a call first, so any order works:
+// prepare(optimizer, model) was refused under stages 2 and 3 ("parameter 0
+// is not a parameter of a prepared model").
+TEST(ZeroTest, AnOptimizerBeforeItsModelInOnePrepareIsSharded) {
+  for (int stage : {1, 2, 3}) {
+    const Result in_order = Train({.stage = stage});
+    const Result reversed = Train({.stage = stage, .optimizer_first = true});
+    EXPECT_EQ(MaxDifference(reversed.parameters, in_order.parameters), 0.0)
+        << "stage " << stage;
+    EXPECT_EQ(reversed.state_elements, in_order.state_elements);
+  }
 }
 
 TEST(ZeroTest, EachRankHoldsItsShareOfTheOptimizerState) {
