@@ -11,13 +11,20 @@
 
 DEFINE_int32(gradient_accumulation_steps, 1, "The program's own.");
 DEFINE_string(mixed_precision, "no", "The program's own.");
+// As Accelerate's example scripts define it: a default that is not accel's.
+DEFINE_string(report_to, "all", "The program's own.");
 DEFINE_string(options_mixed_precision, "",
               "When set, the program's AcceleratorOptions say this.");
+DEFINE_bool(from_flags, false,
+            "Start from AcceleratorOptions::FromFlags() rather than options "
+            "built by hand.");
 
 namespace {
 
 int Main(int argc, char** argv) {
-  accel::AcceleratorOptions options;
+  accel::AcceleratorOptions options =
+      FLAGS_from_flags ? accel::AcceleratorOptions::FromFlags()
+                       : accel::AcceleratorOptions();
   if (!FLAGS_options_mixed_precision.empty()) {
     options.mixed_precision = FLAGS_options_mixed_precision;
   }
@@ -30,7 +37,7 @@ int Main(int argc, char** argv) {
                     accelerator.num_processes(),
                     "process(es); program: gradient_accumulation_steps",
                     FLAGS_gradient_accumulation_steps, "mixed_precision",
-                    FLAGS_mixed_precision);
+                    FLAGS_mixed_precision, "report_to", FLAGS_report_to);
   accelerator.end_training();
   return 0;
 }

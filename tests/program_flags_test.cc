@@ -32,8 +32,28 @@ TEST(ProgramFlagsTest, AProgramOwnsAccelsFlagNamesAndTheValuesReachAccel) {
               HasSubstr("accelerator: gradient_accumulation_steps 4 "
                         "mixed_precision bf16 trackers 1 on 2 process(es); "
                         "program: gradient_accumulation_steps 4 "
-                        "mixed_precision bf16"));
+                        "mixed_precision bf16 report_to jsonl"));
   EXPECT_THAT(r.output, Not(HasSubstr("warning")));
+}
+
+// The program's --report_to defaults to "all" (as Accelerate's scripts):
+// not given, it is the program's alone, and accel starts no tracker (it
+// stopped with "tracker 'jsonl' ... needs a logging directory").
+TEST(ProgramFlagsTest, AProgramsOwnDefaultIsNotAccels) {
+  for (const char* options : {"--from_flags", "--nofrom_flags"}) {
+    const ProcessResult r = RunProgram({"--num_processes=2", options});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_THAT(r.output,
+                HasSubstr("accelerator: gradient_accumulation_steps 1 "
+                          "mixed_precision no trackers 0 on 2 process(es); "
+                          "program: gradient_accumulation_steps 1 "
+                          "mixed_precision no report_to all"));
+  }
+  // Given, it is accel's too.
+  const ProcessResult given = RunProgram({"--from_flags", "--report_to=jsonl",
+                                          "--logging_dir=" + MakeTempDir("l")});
+  ASSERT_EQ(given.exit_code, 0) << given.output;
+  EXPECT_THAT(given.output, HasSubstr("trackers 1 on 1 process(es)"));
 }
 
 TEST(ProgramFlagsTest, TheLaunchConfigurationReachesHandBuiltOptions) {

@@ -69,6 +69,10 @@ bool ProgramFlag<T>::owned_by_program() const {
 template <typename T>
 T ProgramFlag<T>::value() const {
   if (registered_) return current_;
+  // The program's own flag counts when the user gave it; its default is
+  // the program's choice, not accel's (a script's --report_to=all default
+  // started every tracker).
+  if (!given()) return builtin_default_;
   std::string text;
   if (!gflags::GetCommandLineOption(name_, &text)) return builtin_default_;
   T parsed;

@@ -11,11 +11,13 @@
 //     accel::flags::num_processes.value();    // accel's own
 //   }
 //
-// Where the program defines a name, accel reads that flag's value (given
-// on the command line or in the launch configuration, as accel's would be):
-// the launch options reach the Accelerator either way. A value accel
-// cannot read as its own type is left to the program (accel then uses its
-// default and says so once).
+// Where the program defines a name, accel reads that flag's value when the
+// user gives it (on the command line or in the launch configuration, as
+// accel's would be): the launch options reach the Accelerator either way.
+// The program's default stays the program's: accel goes on with its own
+// (a script's `--report_to` defaulting to "all" starts no tracker). A value
+// accel cannot read as its own type is left to the program (accel then
+// uses its default and says so once).
 #pragma once
 
 #include <cstdint>
