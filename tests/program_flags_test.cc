@@ -86,5 +86,29 @@ TEST(ProgramFlagsTest, AnOptionTheProgramSetsWinsAndTheMainProcessSaysSo) {
   EXPECT_EQ(r.output.find(warning), r.output.rfind(warning));
 }
 
+// The deprecated FLAGS_ spellings of accel's flags compile and hold the
+// values given (two of fourteen earlier outside ports stopped compiling).
+TEST(ProgramFlagsTest, TheOldFlagSpellingsStillWork) {
+  const ProcessResult given = RunProcess(
+      {Runfile("tests/legacy_flags_program"), "--mixed_precision=bf16",
+       "--gradient_accumulation_steps=3", "--nocollective_checks",
+       "--report_to=none", "--timeout_s=40"},
+      {}, kTimeout);
+  ASSERT_EQ(given.exit_code, 0) << given.output;
+  EXPECT_THAT(given.output,
+              HasSubstr("legacy: num_processes 1 mixed_precision bf16 "
+                        "gradient_accumulation_steps 3 collective_checks 0 "
+                        "report_to 'none' timeout_s 40"));
+  EXPECT_THAT(given.output, HasSubstr("accelerator: mixed_precision bf16 "
+                                      "gradient_accumulation_steps 3"));
+  const ProcessResult defaults =
+      RunProcess({Runfile("tests/legacy_flags_program")}, {}, kTimeout);
+  ASSERT_EQ(defaults.exit_code, 0) << defaults.output;
+  EXPECT_THAT(defaults.output,
+              HasSubstr("legacy: num_processes 1 mixed_precision no "
+                        "gradient_accumulation_steps 1 collective_checks 1 "
+                        "report_to '' timeout_s 300"));
+}
+
 }  // namespace
 }  // namespace accel::testing

@@ -52,9 +52,14 @@ void ProgramFlag<T>::Register() {
   if (registered_) return;
   gflags::CommandLineFlagInfo info;
   if (gflags::GetCommandLineFlagInfo(name_, &info)) return;  // The program's.
+  // Only now: where the program defines the name, legacy_() is its variable.
+  if (legacy_ != nullptr) {
+    storage_ = legacy_();
+    *storage_ = default_;
+  }
   // gflags keeps the name, help and file name, and uses the two values as
   // its storage: they live as long as the process.
-  gflags::FlagRegisterer registerer(name_, help_, __FILE__, &current_,
+  gflags::FlagRegisterer registerer(name_, help_, __FILE__, storage_,
                                     &default_);
   (void)registerer;
   registered_ = true;
@@ -68,7 +73,7 @@ bool ProgramFlag<T>::owned_by_program() const {
 
 template <typename T>
 T ProgramFlag<T>::value() const {
-  if (registered_) return current_;
+  if (registered_) return *storage_;
   // The program's own flag counts when the user gave it; its default is
   // the program's choice, not accel's (a script's --report_to=all default
   // started every tracker).
@@ -114,81 +119,151 @@ template class ProgramFlag<int32_t>;
 template class ProgramFlag<bool>;
 template class ProgramFlag<std::string>;
 
+}  // namespace accel
+
+// The deprecated FLAGS_ variables (program_flags.h), weak: a program's own
+// flag of the name is a strong definition and replaces accel's. Constant
+// initialization only (no constructor runs), so that a replaced one leaves
+// nothing behind.
+namespace accel::legacy {
+std::string strings[6];
+}  // namespace accel::legacy
+#define ACCEL_LEGACY_INT(name)                                  \
+  namespace fLI {                                               \
+  __attribute__((weak)) ::GFLAGS_NAMESPACE::int32 FLAGS_##name; \
+  }
+#define ACCEL_LEGACY_BOOL(name)            \
+  namespace fLB {                          \
+  __attribute__((weak)) bool FLAGS_##name; \
+  }
+#define ACCEL_LEGACY_STRING(name, index)                \
+  namespace fLS {                                       \
+  __attribute__((weak)) ::fLS::clstring& FLAGS_##name = \
+      accel::legacy::strings[index];                    \
+  }
+ACCEL_LEGACY_INT(num_processes)
+ACCEL_LEGACY_INT(num_machines)
+ACCEL_LEGACY_INT(machine_rank)
+ACCEL_LEGACY_STRING(main_process_ip, 0)
+ACCEL_LEGACY_INT(main_process_port)
+ACCEL_LEGACY_STRING(backend, 1)
+ACCEL_LEGACY_INT(num_cpu_threads_per_process)
+ACCEL_LEGACY_INT(timeout_s)
+ACCEL_LEGACY_INT(rendezvous_timeout_s)
+ACCEL_LEGACY_STRING(mixed_precision, 2)
+ACCEL_LEGACY_INT(gradient_accumulation_steps)
+ACCEL_LEGACY_BOOL(collective_checks)
+ACCEL_LEGACY_INT(max_restarts)
+ACCEL_LEGACY_INT(signal_grace_s)
+ACCEL_LEGACY_INT(network_timeout_s)
+ACCEL_LEGACY_STRING(report_to, 3)
+ACCEL_LEGACY_STRING(config_file, 4)
+ACCEL_LEGACY_STRING(logging_dir, 5)
+ACCEL_LEGACY_BOOL(reuse_host_memory)
+#undef ACCEL_LEGACY_INT
+#undef ACCEL_LEGACY_BOOL
+#undef ACCEL_LEGACY_STRING
+
+namespace accel {
 namespace flags {
+
+// Where the deprecated variable of `name` is (see ProgramFlag::Register).
+#define ACCEL_LEGACY_INT(name) [] { return &fLI::FLAGS_##name; }
+#define ACCEL_LEGACY_BOOL(name) [] { return &fLB::FLAGS_##name; }
+#define ACCEL_LEGACY_STRING(name) [] { return &fLS::FLAGS_##name; }
 
 ProgramFlag<int32_t> num_processes(
     "num_processes", 1,
-    "Total number of processes (ranks) to run, over all machines.");
+    "Total number of processes (ranks) to run, over all machines.",
+    ACCEL_LEGACY_INT(num_processes));
 ProgramFlag<int32_t> num_machines("num_machines", 1,
-                                  "Number of machines taking part.");
+                                  "Number of machines taking part.",
+                                  ACCEL_LEGACY_INT(num_machines));
 ProgramFlag<int32_t> machine_rank("machine_rank", 0,
-                                  "This machine's index in [0, num_machines).");
+                                  "This machine's index in [0, num_machines).",
+                                  ACCEL_LEGACY_INT(machine_rank));
 ProgramFlag<std::string> main_process_ip(
-    "main_process_ip", "127.0.0.1", "Address of the machine that runs rank 0.");
+    "main_process_ip", "127.0.0.1", "Address of the machine that runs rank 0.",
+    ACCEL_LEGACY_STRING(main_process_ip));
 ProgramFlag<int32_t> main_process_port(
     "main_process_port", 29500,
-    "Port of rank 0's rendezvous store; 0 picks a free port.");
+    "Port of rank 0's rendezvous store; 0 picks a free port.",
+    ACCEL_LEGACY_INT(main_process_port));
 ProgramFlag<int32_t> num_cpu_threads_per_process(
     "num_cpu_threads_per_process", 1,
-    "Intra-op threads per rank (OMP_NUM_THREADS, unless set).");
+    "Intra-op threads per rank (OMP_NUM_THREADS, unless set).",
+    ACCEL_LEGACY_INT(num_cpu_threads_per_process));
 ProgramFlag<int32_t> max_restarts(
     "max_restarts", 0,
     "Restart the whole job up to this many times after a rank fails "
-    "(TORCHELASTIC_RESTART_COUNT tells the ranks which try they are).");
+    "(TORCHELASTIC_RESTART_COUNT tells the ranks which try they are).",
+    ACCEL_LEGACY_INT(max_restarts));
 ProgramFlag<int32_t> signal_grace_s(
     "signal_grace_s", 30,
     "After a stop signal to the launcher (SIGTERM, SIGINT, SIGHUP, SIGQUIT, "
     "SIGUSR1, SIGUSR2), how long the ranks get to save and leave before they "
-    "are killed, in seconds (see Accelerator::check_preemption).");
+    "are killed, in seconds (see Accelerator::check_preemption).",
+    ACCEL_LEGACY_INT(signal_grace_s));
 ProgramFlag<std::string> config_file(
     "config_file", "",
     "Launch configuration to read before the command line: Accelerate's "
     "YAML (as accel config or accelerate config write it) or --flag=value "
     "lines; default: $ACCEL_CONFIG_FILE, else "
     "~/.config/accel/default_config.yaml (or the older default_config.flags) "
-    "when it exists. Empty with =: none.");
+    "when it exists. Empty with =: none.",
+    ACCEL_LEGACY_STRING(config_file));
 ProgramFlag<std::string> backend(
     "backend", "auto",
     "Communication backend: gloo, nccl, mpi, or auto (nccl when a GPU is "
-    "visible, mpi when started by mpirun or srun with MPI, else gloo).");
+    "visible, mpi when started by mpirun or srun with MPI, else gloo).",
+    ACCEL_LEGACY_STRING(backend));
 ProgramFlag<std::string> mixed_precision(
     "mixed_precision", "no",
     "Mixed precision: no, bf16 (autocast to bfloat16, CPU or GPU) or fp16 "
-    "(float16 with loss scaling).");
+    "(float16 with loss scaling).",
+    ACCEL_LEGACY_STRING(mixed_precision));
 ProgramFlag<int32_t> gradient_accumulation_steps(
     "gradient_accumulation_steps", 1,
     "Micro-batches whose gradients are accumulated before each optimizer "
-    "step (inside accelerator.accumulate(model)).");
+    "step (inside accelerator.accumulate(model)).",
+    ACCEL_LEGACY_INT(gradient_accumulation_steps));
 ProgramFlag<int32_t> timeout_s(
     "timeout_s", 300,
     "Default timeout of each collective, in seconds. Mismatched collectives "
-    "and departed ranks are reported long before it.");
+    "and departed ranks are reported long before it.",
+    ACCEL_LEGACY_INT(timeout_s));
 ProgramFlag<int32_t> rendezvous_timeout_s(
     "rendezvous_timeout_s", 60,
     "How long ranks wait for each other (and for rank 0's store) at "
-    "start-up, in seconds.");
+    "start-up, in seconds.",
+    ACCEL_LEGACY_INT(rendezvous_timeout_s));
 ProgramFlag<int32_t> network_timeout_s(
     "network_timeout_s", 20,
     "How long a machine may stop answering on the network before its ranks "
-    "are reported unreachable, in seconds.");
+    "are reported unreachable, in seconds.",
+    ACCEL_LEGACY_INT(network_timeout_s));
 ProgramFlag<bool> collective_checks(
     "collective_checks", true,
     "Compare each collective across ranks and report mismatched calls "
-    "within about a second (ranks that left are reported either way).");
+    "within about a second (ranks that left are reported either way).",
+    ACCEL_LEGACY_BOOL(collective_checks));
 ProgramFlag<std::string> report_to(
     "report_to", "",
     "Experiment trackers for init_trackers/log: a comma-separated list of "
     "jsonl, tensorboard (or any tracker the program registers), all, or "
-    "none.");
+    "none.",
+    ACCEL_LEGACY_STRING(report_to));
 ProgramFlag<std::string> logging_dir(
     "logging_dir", "",
     "Where trackers write: <logging_dir>/<project_name>/ (default: the "
-    "program's project directory, if it has one).");
+    "program's project directory, if it has one).",
+    ACCEL_LEGACY_STRING(logging_dir));
 ProgramFlag<bool> reuse_host_memory(
     "reuse_host_memory", true,
     "Keep memory that tensors free in the process for reuse, rather than "
     "returning each large block to the system (which costs a page fault per "
-    "4 KiB page the next time; see accel/runtime/base/host_memory.h).");
+    "4 KiB page the next time; see accel/runtime/base/host_memory.h).",
+    ACCEL_LEGACY_BOOL(reuse_host_memory));
 ProgramFlag<bool> cpu(
     "cpu", false,
     "Train on the CPU even where GPUs are visible (Accelerate's --cpu): the "
@@ -217,6 +292,10 @@ ProgramFlag<std::string> fsdp_sharding_strategy(
     "fsdp_sharding_strategy", "FULL_SHARD",
     "With --use_fsdp: FULL_SHARD (--zero_stage=3), SHARD_GRAD_OP (2) or "
     "NO_SHARD (0), or Accelerate's numbers 1-3 for them.");
+
+#undef ACCEL_LEGACY_INT
+#undef ACCEL_LEGACY_BOOL
+#undef ACCEL_LEGACY_STRING
 
 }  // namespace flags
 

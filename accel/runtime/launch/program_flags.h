@@ -18,7 +18,19 @@
 // (a script's `--report_to` defaulting to "all" starts no tracker). A value
 // accel cannot read as its own type is left to the program (accel then
 // uses its default and says so once).
+//
+// Deprecated spellings: before flags were registered at start-up, programs
+// read accel's flags as gflags variables (FLAGS_gradient_accumulation_steps,
+// FLAGS_mixed_precision, ...; the 19 names declared at the end of this
+// header). They still compile and hold the same values as
+// accel::flags::<name>.value(), for one more release: read the ProgramFlag
+// instead. Where the program defines one of these names itself, FLAGS_ is
+// the program's own flag (its definition wins over accel's weak one). A
+// program that defines one of them with another type than accel's defines
+// ACCEL_NO_LEGACY_FLAG_NAMES before including accel's headers.
 #pragma once
+
+#include <gflags/gflags_declare.h>
 
 #include <cstdint>
 #include <string>
@@ -28,9 +40,14 @@ namespace accel {
 template <typename T>
 class ProgramFlag {
  public:
-  ProgramFlag(const char* name, T default_value, const char* help)
+  // `legacy`: where the deprecated FLAGS_<name> variable is, for those
+  // that have one (gflags then keeps the value there).
+  using Storage = T* (*)();
+  ProgramFlag(const char* name, T default_value, const char* help,
+              Storage legacy = nullptr)
       : name_(name),
         help_(help),
+        legacy_(legacy),
         current_(default_value),
         default_(default_value),
         builtin_default_(std::move(default_value)) {}
@@ -60,7 +77,9 @@ class ProgramFlag {
  private:
   const char* name_;
   const char* help_;
-  T current_;  // gflags' storage while registered here.
+  Storage legacy_;
+  T current_;  // gflags' storage while registered here (without legacy_).
+  T* storage_ = &current_;  // Where the value is while registered.
   T default_;  // gflags' default (a configuration file changes it).
   const T builtin_default_;
   bool registered_ = false;
@@ -109,3 +128,26 @@ void RegisterProgramFlags();
 bool NoteLaunchConfigFlag(const std::string& name, const std::string& path);
 
 }  // namespace accel
+
+#ifndef ACCEL_NO_LEGACY_FLAG_NAMES
+// Deprecated: accel::flags::<name>.value() (see the top of this header).
+DECLARE_int32(num_processes);
+DECLARE_int32(num_machines);
+DECLARE_int32(machine_rank);
+DECLARE_string(main_process_ip);
+DECLARE_int32(main_process_port);
+DECLARE_string(backend);
+DECLARE_int32(num_cpu_threads_per_process);
+DECLARE_int32(timeout_s);
+DECLARE_int32(rendezvous_timeout_s);
+DECLARE_string(mixed_precision);
+DECLARE_int32(gradient_accumulation_steps);
+DECLARE_bool(collective_checks);
+DECLARE_int32(max_restarts);
+DECLARE_int32(signal_grace_s);
+DECLARE_int32(network_timeout_s);
+DECLARE_string(report_to);
+DECLARE_string(config_file);
+DECLARE_string(logging_dir);
+DECLARE_bool(reuse_host_memory);
+#endif
