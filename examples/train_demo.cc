@@ -23,6 +23,7 @@
 
 #include "accel/accelerator.h"
 #include "accel/runtime/launch/program.h"
+#include "examples/progress_bar.h"
 
 DEFINE_int32(epochs, 3, "Epochs to train (in total, when resuming).");
 DEFINE_int64(seed, 42, "Seed of the data, the weights and the shuffling.");
@@ -105,14 +106,6 @@ struct EpochTotals {
   }
 };
 
-void ShowProgress(int epoch, size_t step, size_t steps, double loss,
-                  double rate) {
-  std::fprintf(stderr, "\rEpoch %d/%d [%zu/%zu] loss %.4f %.1f it/s", epoch,
-               FLAGS_epochs, step, steps, loss, rate);
-  if (step == steps) std::fprintf(stderr, "\n");
-  std::fflush(stderr);
-}
-
 // Every rank checks the flags before anything starts.
 void CheckFlags() {
   auto require = [](bool ok, const std::string& message) {
@@ -141,6 +134,17 @@ int Main(int argc, char** argv) {
   options.project_dir = FLAGS_output_dir;
   options.total_limit = FLAGS_total_limit;
   accel::Accelerator accelerator(options);
+  if (FLAGS_batch_size % accelerator.num_processes() != 0) {
+    throw accel::UsageError(
+        "--batch_size (" + std::to_string(FLAGS_batch_size) +
+        ") must be a multiple of the number of processes (" +
+        std::to_string(accelerator.num_processes()) +
+        "): train_demo splits each global batch across them; pass "
+        "--batch_size=" +
+        std::to_string((FLAGS_batch_size / accelerator.num_processes() + 1) *
+                       accelerator.num_processes()) +
+        " or another --num_processes");
+  }
 
   torch::nn::Sequential model(torch::nn::Linear(kFeatures, FLAGS_hidden),
                               torch::nn::ReLU(),
@@ -176,6 +180,7 @@ int Main(int argc, char** argv) {
                                            {"seed", FLAGS_seed}});
   const bool show_progress =
       FLAGS_progress && accelerator.is_local_main_process();
+  examples::ProgressBar progress(stderr);
   // The epoch's accuracy, reported once its last batch is done.
   auto finish_epoch = [&](int epoch) {
     accelerator.wait_for_everyone();
@@ -195,7 +200,7 @@ int Main(int argc, char** argv) {
        ++epoch) {
     int64_t& correct = totals.correct;
     int64_t& total = totals.total;
-    size_t step = 0;
+    size_t step = 0;  // Of this pass: a resumed epoch's are fewer.
     const auto epoch_start = std::chrono::steady_clock::now();
     auto step_start = epoch_start;
     for (auto& batch : loader) {
@@ -236,8 +241,13 @@ int Main(int argc, char** argv) {
             std::chrono::duration<double>(std::chrono::steady_clock::now() -
                                           epoch_start)
                 .count();
-        ShowProgress(epoch + 1, step, loader.size(), loss.item<double>(),
-                     step / std::max(seconds, 1e-9));
+        char text[64];
+        std::snprintf(text, sizeof(text), "loss %.4f %.1f it/s",
+                      loss.item<double>(), step / std::max(seconds, 1e-9));
+        progress.Update("Epoch " + std::to_string(epoch + 1) + "/" +
+                            std::to_string(FLAGS_epochs),
+                        loader.size() - loader.batches_remaining(),
+                        loader.size(), text);
       }
       // A cluster's warning before it kills the job (SIGTERM, SLURM's
       // --signal=USR1@60): every rank saves at this step and leaves, and
@@ -247,9 +257,9 @@ int Main(int argc, char** argv) {
         // (the loader is done with this one): report this one first, or
         // the resumed run would never print it and would count it into
         // the next.
-        if (step == loader.size()) finish_epoch(epoch);
+        if (loader.batches_remaining() == 0) finish_epoch(epoch);
         const std::string saved = accelerator.save_state();
-        if (show_progress) std::fprintf(stderr, "\n");
+        if (show_progress) progress.Break();
         accelerator.print("Preempted by",
                           accel::SignalName(accelerator.preemption_signal()),
                           "in epoch", epoch + 1, "- saved", saved,
