@@ -526,5 +526,45 @@ TEST(LaunchTest, LauncherMessagesStartOnAFreshLine) {
   }
 }
 
+// A SIGCHLD ignored by the parent survives exec and made the kernel reap
+// the ranks: every launch hung after training (killed at 45 s), and a
+// killed rank was never reported. Reset at start, by the launcher, the
+// program launching itself (zygote or not) and InitProgram.
+TEST(LaunchTest, AnIgnoredSigchldFromTheParentChangesNothing) {
+  const std::string ignore = Runfile("tests/ignore_sigchld");
+  const auto expect_ok = [](const ProcessResult& r, const std::string& how) {
+    EXPECT_EQ(r.exit_code, 0)
+        << how << (r.timed_out ? " (timed out)" : "") << "\n"
+        << r.output;
+    EXPECT_THAT(r.output, HasSubstr("rank 1/2 ok")) << how;
+    EXPECT_LT(r.elapsed, seconds(20)) << how;
+  };
+  const auto quick = seconds(30);
+  expect_ok(RunProcess({ignore, Launcher(), "--num_processes=2",
+                        "--main_process_port=0", "--", Worker()},
+                       {}, quick),
+            "launcher");
+  expect_ok(RunProcess({ignore, Worker(), "--num_processes=2",
+                        "--main_process_port=0"},
+                       {}, quick),
+            "self-launch");
+  expect_ok(RunProcess({ignore, Worker(), "--num_processes=2",
+                        "--main_process_port=0"},
+                       {{"ACCEL_ZYGOTE", "0"}}, quick),
+            "self-launch without the zygote");
+  expect_ok(RunProcess({Worker(), "--num_processes=2", "--main_process_port=0"},
+                       {{"MP_WORKER_IGNORE_SIGCHLD", "1"}}, quick),
+            "ignored by the program before InitProgram");
+  // A rank killed with SIGKILL is reported, and the job ends.
+  const ProcessResult killed =
+      RunProcess({ignore, Worker(), "--num_processes=3",
+                  "--main_process_port=0", "--scenario=die", "--die_rank=1"},
+                 {}, quick);
+  EXPECT_NE(killed.exit_code, 0) << killed.output;
+  EXPECT_FALSE(killed.timed_out) << killed.output;
+  EXPECT_THAT(killed.output, HasSubstr("accel launch: rank 1 (pid"));
+  EXPECT_THAT(killed.output, HasSubstr("killed by signal 9"));
+}
+
 }  // namespace
 }  // namespace accel::testing

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <numeric>
 #include <stdexcept>
@@ -138,6 +139,10 @@ int Main(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A program that ignores SIGCHLD itself before InitProgram.
+  if (std::getenv("MP_WORKER_IGNORE_SIGCHLD") != nullptr) {
+    signal(SIGCHLD, SIG_IGN);
+  }
   accel::InitProgram(&argc, &argv);
   return accel::RunAndReportErrors(Main, argc, argv);
 }

@@ -33,6 +33,24 @@ void IgnoreIfDefault(int signal_number) {
   sigaction(signal_number, &ignore, nullptr);
 }
 
+// A SIGCHLD that is ignored (SIG_IGN, or a handler with SA_NOCLDWAIT) makes
+// the kernel reap children by itself, and the disposition survives exec: a
+// parent that ignored it (a Python script's signal(SIGCHLD, SIG_IGN), some
+// daemons) left a launcher unable to learn that its ranks had ended.
+void WaitForChildrenAgain() {
+  struct sigaction current {};
+  if (sigaction(SIGCHLD, nullptr, &current) != 0) return;
+  const bool ignored =
+      !(current.sa_flags & SA_SIGINFO) && current.sa_handler == SIG_IGN;
+  if (!ignored && !(current.sa_flags & SA_NOCLDWAIT)) return;
+  // The default also discards the signal, but leaves the children for
+  // waitpid; a program's own handler stays, without SA_NOCLDWAIT.
+  struct sigaction restored = current;
+  restored.sa_flags &= ~SA_NOCLDWAIT;
+  if (ignored) restored.sa_handler = SIG_DFL;
+  sigaction(SIGCHLD, &restored, nullptr);
+}
+
 const bool kPreparedAtStartup = (PrepareProcess(), true);
 
 }  // namespace
@@ -42,6 +60,7 @@ void PrepareProcess() {
   OpenClosedStandardStreams();
   IgnoreIfDefault(SIGPIPE);
   IgnoreIfDefault(SIGXFSZ);
+  WaitForChildrenAgain();
 }
 
 }  // namespace accel

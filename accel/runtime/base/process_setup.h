@@ -14,6 +14,12 @@
 // - SIGXFSZ is ignored: a file-size limit (`ulimit -f`) makes the write
 //   that crosses it fail with EFBIG, which saving reports like any other
 //   I/O error (and cleans up after), instead of killing the rank.
+// - An ignored SIGCHLD (SIG_IGN or SA_NOCLDWAIT, which survive exec from a
+//   parent that set them) goes back to the default: otherwise the kernel
+//   reaps the ranks itself, and the launcher never learns that they ended
+//   (it waited forever after training finished, and never reported a
+//   killed rank). A program that wants it ignored sets it after
+//   InitProgram and the Accelerator.
 // Children started by the launcher inherit the ignored signals.
 #pragma once
 
