@@ -48,6 +48,7 @@ class AcceleratedOptimizerBase {
     }
     ZeroOptimizer* zero = prepared().zero.get();
     if (zero != nullptr) zero->AttachGradients();
+    if (state_->clip_before_step) state_->clip_before_step(prepared(), site);
     GradScaler* scaler = state_->scaler.get();
     if (scaler != nullptr && scaler->is_enabled()) {
       prepared().step_was_skipped = !scaler->step(*prepared().optimizer);

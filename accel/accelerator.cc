@@ -132,6 +132,7 @@ Accelerator::Accelerator(AcceleratorOptions options)
       options_.gradient_accumulation_steps);
   state_->gradients.set_sync_with_dataloader(options_.sync_with_dataloader);
   if (precision_ == MixedPrecision::kFp16) MakeLossScaler();
+  if (options_.gradient_clipping > 0) ClipBeforeEachStep();
   SetUpInvariantMicroBatches();
   MakeCheckpointManager();
   run_id_ = AgreeOnRunId();
@@ -155,6 +156,29 @@ void Accelerator::MakeLossScaler() {
                           "1.13 has no float16 autocast there); "
                           "--mixed_precision=bf16 autocasts on the CPU";
   }
+}
+
+void Accelerator::ClipBeforeEachStep() {
+  state_->clip_before_step = [this](PreparedOptimizer& prepared,
+                                    CallSite site) {
+    GradScaler* scaler = state_->scaler.get();
+    if (scaler != nullptr && scaler->is_enabled() &&
+        !scaler->unscaled(*prepared.optimizer)) {
+      scaler->unscale_(*prepared.optimizer);
+    }
+    const double max_norm = options_.gradient_clipping;
+    if (prepared.zero != nullptr) {
+      ClipGradNormAcrossShards(communicator(), {prepared.zero.get()},
+                               prepared.zero->parameters(), max_norm, 2.0,
+                               site);
+      return;
+    }
+    std::vector<torch::Tensor> parameters;
+    for (const auto& group : prepared.optimizer->param_groups()) {
+      for (const torch::Tensor& p : group.params()) parameters.push_back(p);
+    }
+    torch::nn::utils::clip_grad_norm_(parameters, max_norm);
+  };
 }
 
 void Accelerator::MakeCheckpointManager() {
@@ -270,6 +294,7 @@ Accelerator::~Accelerator() {
   // job.
   state_->prepared.DropSynchronizers();
   state_->agree_metric = nullptr;
+  state_->clip_before_step = nullptr;
   // Leaving because of an error: at once, so that the others learn why.
   // Otherwise the group stays for the next Accelerator, or until exit.
   if (std::uncaught_exceptions() > 0) {

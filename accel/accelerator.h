@@ -769,6 +769,9 @@ class Accelerator {
   // everywhere as it is, else the mean summed in rank order.
   double AgreeOnMetric(double metric);
   void MakeLossScaler();
+  // AcceleratorOptions::gradient_clipping in every prepared optimizer's
+  // step.
+  void ClipBeforeEachStep();
   void MakeCheckpointManager();
   void PrepareModule(const std::shared_ptr<torch::nn::Module>& module);
   // Registers the optimizer; under ZeRO (options' zero_stage, several

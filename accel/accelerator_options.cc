@@ -1,5 +1,7 @@
 #include "accel/accelerator_options.h"
 
+#include <cmath>
+#include <sstream>
 #include <variant>
 
 #include "accel/invariant_reduction.h"
@@ -98,6 +100,7 @@ AcceleratorOptions AcceleratorOptions::FromFlags() {
   options.mixed_precision = flags::mixed_precision.value();
   options.gradient_accumulation_steps =
       flags::gradient_accumulation_steps.value();
+  options.gradient_clipping = flags::gradient_clipping.value();
   options.timeout = std::chrono::seconds(flags::timeout_s.value());
   options.rendezvous_timeout =
       std::chrono::seconds(flags::rendezvous_timeout_s.value());
@@ -191,6 +194,13 @@ void AcceleratorOptions::Validate() const {
                      std::to_string(options.rendezvous_timeout.count()) +
                      " ms");
   }
+  if (!(options.gradient_clipping >= 0) ||
+      !std::isfinite(options.gradient_clipping)) {
+    throw UsageError(
+        "gradient_clipping (--gradient_clipping) must be a finite number, 0 "
+        "(off) or above, found " +
+        std::to_string(options.gradient_clipping));
+  }
   if (options.zero_stage < 0 || options.zero_stage > 3) {
     throw UsageError(
         "zero_stage (--zero_stage) must be 0 (DDP), 1 (optimizer state "
@@ -244,6 +254,11 @@ namespace {
 
 std::string Describe(const std::string& value) { return "\"" + value + "\""; }
 std::string Describe(int value) { return std::to_string(value); }
+std::string Describe(double value) {
+  std::ostringstream text;
+  text << value;
+  return text.str();
+}
 std::string Describe(bool value) { return value ? "true" : "false"; }
 std::string Describe(std::chrono::milliseconds value) {
   return std::to_string(value.count()) + " ms";
@@ -293,6 +308,8 @@ void AcceleratorOptions::AdoptGivenFlags(bool is_main_process) {
             options.gradient_accumulation_steps,
             builtin.gradient_accumulation_steps, "gradient_accumulation_steps",
             same, &overridden);
+  AdoptFlag(flags::gradient_clipping, options.gradient_clipping,
+            builtin.gradient_clipping, "gradient_clipping", same, &overridden);
   AdoptFlag(flags::timeout_s, options.timeout, builtin.timeout, "timeout",
             seconds, &overridden);
   AdoptFlag(flags::rendezvous_timeout_s, options.rendezvous_timeout,

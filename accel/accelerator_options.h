@@ -75,6 +75,11 @@ struct AcceleratorOptions {
   // Micro-batches per optimizer step inside accumulate(); backward divides
   // the loss by it.
   int gradient_accumulation_steps = 1;
+  // When above 0: every prepared optimizer's step first clips the
+  // gradients' total norm to this (DeepSpeed's gradient_clipping, which its
+  // JSON configuration sets; --gradient_clipping), after unscaling them
+  // under fp16. Under ZeRO the norm is over every rank's shards.
+  double gradient_clipping = 0;
   // The last batch of a data loader always ends an accumulation cycle.
   bool sync_with_dataloader = true;
   // How prepared data loaders shard (Accelerate's dataloader_config).
@@ -133,7 +138,8 @@ struct AcceleratorOptions {
   std::vector<KwargsHandler> kwargs_handlers;
 
   // --backend, --mixed_precision, --gradient_accumulation_steps,
-  // --timeout_s, --rendezvous_timeout_s, --collective_checks, --report_to,
+  // --gradient_clipping, --timeout_s, --rendezvous_timeout_s,
+  // --collective_checks, --report_to,
   // --logging_dir, --reuse_host_memory, --cpu, --zero_stage (or --use_fsdp
   // with --fsdp_sharding_strategy) and
   // --fsdp_transformer_layer_cls_to_wrap, --invariant_micro_batches (see

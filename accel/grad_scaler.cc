@@ -116,6 +116,11 @@ torch::Tensor GradScaler::scale(const torch::Tensor& loss) const {
   return loss.to(type) * static_cast<double>(scale_);
 }
 
+bool GradScaler::unscaled(const torch::optim::Optimizer& optimizer) const {
+  const auto it = per_optimizer_.find(&optimizer);
+  return it != per_optimizer_.end() && it->second.stage == Stage::kUnscaled;
+}
+
 void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   if (!options_.enabled) return;
   OptimizerState& state = per_optimizer_[&optimizer];

@@ -75,6 +75,8 @@ class GradScaler {
   // Once per optimizer between update()s: a second call, or a call after
   // step(), is a UsageError (as torch).
   void unscale_(torch::optim::Optimizer& optimizer);
+  // Whether unscale_ ran on `optimizer` since the last update().
+  bool unscaled(const torch::optim::Optimizer& optimizer) const;
 
   // unscale_ if not done yet; then optimizer.step() unless an inf/nan was
   // found (on any rank). Returns whether the optimizer stepped. Once per

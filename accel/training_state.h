@@ -24,6 +24,11 @@ struct TrainingState {
   // One value every rank agrees on from each rank's `metric` (a prepared
   // ReduceLROnPlateau's step); set by the Accelerator while it lives.
   std::function<double(double metric)> agree_metric;
+  // AcceleratorOptions::gradient_clipping: clips the gradients of a
+  // prepared optimizer's parameters before its step (set by the
+  // Accelerator while it lives, when clipping is on).
+  std::function<void(PreparedOptimizer& optimizer, CallSite site)>
+      clip_before_step;
 };
 
 }  // namespace accel

@@ -69,6 +69,9 @@ struct Run {
   // (their gradients add up).
   int backwards = 1;
   bool optimizer_first = false;  // prepare(optimizer, model).
+  // AcceleratorOptions::gradient_clipping: the prepared optimizer clips
+  // (rather than clip_grad_norm_ with `clip`).
+  double auto_clip = 0;
 };
 
 struct Result {
@@ -84,6 +87,7 @@ AcceleratorOptions Options(const Run& run) {
   options.zero_stage = run.stage;
   options.mixed_precision = run.precision;
   options.gradient_accumulation_steps = run.accumulation;
+  options.gradient_clipping = run.auto_clip;
   // Several buckets, so that stage 2 reduce-scatters during backward.
   options.gradient_sync.first_bucket_bytes = 512;
   options.gradient_sync.bucket_cap_bytes = 2048;
@@ -348,6 +352,22 @@ TEST(ZeroTest, EachRankHoldsItsShareOfTheOptimizerState) {
         << "stage " << stage;
   }
   EXPECT_EQ(Train({.steps = 2}).state_elements, total);
+}
+
+// gradient_clipping (DeepSpeed's, from its JSON or --gradient_clipping):
+// the prepared optimizer's step clips as clip_grad_norm_ does, under DDP
+// and every stage.
+TEST(ZeroTest, GradientClippingInTheStepEqualsClipGradNorm) {
+  for (int stage : {0, 1, 2, 3}) {
+    const Result by_hand = Train({.stage = stage, .clip = 0.5});
+    const Result in_step = Train({.stage = stage, .auto_clip = 0.5});
+    EXPECT_EQ(MaxDifference(in_step.parameters, by_hand.parameters), 0.0)
+        << "stage " << stage;
+  }
+  // Not vacuous: clipping changed the result.
+  EXPECT_GT(MaxDifference(Train({.auto_clip = 0.5}).parameters,
+                          Train({}).parameters),
+            1e-3);
 }
 
 TEST(ZeroTest, ClippedNormIsTheGlobalOneOnEveryStage) {

@@ -85,6 +85,7 @@ const std::vector<std::string>& ConfigurableFlags() {
       "signal_grace_s",
       "mixed_precision",
       "gradient_accumulation_steps",
+      "gradient_clipping",
       "timeout_s",
       "rendezvous_timeout_s",
       "network_timeout_s",

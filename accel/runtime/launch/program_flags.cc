@@ -25,6 +25,15 @@ bool Parse(const std::string& text, int32_t* out) {
   return true;
 }
 
+bool Parse(const std::string& text, double* out) {
+  char* end = nullptr;
+  errno = 0;
+  const double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || errno != 0) return false;
+  *out = value;
+  return true;
+}
+
 bool Parse(const std::string& text, bool* out) {
   if (text == "true" || text == "1") {
     *out = true;
@@ -42,6 +51,7 @@ bool Parse(const std::string& text, std::string* out) {
 }
 
 const char* TypeName(int32_t*) { return "a whole number"; }
+const char* TypeName(double*) { return "a number"; }
 const char* TypeName(bool*) { return "true or false"; }
 const char* TypeName(std::string*) { return "text"; }
 
@@ -116,6 +126,7 @@ std::string ProgramFlag<T>::source() const {
 }
 
 template class ProgramFlag<int32_t>;
+template class ProgramFlag<double>;
 template class ProgramFlag<bool>;
 template class ProgramFlag<std::string>;
 
@@ -227,6 +238,11 @@ ProgramFlag<int32_t> gradient_accumulation_steps(
     "Micro-batches whose gradients are accumulated before each optimizer "
     "step (inside accelerator.accumulate(model)).",
     ACCEL_LEGACY_INT(gradient_accumulation_steps));
+ProgramFlag<double> gradient_clipping(
+    "gradient_clipping", 0.0,
+    "Clip the gradients' total norm to this in every prepared optimizer's "
+    "step, as DeepSpeed's gradient_clipping; 0: off (a program clips with "
+    "accelerator.clip_grad_norm_ itself).");
 ProgramFlag<int32_t> timeout_s(
     "timeout_s", 300,
     "Default timeout of each collective, in seconds. Mismatched collectives "
@@ -323,6 +339,7 @@ void ForEachFlag(Fn&& fn) {
                      &flags::cpu, &flags::use_fsdp}) {
     fn(*flag);
   }
+  fn(flags::gradient_clipping);
 }
 
 }  // namespace

@@ -102,6 +102,7 @@ extern ProgramFlag<std::string> config_file;
 extern ProgramFlag<std::string> backend;
 extern ProgramFlag<std::string> mixed_precision;
 extern ProgramFlag<int32_t> gradient_accumulation_steps;
+extern ProgramFlag<double> gradient_clipping;
 extern ProgramFlag<int32_t> timeout_s;
 extern ProgramFlag<int32_t> rendezvous_timeout_s;
 extern ProgramFlag<int32_t> network_timeout_s;
