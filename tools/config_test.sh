@@ -232,6 +232,60 @@ if out=$("$config" --show --config_file="$dir/deepspeed.yaml" 2>&1); then
 fi
 has "$out" "deepspeed.yaml:3: deepspeed_config.deepspeed_config_file: $dir/ds.json has no zero_optimization.stage of 0 to 3"
 
+# A JSON of 1.5 GB (sparse: no disk) is refused before a byte is read.
+truncate -s 1500M "$dir/huge.json"
+printf 'distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: huge.json\n' >"$dir/huge.yaml"
+start=$(date +%s%N)
+if out=$( (ulimit -v 1000000; "$config" --show --config_file="$dir/huge.yaml") 2>&1); then
+  fail "a 1.5 GB JSON was accepted"
+fi
+has "$out" "1572864000 bytes, more than the 1048576"
+ms=$((($(date +%s%N) - start) / 1000000))
+((ms < 5000)) || fail "the 1.5 GB JSON took $ms ms to refuse"
+rm -f "$dir/huge.json"
+
+# YAML aliases that name 10^10 values (942 bytes: 10 levels of 10 keys,
+# each an alias of the level below) under keys accel looks into: read in
+# bounded time, the key named as ignored.
+{
+  echo 'a0: &a0 {k: false}'
+  for level in 1 2 3 4 5 6 7 8 9; do
+    printf 'a%d: &a%d {' "$level" "$level"
+    for key in 0 1 2 3 4 5 6 7 8; do printf 'k%d: *a%d, ' "$key" $((level - 1)); done
+    printf 'k9: *a%d}\n' $((level - 1))
+  done
+  echo 'ipex_config: *a9'
+  echo 'fsdp_config: *a9'
+  echo 'num_processes: 2'
+} >"$dir/bomb.yaml"
+start=$(date +%s%N)
+out=$(timeout 60 "$config" --show --config_file="$dir/bomb.yaml" 2>&1) ||
+  fail "the alias bomb: $out"
+ms=$((($(date +%s%N) - start) / 1000000))
+((ms < 5000)) || fail "the alias bomb took $ms ms"
+has "$out" "--num_processes=2"
+has "$out" "ipex_config (line 11)"
+echo "alias bomb read in $ms ms"
+
+# Escapes that decode to control bytes, and raw bytes that are not UTF-8,
+# never reach the terminal: the file and line are named instead.
+printf 'main_process_ip: "\\e[31mRED\\e[0m\\nfake line: all good"\n' >"$dir/escape.yaml"
+if out=$("$config" --show --config_file="$dir/escape.yaml" 2>&1); then
+  fail "escapes accepted: $out"
+fi
+has "$out" 'escape.yaml:1: main_process_ip: "\x1b[31mRED\x1b[0m\x0afake line: all good" holds a control character'
+if grep -q $'\e' <<<"$out"; then fail "an escape reached the output"; fi
+printf 'report_to: "jsonl\xff\xfe"\n' >"$dir/latin.yaml"
+if out=$("$config" --show --config_file="$dir/latin.yaml" 2>&1); then
+  fail "non-UTF-8 accepted: $out"
+fi
+has "$out" "latin.yaml:1: bytes that are not UTF-8"
+printf 'report_to: "json\\u00ff\\x01"\n' >"$dir/escaped.yaml"
+if out=$("$config" --show --config_file="$dir/escaped.yaml" 2>&1); then
+  fail "a decoded control byte accepted: $out"
+fi
+has "$out" "escaped.yaml:1: report_to:"
+
 # accel config --use_fsdp writes a file that launches (no zero_stage 0
 # beside FSDP), and rewriting a file keeps what it does not ask about.
 "$config" --nointeractive --config_file="$dir/fsdp_written.yaml" \

@@ -7,6 +7,7 @@
 //                                              //  60 of 100000000 bytes)"
 //   accel::Excerpt("\x7f" "ELF\x02")           // "\"\\x7fELF\\x02\""
 //   accel::Shown("--epochs")                   // "--epochs", as it is
+//   accel::IsUtf8("caf\xc3\xa9")                // true; "\xff" false
 #pragma once
 
 #include <cstdio>
@@ -37,6 +38,41 @@ inline std::string Excerpt(std::string_view text, size_t max_bytes = 60) {
               std::to_string(text.size()) + " bytes)";
   }
   return quoted;
+}
+
+// Whether `text` is well-formed UTF-8 (no overlong forms, surrogates or
+// code points past U+10FFFF).
+inline bool IsUtf8(std::string_view text) {
+  size_t i = 0;
+  while (i < text.size()) {
+    const auto lead = static_cast<unsigned char>(text[i]);
+    size_t extra = 0;
+    unsigned min = 0;
+    unsigned code = 0;
+    if (lead < 0x80) {
+      ++i;
+      continue;
+    } else if (lead >= 0xc2 && lead <= 0xdf) {
+      extra = 1, min = 0x80, code = lead & 0x1f;
+    } else if (lead >= 0xe0 && lead <= 0xef) {
+      extra = 2, min = 0x800, code = lead & 0x0f;
+    } else if (lead >= 0xf0 && lead <= 0xf4) {
+      extra = 3, min = 0x10000, code = lead & 0x07;
+    } else {
+      return false;
+    }
+    if (text.size() - i <= extra) return false;
+    for (size_t k = 1; k <= extra; ++k) {
+      const auto next = static_cast<unsigned char>(text[i + k]);
+      if ((next & 0xc0) != 0x80) return false;
+      code = (code << 6) | (next & 0x3f);
+    }
+    if (code < min || code > 0x10ffff || (code >= 0xd800 && code <= 0xdfff)) {
+      return false;
+    }
+    i += extra + 1;
+  }
+  return true;
 }
 
 // `text` as it is when it is short printable ASCII, else Excerpt(text):

@@ -184,7 +184,8 @@ std::string ReadConfigText(const std::string& path) {
 }
 
 // UsageError naming the line of the first control byte (a NUL would end a
-// value where gflags or YAML reads it, silently; others garble a terminal).
+// value where gflags or YAML reads it, silently; others garble a terminal)
+// or of the first bytes that are not UTF-8.
 void RequireText(const std::string& path, const std::string& text) {
   std::istringstream lines(text);
   int number = 0;
@@ -198,7 +199,28 @@ void RequireText(const std::string& path, const std::string& text) {
                          "; a configuration holds lines of text");
       }
     }
+    if (!IsUtf8(line)) {
+      throw UsageError(path + ":" + std::to_string(number) +
+                       ": bytes that are not UTF-8 in " +
+                       Excerpt(Trimmed(line)) +
+                       "; a configuration holds lines of text");
+    }
   }
+}
+
+// A value as it is after decoding: no control byte (tabs neither), UTF-8.
+void RequirePrintable(const std::string& path, int line,
+                      const std::string& name, const std::string& value) {
+  const bool control = std::any_of(value.begin(), value.end(), [](char c) {
+    const auto byte = static_cast<unsigned char>(c);
+    return byte < 0x20 || byte == 0x7f;
+  });
+  if (!control && IsUtf8(value)) return;
+  throw UsageError(path + ":" + std::to_string(line) + ": " + name + ": " +
+                   Excerpt(value) +
+                   (control ? " holds a control character"
+                            : " holds bytes that are not UTF-8") +
+                   " (after YAML's escapes); a setting is one line of text");
 }
 
 std::vector<ConfigLine> ParseFlagLines(const std::string& path,
@@ -244,6 +266,10 @@ std::vector<ConfigLine> ReadNumberedLines(const std::string& path,
   std::vector<ConfigLine> flags;
   for (ConfigSetting& setting :
        SettingsFromAccelerateYaml(path, text, warnings)) {
+    // YAML's escapes ("\e[31m", "\n") decode to bytes the raw text check
+    // cannot see: a value that reaches a message must not forge lines or
+    // colour the terminal.
+    RequirePrintable(path, setting.line, setting.name, setting.value);
     flags.push_back({setting.name, setting.value, setting.line});
   }
   return flags;
