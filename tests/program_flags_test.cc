@@ -56,6 +56,35 @@ TEST(ProgramFlagsTest, AProgramsOwnDefaultIsNotAccels) {
   EXPECT_THAT(given.output, HasSubstr("trackers 1 on 1 process(es)"));
 }
 
+// Accelerate's deepspeed.yaml with a DeepSpeed JSON: its fp16 and
+// accumulation apply (fp16 was ignored: "Mixed precision type: no"), and
+// decide over the command line with a warning, as Accelerate's launcher
+// (a --gradient_accumulation_steps=2 silently beat the JSON's 1).
+TEST(ProgramFlagsTest, ADeepSpeedJsonDecidesOverTheCommandLine) {
+  const std::string dir = MakeTempDir("deepspeed");
+  std::ofstream(dir + "/ds.json")
+      << R"({"zero_optimization": {"stage": 0}, "fp16": {"enabled": true},
+             "gradient_accumulation_steps": 1, "gradient_clipping": 1.0})";
+  std::ofstream(dir + "/deepspeed.yaml")
+      << "distributed_type: DEEPSPEED\n"
+         "deepspeed_config:\n"
+         "  deepspeed_config_file: ds.json\n"
+         "num_processes: 2\n";
+  const ProcessResult r =
+      RunProgram({"--config_file=" + dir + "/deepspeed.yaml", "--from_flags",
+                  "--gradient_accumulation_steps=2"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output,
+              HasSubstr("accelerator: gradient_accumulation_steps 1 "
+                        "mixed_precision fp16 trackers 0 on 2 process(es)"));
+  const std::string warning =
+      "--gradient_accumulation_steps=2 (the command line) gives way to 1 "
+      "from " +
+      dir + "/ds.json: DeepSpeed's configuration decides it";
+  EXPECT_THAT(r.output, HasSubstr(warning));
+  EXPECT_EQ(r.output.find(warning), r.output.rfind(warning));  // Once.
+}
+
 TEST(ProgramFlagsTest, TheLaunchConfigurationReachesHandBuiltOptions) {
   const std::string dir = MakeTempDir("config");
   std::ofstream(dir + "/job.flags") << "--num_processes=2\n"

@@ -232,6 +232,40 @@ if out=$("$config" --show --config_file="$dir/deepspeed.yaml" 2>&1); then
 fi
 has "$out" "deepspeed.yaml:3: deepspeed_config.deepspeed_config_file: $dir/ds.json has no zero_optimization.stage of 0 to 3"
 
+# The rest of a DeepSpeed JSON (Accelerate's deepspeed.yaml template): its
+# precision and clipping apply; DeepSpeed's own keys are one warning naming
+# them; "auto" and off values are quiet.
+cat >"$dir/ds.json" <<'JSON'
+{"zero_optimization": {"stage": 2, "overlap_comm": true,
+                       "offload_optimizer": {"device": "none"}},
+ "fp16": {"enabled": true, "loss_scale": 0},
+ "bf16": {"enabled": false},
+ "gradient_clipping": 1.0,
+ "gradient_accumulation_steps": "auto",
+ "train_micro_batch_size_per_gpu": "auto",
+ "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
+ "scheduler": {"type": "WarmupLR"},
+ "wall_clock_breakdown": false}
+JSON
+out=$("$config" --show --config_file="$dir/deepspeed.yaml" 2>&1)
+for flag in --zero_stage=2 --mixed_precision=fp16 --gradient_clipping=1.0; do
+  has "$out" "$flag"
+done
+if grep -q -- "--gradient_accumulation_steps" <<<"$out"; then
+  fail "\"auto\" accumulation set a value: $out"
+fi
+has "$out" "ds.json: DeepSpeed's fp16.loss_scale, optimizer, scheduler, zero_optimization.overlap_comm do not apply to accel and are ignored"
+printf '{"zero_optimization": {"stage": 1}, "fp16": {"enabled": true}, "bf16": {"enabled": true}}\n' >"$dir/ds.json"
+if out=$("$config" --show --config_file="$dir/deepspeed.yaml" 2>&1); then
+  fail "fp16 and bf16 both accepted"
+fi
+has "$out" "enables both fp16 and bf16"
+printf 'mixed_precision: bf16\ndistributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: ds.json\n' >"$dir/ds_bf16.yaml"
+printf '{"zero_optimization": {"stage": 1}, "fp16": {"enabled": true}}\n' >"$dir/ds.json"
+if out=$("$config" --show --config_file="$dir/ds_bf16.yaml" 2>&1); then
+  fail "bf16 beside the JSON's fp16 accepted"
+fi
+has "$out" "ds_bf16.yaml:1: mixed_precision is bf16, but $dir/ds.json enables fp16: give one"
 # A JSON of 1.5 GB (sparse: no disk) is refused before a byte is read.
 truncate -s 1500M "$dir/huge.json"
 printf 'distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: huge.json\n' >"$dir/huge.yaml"

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -118,6 +119,146 @@ const char* KindOf(const YAML::Node& node) {
   }
 }
 
+// What DeepSpeed's JSON writes for a setting it leaves to Accelerate
+// ("auto") or that is off (false, null, "none", {"device": "none"}): no
+// warning for those.
+bool IsHarmlessJson(const nlohmann::json& value) {
+  if (value.is_null()) return true;
+  if (value.is_boolean()) return !value.get<bool>();
+  if (value.is_string()) {
+    const std::string text = value.get<std::string>();
+    return text == "auto" || text == "none";
+  }
+  if (value.is_object()) {
+    for (const auto& item : value.items()) {
+      if (!IsHarmlessJson(item.value())) return false;
+    }
+    return true;
+  }
+  return false;
+}
+
+// The settings of a DeepSpeed JSON configuration that map onto accel's
+// flags; `where` starts each message.
+struct DeepSpeedJsonReader {
+  std::string where;
+  std::string stage, accumulation, clipping, precision;
+  // Keys that do not apply, named in one warning (at most ten, then a
+  // count).
+  struct Names {
+    std::vector<std::string> names;
+    size_t count = 0;
+    void Add(const std::string& name) {
+      if (++count <= 10) names.push_back(Shown(name));
+    }
+    bool empty() const { return count == 0; }
+    size_t size() const { return count; }
+    std::string text() const {
+      std::string joined;
+      for (const std::string& name : names) {
+        joined += (joined.empty() ? "" : ", ") + name;
+      }
+      return count <= 10
+                 ? joined
+                 : joined + " and " + std::to_string(count - 10) + " more";
+    }
+  } ignored;
+
+  void Read(const nlohmann::json& json) {
+    if (!json.is_object()) throw UsageError(where + " is not a JSON object");
+    bool fp16 = false, bf16 = false;
+    for (const auto& item : json.items()) {
+      const std::string& key = item.key();
+      const nlohmann::json& value = item.value();
+      if (key == "zero_optimization") {
+        ZeroOptimization(value);
+      } else if (key == "gradient_accumulation_steps") {
+        if (value.is_number_integer()) {
+          accumulation = std::to_string(value.get<long long>());
+        } else if (!IsAuto(value)) {
+          throw UsageError(where +
+                           ": gradient_accumulation_steps: expected "
+                           "a whole number or \"auto\", found " +
+                           Excerpt(value.dump()));
+        }
+      } else if (key == "gradient_clipping") {
+        if (value.is_number() && value.get<double>() >= 0 &&
+            std::isfinite(value.get<double>())) {
+          clipping = value.dump();
+        } else if (!IsAuto(value)) {
+          throw UsageError(where +
+                           ": gradient_clipping: expected a number, 0 or "
+                           "above, or \"auto\", found " +
+                           Excerpt(value.dump()));
+        }
+      } else if (key == "fp16") {
+        fp16 = Enabled(key, value);
+      } else if (key == "bf16" || key == "bfloat16") {
+        bf16 = bf16 || Enabled(key, value);
+      } else if (!IsHarmlessJson(value)) {
+        ignored.Add(key);
+      }
+    }
+    if (stage.empty()) {
+      throw UsageError(where + " has no zero_optimization.stage of 0 to 3");
+    }
+    if (fp16 && bf16) {
+      throw UsageError(where +
+                       " enables both fp16 and bf16: enable one (it sets "
+                       "--mixed_precision)");
+    }
+    if (fp16) precision = "fp16";
+    if (bf16) precision = "bf16";
+  }
+
+  static bool IsAuto(const nlohmann::json& value) {
+    return value.is_string() && value.get<std::string>() == "auto";
+  }
+
+  void ZeroOptimization(const nlohmann::json& section) {
+    if (!section.is_object()) return;
+    for (const auto& item : section.items()) {
+      if (item.key() == "stage") {
+        const nlohmann::json& value = item.value();
+        if (value.is_number_integer() && value.get<long long>() >= 0 &&
+            value.get<long long>() <= 3) {
+          stage = std::to_string(value.get<long long>());
+        }
+      } else if (!IsHarmlessJson(item.value())) {
+        ignored.Add("zero_optimization." + item.key());
+      }
+    }
+  }
+
+  // fp16 / bf16: {"enabled": true | false | "auto", ...}; its other keys
+  // (loss scaling's) are DeepSpeed's.
+  bool Enabled(const std::string& key, const nlohmann::json& section) {
+    if (!section.is_object()) {
+      throw UsageError(where + ": " + key +
+                       ": expected an object such as "
+                       "{\"enabled\": true}, found " +
+                       Excerpt(section.dump()));
+    }
+    bool enabled = false;
+    for (const auto& item : section.items()) {
+      const nlohmann::json& value = item.value();
+      if (item.key() == "enabled") {
+        if (value.is_boolean()) {
+          enabled = value.get<bool>();
+        } else if (!IsAuto(value)) {
+          throw UsageError(where + ": " + key +
+                           ".enabled: expected true, false or \"auto\", "
+                           "found " +
+                           Excerpt(value.dump()));
+        }
+      } else if (!IsHarmlessJson(value)) {
+        ignored.Add(key + "." + item.key());
+      }
+    }
+    return enabled;
+  }
+};
+
 // Reads one file's settings; every message names the file, line and key.
 class YamlReader {
  public:
@@ -181,6 +322,21 @@ class YamlReader {
     return text;
   }
 
+  std::string NonNegativeNumber(const std::string& key,
+                                const YAML::Node& value) const {
+    const std::string text = Scalar(key, value);
+    char* end = nullptr;
+    errno = 0;
+    const double number = std::strtod(text.c_str(), &end);
+    if (text.empty() || *end != '\0' || errno != 0 || !(number >= 0) ||
+        !std::isfinite(number)) {
+      throw UsageError(Where(value) + key +
+                       ": expected a number, 0 or above, found " +
+                       Excerpt(text));
+    }
+    return text;
+  }
+
   bool Boolean(const std::string& key, const YAML::Node& value) const {
     std::string text = Scalar(key, value);
     std::transform(text.begin(), text.end(), text.begin(),
@@ -207,9 +363,10 @@ class YamlReader {
                      (reason != why.end() ? " (" + reason->second + ")" : ""));
   }
 
-  void Set(const std::string& name, const std::string& value,
-           const YAML::Node& from) {
-    settings_.push_back({name, value, from.Mark().line + 1});
+  ConfigSetting& Set(const std::string& name, const std::string& value,
+                     const YAML::Node& from) {
+    settings_.push_back({name, value, from.Mark().line + 1, ""});
+    return settings_.back();
   }
 
   int Line(const YAML::Node& node) const { return node.Mark().line + 1; }
@@ -252,10 +409,10 @@ class YamlReader {
       }
       Set(key, address, value);
     } else if (key == "mixed_precision") {
-      Set(key,
-          OneOf(key, value, {"no", "fp16", "bf16"},
-                {{"fp8", "accel has no fp8"}}),
-          value);
+      precision_ = OneOf(key, value, {"no", "fp16", "bf16"},
+                         {{"fp8", "accel has no fp8"}});
+      precision_line_ = Line(value);
+      Set(key, precision_, value);
     } else if (key == "use_cpu") {
       use_cpu_ = Boolean(key, value);
       use_cpu_line_ = Line(value);
@@ -312,8 +469,8 @@ class YamlReader {
     AccumulationStepsFrom(key, Integer(key, value, 1, 1 << 30), Line(value));
   }
 
-  void AccumulationStepsFrom(const std::string& what, const std::string& steps,
-                             int line) {
+  ConfigSetting& AccumulationStepsFrom(const std::string& what,
+                                       const std::string& steps, int line) {
     if (std::stoll(steps) < 1) {
       throw UsageError(At(line) + what + " must be at least 1, found " + steps);
     }
@@ -324,7 +481,8 @@ class YamlReader {
     }
     accumulation_steps_ = steps;
     accumulation_steps_line_ = line;
-    settings_.push_back({"gradient_accumulation_steps", steps, line});
+    settings_.push_back({"gradient_accumulation_steps", steps, line, ""});
+    return settings_.back();
   }
 
   void DistributedType(const YAML::Node& value) {
@@ -372,15 +530,18 @@ class YamlReader {
       AccumulationSteps("deepspeed_config." + key, value);
     } else if (key == "deepspeed_config_file") {
       DeepSpeedJson(value);
+    } else if (key == "gradient_clipping") {
+      Set(key, NonNegativeNumber("deepspeed_config." + key, value), value);
     } else {
       ignored_key_ = true;
     }
   }
 
-  // Accelerate's deepspeed_config_file: the ZeRO stage (and a numeric
-  // gradient_accumulation_steps) from DeepSpeed's JSON; its other settings
-  // are DeepSpeed's own. A relative path is the working directory's, as
-  // for Accelerate, else the YAML file's folder's.
+  // Accelerate's deepspeed_config_file: what of DeepSpeed's JSON maps onto
+  // accel (the ZeRO stage, accumulation, precision, clipping) decides over
+  // the command line; the rest is DeepSpeed's own, and one warning names
+  // it. A relative path is the working directory's, as for Accelerate,
+  // else the YAML file's folder's.
   void DeepSpeedJson(const YAML::Node& value) {
     const std::string key = "deepspeed_config.deepspeed_config_file";
     std::string file = Scalar(key, value);
@@ -409,26 +570,45 @@ class YamlReader {
       throw UsageError(Where(value) + key + ": " + file + " is not JSON (" +
                        e.what() + ")");
     }
-    const nlohmann::json* stage = nullptr;
-    if (json.is_object() && json.contains("zero_optimization") &&
-        json["zero_optimization"].is_object() &&
-        json["zero_optimization"].contains("stage")) {
-      stage = &json["zero_optimization"]["stage"];
+    DeepSpeedJsonReader reader;
+    reader.where = Where(value) + key + ": " + file;
+    reader.Read(json);
+    zero_stage_ = reader.stage;
+    Set("zero_stage", zero_stage_, value).decided_by = file;
+    if (!reader.accumulation.empty()) {
+      AccumulationStepsFrom(file + "'s gradient_accumulation_steps",
+                            reader.accumulation, Line(value))
+          .decided_by = file;
     }
-    if (stage == nullptr || !stage->is_number_integer() || *stage < 0 ||
-        *stage > 3) {
-      throw UsageError(Where(value) + key + ": " + file +
-                       " has no zero_optimization.stage of 0 to 3");
+    if (!reader.clipping.empty()) {
+      Set("gradient_clipping", reader.clipping, value).decided_by = file;
     }
-    zero_stage_ = std::to_string(stage->get<int>());
-    Set("zero_stage", zero_stage_, value);
-    if (json.contains("gradient_accumulation_steps") &&
-        json["gradient_accumulation_steps"].is_number_integer()) {
-      AccumulationStepsFrom(
-          file + "'s gradient_accumulation_steps",
-          std::to_string(json["gradient_accumulation_steps"].get<long long>()),
-          Line(value));
+    if (!reader.precision.empty()) {
+      json_precision_ = reader.precision;
+      json_precision_file_ = file;
+      json_precision_line_ = Line(value);
     }
+    if (!reader.ignored.empty()) {
+      warnings_->push_back(file + ": DeepSpeed's " + reader.ignored.text() +
+                           (reader.ignored.size() == 1 ? " does" : " do") +
+                           " not apply to accel and " +
+                           (reader.ignored.size() == 1 ? "is" : "are") +
+                           " ignored (accel's loop makes its own optimizer, "
+                           "scheduler and batches)");
+    }
+  }
+
+  // YAML's mixed_precision and the JSON's agree; the JSON's decides.
+  void SettleJsonPrecision() {
+    if (json_precision_.empty()) return;
+    if (!precision_.empty() && precision_ != "no" &&
+        precision_ != json_precision_) {
+      throw UsageError(At(precision_line_) + "mixed_precision is " +
+                       precision_ + ", but " + json_precision_file_ +
+                       " enables " + json_precision_ + ": give one");
+    }
+    settings_.push_back({"mixed_precision", json_precision_,
+                         json_precision_line_, json_precision_file_});
   }
 
   std::string At(int line) const {
@@ -457,6 +637,7 @@ class YamlReader {
 
   void Finish() {
     CheckMachines();
+    SettleJsonPrecision();
     const std::string where = At(distributed_type_line_);
     // MULTI_CPU runs on CPUs whatever use_cpu says (Accelerate writes
     // use_cpu: false beside it too); use_cpu: true alone means the CPU.
@@ -524,7 +705,11 @@ class YamlReader {
   int num_machines_line_ = 0, machine_rank_line_ = 0;
   int accumulation_steps_line_ = 0;
   bool use_cpu_ = false;
-  int use_cpu_line_ = 0;  // 0: the file has no use_cpu.
+  int use_cpu_line_ = 0;   // 0: the file has no use_cpu.
+  std::string precision_;  // The YAML's mixed_precision.
+  int precision_line_ = 0;
+  std::string json_precision_, json_precision_file_;  // Its JSON's.
+  int json_precision_line_ = 0;
 };
 
 bool IsPlain(const std::string& value) {

@@ -18,9 +18,15 @@
 // debug (true: --collective_checks), max_restarts, rdzv_backend (static or
 // c10d: accel's store serves both), same_network (no effect: accel copies no
 // files), fsdp_config's fsdp_sharding_strategy and
-// fsdp_transformer_layer_cls_to_wrap, deepspeed_config's zero_stage and
-// gradient_accumulation_steps; also every accel flag a configuration may
-// set, under its own name (backend, num_cpu_threads_per_process, ...).
+// fsdp_transformer_layer_cls_to_wrap, deepspeed_config's zero_stage,
+// gradient_accumulation_steps and gradient_clipping; also every accel flag
+// a configuration may set, under its own name (backend,
+// num_cpu_threads_per_process, ...). From a deepspeed_config_file's JSON:
+// zero_optimization.stage, gradient_accumulation_steps, fp16.enabled and
+// bf16.enabled (--mixed_precision) and gradient_clipping, which decide over
+// the command line (a warning says so, as Accelerate's); "auto" leaves a
+// value to the other sources; its other keys (optimizer, scheduler, ...)
+// are one warning naming them.
 // Accelerate's keys that do not apply (TPU, IPEX, Megatron-LM, the FSDP and
 // DeepSpeed settings accel has no counterpart for) and unknown keys are
 // warnings naming them; a value of the wrong type or outside its choices is
@@ -39,6 +45,9 @@ struct ConfigSetting {
   std::string name;   // A flag name, without dashes.
   std::string value;  // As on the command line.
   int line = 0;       // 1 for the file's first line.
+  // Set for what a DeepSpeed JSON configuration decides (its path): that
+  // wins over the command line, with a warning, as in Accelerate.
+  std::string decided_by;
 };
 
 // True when `text` is accel's older flag-file format: its first line that is

@@ -162,8 +162,15 @@ namespace {
 struct ConfigLine {
   std::string name;
   std::string value;
-  int number;  // 1 for the file's first line.
+  int number;              // 1 for the file's first line.
+  std::string decided_by;  // See ConfigSetting.
 };
+
+// What a DeepSpeed JSON configuration decides, for ApplyDecidingSettings.
+std::vector<ConfigLine>& Decided() {
+  static std::vector<ConfigLine> decided;
+  return decided;
+}
 
 std::string ReadConfigText(const std::string& path) {
   std::ifstream file(path, std::ios::binary | std::ios::ate);
@@ -270,7 +277,8 @@ std::vector<ConfigLine> ReadNumberedLines(const std::string& path,
     // cannot see: a value that reaches a message must not forge lines or
     // colour the terminal.
     RequirePrintable(path, setting.line, setting.name, setting.value);
-    flags.push_back({setting.name, setting.value, setting.line});
+    flags.push_back(
+        {setting.name, setting.value, setting.line, setting.decided_by});
   }
   return flags;
 }
@@ -310,7 +318,9 @@ std::vector<std::pair<std::string, std::string>> ApplyLaunchConfig(
   std::vector<std::string> warnings;
   const std::vector<ConfigLine> lines = ReadNumberedLines(path, &warnings);
   PrintWarningsOnce(path, warnings);
-  for (const auto& [name, value, number] : lines) {
+  for (const auto& [name, value, number, decided_by] : lines) {
+    if (!decided_by.empty())
+      Decided().push_back({name, value, number, decided_by});
     gflags::CommandLineFlagInfo info;
     if (!gflags::GetCommandLineFlagInfo(name.c_str(), &info)) {
       continue;  // A program that does not link that part of accel.
@@ -325,6 +335,47 @@ std::vector<std::pair<std::string, std::string>> ApplyLaunchConfig(
     applied.emplace_back(name, value);
   }
   return applied;
+}
+
+namespace {
+
+bool SameValue(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  char* end_a = nullptr;
+  char* end_b = nullptr;
+  const double x = std::strtod(a.c_str(), &end_a);
+  const double y = std::strtod(b.c_str(), &end_b);
+  return !a.empty() && !b.empty() && *end_a == '\0' && *end_b == '\0' && x == y;
+}
+
+}  // namespace
+
+void ApplyDecidingSettings() {
+  std::vector<std::string> warnings;
+  for (const ConfigLine& decided : Decided()) {
+    gflags::CommandLineFlagInfo info;
+    if (!gflags::GetCommandLineFlagInfo(decided.name.c_str(), &info) ||
+        info.is_default || SameValue(info.current_value, decided.value)) {
+      continue;
+    }
+    warnings.push_back("--" + decided.name + "=" + Shown(info.current_value) +
+                       " (the command line) gives way to " + decided.value +
+                       " from " + decided.decided_by +
+                       ": DeepSpeed's configuration decides it, as in "
+                       "Accelerate");
+    gflags::SetCommandLineOption(decided.name.c_str(), decided.value.c_str());
+  }
+  if (warnings.empty()) return;
+  // Once per job: the process that starts the ranks, or a rank 0 that
+  // another launcher started; the ranks it starts inherit the mark.
+  const char* rank = std::getenv("RANK");
+  if (std::getenv("ACCEL_DECIDED_WARNED") == nullptr &&
+      (rank == nullptr || std::string(rank) == "0")) {
+    for (const std::string& warning : warnings) {
+      std::fprintf(stderr, "accel: warning: %s\n", warning.c_str());
+    }
+  }
+  setenv("ACCEL_DECIDED_WARNED", "1", /*overwrite=*/1);
 }
 
 void WriteLaunchConfig(

@@ -51,6 +51,12 @@ std::vector<std::pair<std::string, std::string>> ReadLaunchConfig(
 std::vector<std::pair<std::string, std::string>> ApplyLaunchConfig(
     const std::string& path);
 
+// After the command line is parsed: what a DeepSpeed JSON configuration
+// read by ApplyLaunchConfig decides (the ZeRO stage, accumulation steps,
+// precision, clipping) replaces another value given on the command line,
+// with one warning per job naming both, as Accelerate's launcher does.
+void ApplyDecidingSettings();
+
 // Writes `flags` (name, value) as a configuration file, creating its folder,
 // atomically: Accelerate's YAML, or the flag file for a path that ends in
 // ".flags". UsageError for a flag a configuration may not set.

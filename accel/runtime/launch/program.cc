@@ -68,6 +68,7 @@ void internal::InitProgram(int* argc, char*** argv, void* program_module) {
   UseLaunchConfig(*argc, *argv);
   PrintHelpAndExitIfAsked(*argc, *argv);
   gflags::ParseCommandLineFlags(argc, argv, /*remove_flags=*/true);
+  ApplyDecidingSettings();
   // Relative paths (--output_dir=trained_model) mean the user's directory.
   try {
     EnterUserDirectory();
