@@ -198,27 +198,63 @@ TEST(FaultTest, RankThatNeverStartsFailsWithinTheRendezvousTimeout) {
   EXPECT_LT(r.elapsed, seconds(20)) << r.output;
 }
 
+// The refused process fails at once; rank 0 says at once what it refused
+// and why, and goes on waiting for rank 1 (a stranger's hello must not end
+// the job: see the next test), naming the refusal at the timeout.
 TEST(FaultTest, SecretMismatchIsReportedOnBothSidesWithTheAddress) {
   const int port = FreePort();
   ProcessResult host;
   std::thread host_thread([&] {
-    host = RunOneRank(0, "127.0.0.1", port, {"--rendezvous_timeout_s=60"},
+    host = RunOneRank(0, "127.0.0.1", port, {"--rendezvous_timeout_s=5"},
                       {{"ACCEL_RUN_SECRET", "secret-a"}});
   });
   const ProcessResult guest =
-      RunOneRank(1, "127.0.0.1", port, {"--rendezvous_timeout_s=60"},
+      RunOneRank(1, "127.0.0.1", port, {"--rendezvous_timeout_s=5"},
                  {{"ACCEL_RUN_SECRET", "secret-b"}});
   host_thread.join();
   EXPECT_EQ(guest.exit_code, 1) << guest.output;
   EXPECT_THAT(guest.output, HasSubstr("rejected this process: it belongs to "
                                       "another run"));
+  EXPECT_LT(guest.elapsed, seconds(5)) << guest.output;
   EXPECT_EQ(host.exit_code, 1) << host.output;
-  EXPECT_THAT(host.output,
-              HasSubstr("a process from 127.0.0.1 claiming rank 1 tried to "
-                        "join with another run secret"));
-  // Neither waits out the 60 s rendezvous timeout.
-  EXPECT_LT(host.elapsed, seconds(30)) << host.output;
-  EXPECT_LT(guest.elapsed, seconds(30)) << guest.output;
+  const std::string refusal =
+      "a process from 127.0.0.1 claiming rank 1 was refused (another run "
+      "secret): export the same ACCEL_RUN_SECRET on every machine";
+  EXPECT_THAT(host.output, HasSubstr("rendezvous: " + refusal +
+                                     "; still waiting for rank 1"));
+  EXPECT_THAT(host.output, HasSubstr("rank 1 did not join within"));
+  EXPECT_THAT(host.output, HasSubstr("; " + refusal));
+  EXPECT_LT(host.elapsed, seconds(20)) << host.output;
+}
+
+// A stranger's hello with a wrong secret, claiming a rank before the real
+// one joined, is refused and reported, and the job goes on: it ended the
+// rendezvous ("a process from 127.0.0.1 claiming rank 1 tried to join with
+// another run secret", rc 1).
+TEST(FaultTest, AStrangerClaimingARankCannotEndTheRendezvous) {
+  const int port = FreePort();
+  ProcessResult host;
+  std::thread host_thread([&] {
+    host = RunOneRank(
+        0, "127.0.0.1", port,
+        {"--rendezvous_timeout_s=30", "--scenario=late_rank", "--late_s=0"},
+        {{"ACCEL_RUN_SECRET", "the-secret"}});
+  });
+  const ProcessResult stranger = RunOneRank(
+      1, "127.0.0.1", port,
+      {"--rendezvous_timeout_s=30", "--scenario=late_rank", "--late_s=0"},
+      {{"ACCEL_RUN_SECRET", "not-the-secret"}});
+  EXPECT_EQ(stranger.exit_code, 1) << stranger.output;
+  // The real rank 1, after the stranger was refused.
+  const ProcessResult real = RunOneRank(
+      1, "127.0.0.1", port,
+      {"--rendezvous_timeout_s=30", "--scenario=late_rank", "--late_s=0"},
+      {{"ACCEL_RUN_SECRET", "the-secret"}});
+  host_thread.join();
+  EXPECT_EQ(real.exit_code, 0) << real.output;
+  EXPECT_EQ(host.exit_code, 0) << host.output;
+  EXPECT_THAT(host.output, HasSubstr("claiming rank 1 was refused (another "
+                                     "run secret)"));
 }
 
 TEST(FaultTest, StoppedRank0IsReportedAsNotRespondingWithinTheTimeout) {

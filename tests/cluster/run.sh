@@ -364,10 +364,12 @@ if wanted machines; then
         "$(after "$WORK/blocked.m0") s" "$WORK/blocked.m0"
     fi
 
-    # Another secret on machine 1: both sides say so, without a timeout.
+    # Another secret on machine 1: both sides say so. Machine 1 fails at
+    # once; machine 0 names the refusal at once and at its rendezvous
+    # timeout (a stranger's hello must not end a job, so it waits).
     SECRET1=another-secret two_machines secret --main_process_port=$((port + 3)) \
-      --rendezvous_timeout_s=60 "${TRAIN_ARGS[@]}" --output_dir="$WORK/secret"
-    if grep -q "a process from $IP1 claiming rank [23] tried to join with another run secret" \
+      --rendezvous_timeout_s=10 "${TRAIN_ARGS[@]}" --output_dir="$WORK/secret"
+    if grep -q "a process from $IP1 claiming rank [23] was refused (another run secret)" \
       "$WORK/secret.m0" && grep -q "rejected this process: it belongs to another run" \
       "$WORK/secret.m1" && [ "$(after "$WORK/secret.m0")" -lt 30 ]; then
       pass "machines: secret mismatch on both sides" "($(after "$WORK/secret.m0") s)"

@@ -9,8 +9,10 @@
 // for every rank: it fails with the ranks (and machines) that never came,
 // within --rendezvous_timeout_s, instead of a backend's "timed out waiting
 // for key 3" after the collective timeout; and rank 0, which hosts the
-// store, sees the processes it turned away (another run secret, another
-// job) and fails at once instead of waiting for ranks that were refused.
+// store, reports the processes it turned away (another run secret, another
+// job) that claimed a rank not yet joined, once each, and goes on waiting
+// for the real rank: a stranger's hello must not end the job. The timeout
+// names the refusals of the ranks that never came.
 #pragma once
 
 #include <chrono>
@@ -24,9 +26,9 @@ namespace accel {
 
 class TcpStoreServer;
 
-// Throws TimeoutError naming the ranks that did not arrive by `deadline`,
-// or UsageError when `hosted` (rank 0's server, else null) turned away a
-// process claiming a missing rank, or ran out of file descriptors.
+// Throws TimeoutError naming the ranks that did not arrive by `deadline`
+// (and what `hosted`, rank 0's server, else null, refused that claimed
+// them), or UsageError when `hosted` ran out of file descriptors.
 // `my_address` is recorded for diagnostics.
 void MeetAtStore(Store& store, const DistributedEnvironment& env,
                  const std::string& my_address,
