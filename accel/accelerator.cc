@@ -295,13 +295,27 @@ Accelerator::~Accelerator() {
   state_->prepared.DropSynchronizers();
   state_->agree_metric = nullptr;
   state_->clip_before_step = nullptr;
-  // Leaving because of an error: at once, so that the others learn why.
-  // Otherwise the group stays for the next Accelerator, or until exit.
-  if (std::uncaught_exceptions() > 0) {
+  // Leaving because of an error: at once, so that the others learn of it;
+  // or, when RunAndReportErrors will print the error, once it did (the
+  // parked group goes at exit; its fatal hook tells the others why), so
+  // that this rank's error is the first a user sees. Otherwise the group
+  // stays for the next Accelerator, or until exit.
+  if (std::uncaught_exceptions() > 0 && !ReportingScope::Active()) {
     LeaveTheJob();
+  } else if (std::uncaught_exceptions() > 0) {
+    ParkForTheReport();
   } else {
     group_.reset();
   }
+}
+
+void Accelerator::ParkForTheReport() {
+  {
+    std::lock_guard<std::mutex> lock(Job().mutex);
+    Job().left = true;  // No Accelerator joins a job this rank is leaving.
+  }
+  state_->prepared.DropSynchronizers();
+  group_.reset();
 }
 
 Communicator& Accelerator::communicator() {

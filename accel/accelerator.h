@@ -739,6 +739,9 @@ class Accelerator {
   // joined; end_training() (or an error) leaves it for good.
   void JoinOrShareTheJob();
   void LeaveTheJob();
+  // An error unwinds under RunAndReportErrors: out of the job for new
+  // Accelerators, the group kept until the error is printed (exit).
+  void ParkForTheReport();
   std::string AgreeOnRunId();
   // free_memory's forgetting; `census` records what the objects held.
   FreedMemory ForgetPreparedObjects(TensorCensus& census);

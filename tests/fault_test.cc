@@ -13,6 +13,7 @@
 #include <map>
 #include <regex>
 #include <thread>
+#include <tuple>
 
 #include "tests/subprocess.h"
 
@@ -78,7 +79,8 @@ TEST(FaultTest, ARankThatFailsIsNamedWithItsReasonByTheOthers) {
               HasSubstr("error: [rank 1/2] cannot read 'data.bin': disk gone"));
   EXPECT_THAT(caught.output,
               HasSubstr("error: [gloo] rank 0/2: gather #2 (fault_worker.cc:"));
-  EXPECT_THAT(caught.output, HasSubstr("rank 1 exited with an error"));
+  EXPECT_THAT(caught.output,
+              HasSubstr("rank 1 failed: cannot read 'data.bin': disk gone"));
   EXPECT_LT(caught.elapsed, seconds(30)) << caught.output;
   // Through std::terminate: the others quote its message.
   const ProcessResult uncaught = RunFault("uncaught_on_rank1");
@@ -89,6 +91,38 @@ TEST(FaultTest, ARankThatFailsIsNamedWithItsReasonByTheOthers) {
               HasSubstr("rank 1 failed: cannot read 'data.bin': disk gone"));
   EXPECT_THAT(uncaught.output, ::testing::Not(HasSubstr("terminate called")));
   EXPECT_LT(uncaught.elapsed, seconds(30)) << uncaught.output;
+}
+
+// The first error line a user sees is the cause, and the launcher names
+// the rank that failed, not the first to exit: the others' errors follow
+// from it ("rank 1 exited with an error" came first, then the launcher
+// blamed rank 1, and rank 0's own error came last, 3 of 3 tries).
+TEST(FaultTest, TheCauseIsTheFirstErrorLineAndTheRankBlamed) {
+  for (const auto& [scenario, cause, other] :
+       std::vector<std::tuple<std::string, int, int>>{
+           {"error_on_rank0", 0, 1},
+           {"error_on_rank1", 1, 0},
+           {"error_on_rank0", 0, 1},
+           {"error_on_rank1", 1, 0}}) {
+    const ProcessResult r = RunFault(scenario);
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    const size_t first = r.output.find("error: ");
+    ASSERT_NE(first, std::string::npos) << r.output;
+    const std::string cause_line =
+        "error: [rank " + std::to_string(cause) + "/2] ";
+    EXPECT_EQ(r.output.compare(first, cause_line.size(), cause_line), 0)
+        << r.output;
+    // The cause is named, whichever exited first (a rank that stopped
+    // because of it, and exited first, is said to have).
+    EXPECT_THAT(r.output, HasSubstr("accel launch: rank " +
+                                    std::to_string(cause) + " (pid "))
+        << r.output;
+    EXPECT_THAT(r.output,
+                ::testing::Not(HasSubstr("accel launch: rank " +
+                                         std::to_string(other) + " (pid ")))
+        << r.output;
+    EXPECT_LT(r.elapsed, seconds(30)) << r.output;
+  }
 }
 
 TEST(FaultTest, RankThatSkipsAGatherIsNamed) {

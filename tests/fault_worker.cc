@@ -15,7 +15,7 @@
 DEFINE_string(scenario, "main_only_wait",
               "main_only_wait, main_only_wait_then_exit, skip_gather, "
               "late_rank, wrong_device, stop_main, burst_then_stop, "
-              "shape_mismatch, idle_then_save, error_on_rank1, "
+              "shape_mismatch, idle_then_save, error_on_rank0, error_on_rank1, "
               "uncaught_on_rank1 or accelerators_in_turn");
 DEFINE_int32(late_s, 6, "How late rank 1 is in --scenario=late_rank.");
 DEFINE_int32(idle_s, 6, "How long --scenario=idle_then_save idles.");
@@ -77,6 +77,10 @@ int Main(int argc, char** argv) {
     accelerator.gather(ones);
   } else if (FLAGS_scenario == "shape_mismatch") {
     accelerator.gather(torch::zeros({accelerator.process_index() + 1}));
+  } else if (FLAGS_scenario == "error_on_rank0") {
+    // Rank 0, which hosts the store, fails while rank 1 waits.
+    if (main) throw accel::UsageError("--data_dir=/nonexistent holds no data");
+    accelerator.gather(ones);
   } else if (FLAGS_scenario == "error_on_rank1" ||
              FLAGS_scenario == "uncaught_on_rank1") {
     // Rank 1 fails outside any collective while rank 0 waits in one.

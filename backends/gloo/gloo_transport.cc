@@ -179,7 +179,12 @@ GlooTransport::GlooTransport(const BackendContext& context, GlooOptions options)
             e.what() +
             " (ACCEL_SHARED_MEMORY=0 connects them over TCP instead)";
         if (dynamic_cast<const TimeoutError*>(&e)) throw TimeoutError(message);
-        throw PeerError(message);
+        // Another rank's failure stays one; this rank's own (a file-size
+        // limit, a full /dev/shm) is not, and its exit code says so.
+        if (const auto* peer = dynamic_cast<const PeerError*>(&e)) {
+          throw PeerError(message, peer->failed_rank());
+        }
+        throw Error(message);
       }
     }
     if (host_count() > 1 && leader()) {

@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 
+#include "accel/runtime/base/errors.h"
 #include "accel/runtime/base/logging.h"
 
 namespace accel {
@@ -44,21 +45,14 @@ FatalHooks& Hooks() {
   return *hooks;
 }
 
+thread_local int g_reporting_scopes = 0;
+
 [[noreturn]] void TerminateWithReport() {
+  int code = 1;
   if (std::exception_ptr error = std::current_exception()) {
     ReportException(error);
-    const std::string message = DescribeException(error);
-    FatalHooks& fatal = Hooks();
-    // try_lock: a terminate inside a hook must not deadlock here.
-    if (fatal.mutex.try_lock()) {
-      for (auto& [id, hook] : fatal.hooks) {
-        try {
-          hook(message);
-        } catch (...) {
-        }
-      }
-      fatal.mutex.unlock();
-    }
+    RunFatalErrorHooks(DescribeException(error));
+    code = ExitCodeFor(error);
   } else {
     std::fflush(stdout);
     std::fprintf(stderr,
@@ -69,7 +63,7 @@ FatalHooks& Hooks() {
   std::fflush(stderr);
   // Not exit(): other threads may still hold locks that static destructors
   // would need.
-  std::_Exit(1);
+  std::_Exit(code);
 }
 
 const bool kInstalledAtStartup = (InstallTerminateHandler(), true);
@@ -122,6 +116,33 @@ void RemoveFatalErrorHook(int id) {
   std::lock_guard<std::mutex> lock(fatal.mutex);
   fatal.hooks.erase(id);
 }
+
+void RunFatalErrorHooks(const std::string& message) {
+  FatalHooks& fatal = Hooks();
+  // try_lock: a terminate inside a hook must not deadlock here.
+  if (!fatal.mutex.try_lock()) return;
+  for (auto& [id, hook] : fatal.hooks) {
+    try {
+      hook(message);
+    } catch (...) {
+    }
+  }
+  fatal.mutex.unlock();
+}
+
+int ExitCodeFor(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const PeerError&) {
+    return kPeerFailedExitCode;
+  } catch (...) {
+    return 1;
+  }
+}
+
+ReportingScope::ReportingScope() { ++g_reporting_scopes; }
+ReportingScope::~ReportingScope() { --g_reporting_scopes; }
+bool ReportingScope::Active() { return g_reporting_scopes > 0; }
 
 void InstallTerminateHandler() {
   static std::once_flag once;

@@ -31,11 +31,33 @@ void ReportException(std::exception_ptr error);
 // Idempotent.
 void InstallTerminateHandler();
 
+// The exit code for an error that ends the process: kPeerFailedExitCode
+// for a PeerError (another rank failed first), 1 otherwise.
+int ExitCodeFor(std::exception_ptr error);
+
 // Called with the one-line message when an error ends the process through
-// std::terminate (after it is printed, before the exit): the process group
-// uses it to tell the other ranks why this one leaves. Returns an id for
-// RemoveFatalErrorHook. Hooks must be quick and must not throw.
+// std::terminate or RunAndReportErrors (after it is printed, before the
+// exit): the process group uses it to tell the other ranks why this one
+// leaves. Returns an id for RemoveFatalErrorHook. Hooks must be quick and
+// must not throw.
 int AddFatalErrorHook(std::function<void(const std::string& message)> hook);
 void RemoveFatalErrorHook(int id);
+// Runs the hooks (once the message is printed).
+void RunFatalErrorHooks(const std::string& message);
+
+// While one lives on this thread, an exception that escapes is printed and
+// the hooks run by the code that made it (RunAndReportErrors): objects
+// destroyed on the way out (the Accelerator) keep the job for that, so
+// that this rank's error is on the console before the others learn that
+// it left, and the first error line a user sees is the cause.
+class ReportingScope {
+ public:
+  ReportingScope();
+  ~ReportingScope();
+  ReportingScope(const ReportingScope&) = delete;
+  ReportingScope& operator=(const ReportingScope&) = delete;
+  // Whether one lives on this thread.
+  static bool Active();
+};
 
 }  // namespace accel

@@ -35,6 +35,12 @@ class TimeoutError : public Error {
 
 // Another process of the job failed or went away. failed_rank() is the rank
 // that failed when it is known, else -1.
+// The exit code of a rank whose error was another rank's failure (a
+// PeerError that ended it): launchers tell the cause from its consequences
+// by it, and blame the rank that failed first (see ExitCodeFor in
+// error_report.h).
+inline constexpr int kPeerFailedExitCode = 76;
+
 class PeerError : public Error {
  public:
   explicit PeerError(const std::string& message, int failed_rank = -1)

@@ -207,24 +207,56 @@ class RankSet {
     }
   }
 
-  // After a failure: lets the others report it, then stops them.
+  // After a failure: lets the others report it, then stops them. A rank
+  // that ended because another failed (kPeerFailedExitCode) is not the
+  // cause: the launcher waits (report_grace) for the rank whose failure it
+  // followed, and names that one, as torchrun's root cause (the first to
+  // exit was often the consequence).
   Attempt FailWith(const RankProcess& failed, int status, const char* when) {
     if (WIFEXITED(status) && WEXITSTATUS(status) == kPreemptedExitCode) {
       return Preempted(failed);
     }
-    report_((failed.rank == kMpirun ? std::string("mpirun")
-                                    : "rank " + std::to_string(failed.rank)) +
-            " (pid " + std::to_string(failed.pid) + ") " +
-            DescribeStatus(status) + when +
-            (running_ > 0 ? "; stopping the other " + std::to_string(running_) +
-                                " rank(s)"
-                          : std::string()));
+    const RankProcess* cause = &failed;
+    if (IsConsequence(status)) {
+      WaitForExit(ranks_, options_.report_grace,
+                  [&] { return Cause() != nullptr; });
+      if (Cause() != nullptr) cause = Cause();
+    }
+    const int cause_status = cause == &failed ? status : cause->status;
+    size_t running = 0;
+    for (const RankProcess& r : ranks_) running += r.running ? 1 : 0;
+    report_(Name(*cause) + " (pid " + std::to_string(cause->pid) + ") " +
+            DescribeStatus(cause_status) + when +
+            (cause != &failed
+                 ? "; " + Name(failed) + " stopped because of it (exit code " +
+                       std::to_string(kPeerFailedExitCode) + ")"
+                 : std::string()) +
+            (running > 0 ? "; stopping the other " + std::to_string(running) +
+                               " rank(s)"
+                         : std::string()));
     if (WaitForExit(ranks_, options_.report_grace)) {
       report_("stopping the ranks still running");
     }
     StopAll(ranks_, options_.grace, SIGTERM);
     running_ = 0;
-    return {ExitCodeOf(status), false};
+    return {ExitCodeOf(cause_status), false};
+  }
+
+  static bool IsConsequence(int status) {
+    return WIFEXITED(status) && WEXITSTATUS(status) == kPeerFailedExitCode;
+  }
+  static std::string Name(const RankProcess& r) {
+    return r.rank == kMpirun ? std::string("mpirun")
+                             : "rank " + std::to_string(r.rank);
+  }
+  // The first rank that exited with an error of its own, if any has yet.
+  const RankProcess* Cause() const {
+    for (const RankProcess& r : ranks_) {
+      if (!r.running && ExitCodeOf(r.status) != 0 && !IsConsequence(r.status)) {
+        return &r;
+      }
+    }
+    return nullptr;
   }
 
   // After a stop signal: passes it on and gives the ranks the grace period

@@ -89,11 +89,17 @@ void EnterUserDirectory() {
 
 int RunAndReportErrors(int (*body)(int, char**), int argc, char** argv) {
   InstallTerminateHandler();
+  // The Accelerator keeps the job while the error unwinds (see
+  // ReportingScope): printed first, then the others learn why this rank
+  // left, as through std::terminate.
+  const ReportingScope reporting;
   try {
     return body(argc, argv);
   } catch (...) {
-    ReportException(std::current_exception());
-    return 1;
+    const std::exception_ptr error = std::current_exception();
+    ReportException(error);
+    RunFatalErrorHooks(DescribeException(error));
+    return ExitCodeFor(error);
   }
 }
 
