@@ -508,6 +508,30 @@ TEST(LaunchTest, LogDirKeepsEachRanksOutputAndACopyOnTheConsole) {
   }
 }
 
+// In a log file the launcher's messages start on the line after the ranks'
+// output, with no blank line between (a line break went before each).
+TEST(LaunchTest, LauncherMessagesInALogFileAddNoBlankLine) {
+  const std::string dir = MakeTempDir("log");
+  for (const auto& [program, expected] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"echo 'Epoch 3 - Accuracy: 0.5' >&2; exit 4",
+            "Epoch 3 - Accuracy: 0.5\naccel launch: rank 0"},
+           {"printf 'Epoch 1/3 [5/10]' >&2; exit 4",
+            "[5/10]\naccel launch: rank 0"}}) {
+    const std::string log = dir + "/stderr.log";
+    const std::string command = "'" + Launcher() +
+                                "' --num_processes=1 --main_process_port=0 "
+                                "-- /bin/sh -c \"" +
+                                program + "\" 2>'" + log + "'";
+    const ProcessResult r =
+        RunProcess({"/bin/sh", "-c", command}, {}, kTimeout);
+    EXPECT_EQ(r.exit_code, 4) << r.output;
+    const std::string text = ReadFile(log);
+    EXPECT_THAT(text, HasSubstr(expected)) << text;
+    EXPECT_EQ(text.find("\n\n"), std::string::npos) << text;
+  }
+}
+
 TEST(LaunchTest, LauncherMessagesStartOnAFreshLine) {
   // A rank that leaves a progress bar unfinished, then fails.
   for (const bool with_logs : {false, true}) {

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -155,13 +156,35 @@ class Reporter {
       output_->Message("accel launch: " + text);
       return;
     }
-    const std::string line = "\naccel launch: " + text + "\n";
+    std::fflush(stderr);
+    const std::string line = (AtLineStart(STDERR_FILENO) ? "" : "\n") +
+                             ("accel launch: " + text) + "\n";
     std::fwrite(line.data(), 1, line.size(), stderr);
     std::fflush(stderr);
   }
 
  private:
   RankOutput* output_ = nullptr;
+
+  // Whether what the ranks wrote to `fd` ends a line. Known for a file (its
+  // last byte); a terminal or a pipe cannot tell, and a rank's unfinished
+  // progress bar may be there: a line break then starts a fresh line (a
+  // blank line at worst). In a log file the launcher added a blank line
+  // before each message.
+  static bool AtLineStart(int fd) {
+    struct stat info;
+    if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) return false;
+    if (info.st_size == 0) return true;
+    // A shell's 2>file opens it write-only: read it through a second open.
+    const int reader =
+        open(("/proc/self/fd/" + std::to_string(fd)).c_str(), O_RDONLY);
+    if (reader < 0) return false;
+    char last = 0;
+    const bool ended =
+        pread(reader, &last, 1, info.st_size - 1) == 1 && last == '\n';
+    close(reader);
+    return ended;
+  }
 };
 
 struct Attempt {
