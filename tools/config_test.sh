@@ -351,7 +351,7 @@ done
 "$config" --nointeractive --config_file="$dir/written.yaml" --num_processes=3 \
   --backend=gloo --mixed_precision=bf16 --report_to=jsonl >/dev/null
 has "$(cat "$dir/written.yaml")" "distributed_type: MULTI_GPU"
-has "$(cat "$dir/written.yaml")" "backend: 'gloo'"
+has "$(cat "$dir/written.yaml")" "# accel: --backend=gloo"
 "$config" --nointeractive --config_file="$dir/one.yaml" >/dev/null
 has "$(cat "$dir/one.yaml")" "distributed_type: 'NO'"
 if grep -qE "^(backend|zero_stage|num_cpu_threads_per_process):" "$dir/one.yaml"; then
@@ -363,6 +363,41 @@ for flag in --num_processes=3 --backend=gloo --mixed_precision=bf16 \
     --report_to=jsonl --cpu=false; do
   has "$out" "$flag"
 done
+# Accelerate's own loader reads what accel config writes: it refuses any
+# top-level key but its ClusterConfig's ("ValueError: unknown keys" for
+# zero_stage, gradient_accumulation_steps, num_cpu_threads_per_process).
+# A ZeRO stage is DeepSpeed's, accumulation under deepspeed_config, accel's
+# own flags in "# accel:" lines; each reads back as given.
+"$config" --nointeractive --config_file="$dir/both.yaml" --num_processes=2 \
+  --zero_stage=2 --gradient_accumulation_steps=4 --gradient_clipping=1.5 \
+  --num_cpu_threads_per_process=2 --backend=gloo --timeout_s=77 \
+  --nocollective_checks --fsdp_transformer_layer_cls_to_wrap=Block >/dev/null
+accelerate_keys='compute_environment distributed_type mixed_precision use_cpu
+  debug num_processes machine_rank num_machines gpu_ids main_process_ip
+  main_process_port rdzv_backend same_network main_training_function
+  enable_cpu_affinity fp8_config deepspeed_config fsdp_config
+  parallelism_config megatron_lm_config mpirun_config downcast_bf16 tpu_name
+  tpu_zone tpu_use_cluster tpu_use_sudo command_file commands tpu_vm tpu_env
+  dynamo_config ipex_config'
+unknown=$(/usr/bin/python3 -c '
+import sys, yaml
+keys = set(yaml.safe_load(open(sys.argv[1])))
+print(" ".join(sorted(keys - set(sys.argv[2].split()))))
+' "$dir/both.yaml" "$accelerate_keys")
+[ -z "$unknown" ] || fail "keys Accelerate refuses: $unknown in $(cat "$dir/both.yaml")"
+has "$(cat "$dir/both.yaml")" "distributed_type: DEEPSPEED"
+out=$("$config" --show --config_file="$dir/both.yaml" 2>&1)
+for flag in --num_processes=2 --zero_stage=2 --gradient_accumulation_steps=4 \
+    --gradient_clipping=1.5 --num_cpu_threads_per_process=2 --backend=gloo \
+    --timeout_s=77 --collective_checks=false \
+    --fsdp_transformer_layer_cls_to_wrap=Block; do
+  has "$out" "$flag"
+done
+printf 'distributed_type: MULTI_CPU\n# accel: --no_such_flag=1\n' >"$dir/comment.yaml"
+if out=$("$config" --show --config_file="$dir/comment.yaml" 2>&1); then
+  fail "an unknown flag in an accel line was accepted"
+fi
+has "$out" 'comment.yaml:2: expected "# accel: --flag=value" with one of accel'"'"'s flags'
 
 # Accelerate's templates (examples/config_yaml_templates) launch train_demo:
 # single_accelerator.yaml on one CPU process ...

@@ -728,12 +728,54 @@ std::string Lookup(
   return fallback;
 }
 
+// The flags that are top-level keys of Accelerate's own configuration
+// (its ClusterConfig): accel writes no other key at the top.
+bool IsAccelerateKey(const std::string& name) {
+  static const std::set<std::string> keys = {
+      "num_processes",   "num_machines",      "machine_rank",
+      "main_process_ip", "main_process_port", "mixed_precision",
+  };
+  return keys.count(name) != 0;
+}
+
 // accel's own keys at their defaults are left out, so that a file written
 // with them is one that Accelerate reads too (it refuses unknown keys).
 bool IsAccelDefault(const std::string& name, const std::string& value) {
   return (name == "backend" && value == "auto") ||
          (name == "zero_stage" && value == "0") ||
          (name == "num_cpu_threads_per_process" && value == "1");
+}
+
+// The "# accel: --flag=value" lines of a YAML file.
+std::vector<ConfigSetting> AccelCommentLines(const std::string& path,
+                                             const std::string& text) {
+  std::vector<ConfigSetting> settings;
+  std::istringstream lines(text);
+  int number = 0;
+  for (std::string line; std::getline(lines, line);) {
+    ++number;
+    const size_t hash = line.find_first_not_of(" \t");
+    if (hash == std::string::npos || line[hash] != '#') continue;
+    const size_t tag = line.find_first_not_of(" \t", hash + 1);
+    if (tag == std::string::npos || line.compare(tag, 6, "accel:") != 0) {
+      continue;
+    }
+    const size_t begin = line.find_first_not_of(" \t", tag + 6);
+    const size_t last = line.find_last_not_of(" \t\r");
+    const std::string flag =
+        begin == std::string::npos ? "" : line.substr(begin, last - begin + 1);
+    const size_t equals = flag.find('=');
+    const std::string name =
+        flag.rfind("--", 0) == 0 ? flag.substr(2, equals - 2) : "";
+    if (equals == std::string::npos || !IsAccelFlag(name)) {
+      throw UsageError(path + ":" + std::to_string(number) +
+                       ": expected \"# accel: --flag=value\" with one of "
+                       "accel's flags, found " +
+                       Excerpt(flag));
+    }
+    settings.push_back({name, flag.substr(equals + 1), number, ""});
+  }
+  return settings;
 }
 
 }  // namespace
@@ -770,23 +812,37 @@ std::vector<ConfigSetting> SettingsFromAccelerateYaml(
                      "); a launch configuration is Accelerate's YAML or "
                      "--flag=value lines");
   }
+  std::vector<ConfigSetting> settings;
   try {
-    return YamlReader(path, warnings).Read(root);
+    settings = YamlReader(path, warnings).Read(root);
   } catch (const YAML::Exception& e) {
     throw UsageError(path + ":" + std::to_string(e.mark.line + 1) + ": " +
                      e.msg);
   }
+  // accel's own settings in comment lines (AccelerateYamlFromFlags), after
+  // the keys: they win over a key of the same flag.
+  for (ConfigSetting& setting : AccelCommentLines(path, text)) {
+    settings.erase(std::remove_if(settings.begin(), settings.end(),
+                                  [&](const ConfigSetting& other) {
+                                    return other.name == setting.name;
+                                  }),
+                   settings.end());
+    settings.push_back(std::move(setting));
+  }
+  return settings;
 }
 
 std::string AccelerateYamlFromFlags(
     const std::vector<std::pair<std::string, std::string>>& flags) {
   const bool fsdp = Lookup(flags, "use_fsdp", "false") == "true";
   const bool cpu = Lookup(flags, "cpu", "false") == "true";
+  const bool zero = !fsdp && Lookup(flags, "zero_stage", "0") != "0";
   const bool one_process = Lookup(flags, "num_processes", "1") == "1" &&
                            Lookup(flags, "num_machines", "1") == "1";
   // MULTI_CPU means --cpu (as Accelerate's does); gloo or MPI without
-  // --cpu is MULTI_GPU with that backend.
+  // --cpu is MULTI_GPU with that backend. A ZeRO stage is DeepSpeed's.
   const std::string type = fsdp          ? "FSDP"
+                           : zero        ? "DEEPSPEED"
                            : one_process ? "NO"
                            : cpu         ? "MULTI_CPU"
                                          : "MULTI_GPU";
@@ -798,7 +854,18 @@ std::string AccelerateYamlFromFlags(
   if (type == "NO") out << YAML::SingleQuoted;
   out << type;
   out << YAML::Key << "use_cpu" << YAML::Value << (cpu ? "true" : "false");
-  std::map<std::string, std::string> fsdp_section;
+  const auto value_of = [&](const std::string& value) {
+    if (IsPlain(value)) {
+      out << value;
+    } else {
+      out << YAML::SingleQuoted << value;
+    }
+  };
+  // Accelerate's loader refuses any other top-level key (ValueError:
+  // unknown keys): accel's own flags go in its sections, or else in
+  // "# accel: --flag=value" lines, which Accelerate reads as comments.
+  std::map<std::string, std::string> fsdp_section, deepspeed_section;
+  std::string accel_lines;
   for (const auto& [name, value] : flags) {
     if (!IsAccelFlag(name)) {
       throw UsageError("--" + name + " cannot be set in a configuration file");
@@ -806,27 +873,42 @@ std::string AccelerateYamlFromFlags(
     if (name == "cpu" || name == "use_fsdp" || IsAccelDefault(name, value)) {
       continue;
     }
-    if (fsdp && (name == "fsdp_sharding_strategy" ||
-                 name == "fsdp_transformer_layer_cls_to_wrap")) {
+    if (name == "fsdp_sharding_strategy" ||
+        name == "fsdp_transformer_layer_cls_to_wrap") {
       fsdp_section[name] = value;
-      continue;
-    }
-    out << YAML::Key << name << YAML::Value;
-    if (IsPlain(value)) {
-      out << value;
+    } else if (name == "gradient_accumulation_steps" ||
+               name == "gradient_clipping" || (name == "zero_stage" && zero)) {
+      deepspeed_section[name] = value;
+    } else if (name == "collective_checks" && value == "true") {
+      out << YAML::Key << "debug" << YAML::Value << "true";
+    } else if (IsAccelerateKey(name)) {
+      out << YAML::Key << name << YAML::Value;
+      value_of(value);
     } else {
-      out << YAML::SingleQuoted << value;
+      accel_lines += "# accel: --" + name + "=" + value + "\n";
     }
   }
-  if (fsdp) {
-    out << YAML::Key << "fsdp_config" << YAML::Value << YAML::BeginMap;
-    for (const auto& [name, value] : fsdp_section) {
-      out << YAML::Key << name << YAML::Value << YAML::SingleQuoted << value;
+  for (const auto& [section, keys] :
+       {std::pair<const char*, const std::map<std::string, std::string>&>{
+            "fsdp_config", fsdp_section},
+        {"deepspeed_config", deepspeed_section}}) {
+    if (keys.empty()) continue;
+    out << YAML::Key << section << YAML::Value << YAML::BeginMap;
+    for (const auto& [name, value] : keys) {
+      out << YAML::Key << name << YAML::Value;
+      value_of(value);
     }
     out << YAML::EndMap;
   }
   out << YAML::EndMap;
-  return std::string(out.c_str()) + "\n";
+  std::string text = std::string(out.c_str()) + "\n";
+  if (!accel_lines.empty()) {
+    text +=
+        "# accel's own settings, which Accelerate has no keys for (it reads "
+        "these\n# lines as comments):\n" +
+        accel_lines;
+  }
+  return text;
 }
 
 }  // namespace accel

@@ -61,8 +61,15 @@ std::vector<ConfigSetting> SettingsFromAccelerateYaml(
     const std::string& path, const std::string& text,
     std::vector<std::string>* warnings);
 
-// `flags` (name, value) as Accelerate's YAML, with accel's own flags under
-// their names. SettingsFromAccelerateYaml of the result gives them back.
+// `flags` (name, value) as Accelerate's YAML, in a layout Accelerate's own
+// loader accepts (it refuses unknown top-level keys): Accelerate's keys at
+// the top, a ZeRO stage as distributed_type DEEPSPEED with
+// deepspeed_config.zero_stage, gradient accumulation and clipping under
+// deepspeed_config, the FSDP settings under fsdp_config, and accel's own
+// flags (backend, num_cpu_threads_per_process, timeouts, ...) as
+// "# accel: --flag=value" lines after the YAML, which Accelerate reads as
+// comments. SettingsFromAccelerateYaml of the result gives them back (it
+// reads those lines too; they win over a key of the same flag).
 std::string AccelerateYamlFromFlags(
     const std::vector<std::pair<std::string, std::string>>& flags);
 
