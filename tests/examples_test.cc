@@ -101,9 +101,8 @@ TEST(ExamplesTest, TrainDemosProgressBarDoesNotFloodALog) {
       {"/usr/bin/script", "-qefc", command, "/dev/null"}, {}, kTimeout);
   ASSERT_EQ(tty.exit_code, 0) << tty.output;
   // One bar per epoch, from rank 0 alone: each ends its line once.
-  EXPECT_EQ(Matches(tty.output, "Epoch [0-9]/3 \\[8/8\\][^\\r]*\x1b\\[K")
-                .size(),
-            3u)
+  EXPECT_EQ(
+      Matches(tty.output, "Epoch [0-9]/3 \\[8/8\\][^\\r]*\x1b\\[K").size(), 3u)
       << tty.output;
   EXPECT_EQ(Matches(tty.output, "\rEpoch 1/3 \\[1/8\\]").size(), 1u)
       << tty.output;
@@ -785,6 +784,35 @@ TEST(ExamplesTest, BadFlagsAreOneClearErrorOnEveryRankBeforeAnyTraining) {
     EXPECT_THAT(r.output, ::testing::Not(HasSubstr("Epoch 1")));
     EXPECT_LT(r.elapsed, kFailFast);
   }
+}
+
+// A misspelt flag says which it resembles (gflags' bare "unknown command
+// line flag 'epoch'" before); a batch that does not split over the
+// processes names --batch_size (the DataLoader's message did not); a tool's
+// --help lists its own flags (merge-weights printed "SetUsageMessage()
+// never called" and 252 LibTorch flags, exit 1).
+TEST(ExamplesTest, FlagMistakesAreNamedWithTheFix) {
+  const ProcessResult misspelt = RunExample("train_demo", {"--epoch=3"});
+  EXPECT_EQ(misspelt.exit_code, 2) << misspelt.output;
+  EXPECT_THAT(misspelt.output, HasSubstr("error: train_demo has no flag "
+                                         "--epoch (did you mean --epochs?)"));
+  const ProcessResult three = RunExample(
+      "train_demo",
+      {"--num_processes=3", "--output_dir=" + MakeTempDir("three") + "/out"});
+  EXPECT_EQ(three.exit_code, 1) << three.output;
+  EXPECT_THAT(three.output,
+              HasSubstr("--batch_size (8) must be a multiple of the number of "
+                        "processes (3): train_demo splits each global batch "
+                        "across them; pass --batch_size=9 or another "
+                        "--num_processes"));
+  const ProcessResult help =
+      RunProcess({Runfile("tools/merge_weights"), "--help"}, {}, kTimeout);
+  EXPECT_EQ(help.exit_code, 0) << help.output;
+  EXPECT_THAT(help.output,
+              HasSubstr("Usage: merge_weights CHECKPOINT OUT [--model=N]"));
+  EXPECT_THAT(help.output, HasSubstr("--max_shard_size="));
+  EXPECT_THAT(help.output, ::testing::Not(HasSubstr("SetUsageMessage")));
+  EXPECT_LT(Matches(help.output, "\n").size(), 12u) << help.output;
 }
 
 TEST(ExamplesTest, UnknownBackendIsAClearErrorOnEveryRank) {

@@ -454,6 +454,14 @@ TEST(LaunchTest, LaunchRejectsFlagsItDoesNotUseAndPassesOnRankFlags) {
               HasSubstr("launch has no flag --seed; a flag of the program "
                         "goes after `--`"));
   EXPECT_THAT(rejected.output, ::testing::Not(HasSubstr(" ok")));
+  // A misspelt launcher flag says which it resembles.
+  const ProcessResult misspelt = RunProcess(
+      {Launcher(), "--num_proceses=2", "--", Worker()}, {}, kTimeout);
+  EXPECT_EQ(misspelt.exit_code, 2);
+  EXPECT_THAT(misspelt.output,
+              HasSubstr("launch has no flag --num_proceses (did you mean "
+                        "--num_processes?); a flag of the program goes after "
+                        "`--`"));
   const ProcessResult passed =
       RunProcess({Launcher(), "--num_processes=1", "--main_process_port=0",
                   "--timeout_s=7", "--rendezvous_timeout_s=9", "--", "/bin/sh",

@@ -228,9 +228,9 @@ int Configure(const std::string& path, const std::set<std::string>& from_file) {
 
 int main(int argc, char** argv) {
   accel::RegisterProgramFlags();
-  gflags::SetUsageMessage(
-      "config [--config_file=PATH] [--nointeractive] [--num_processes=N "
-      "...] | --show");
+  gflags::SetUsageMessage(accel::ProgramName(argv[0]) +
+                          " [--config_file=PATH] [--nointeractive] "
+                          "[--num_processes=N ...] | --show");
   // Only the flags config uses, not every flag linked into it.
   std::set<std::string> shown = {"config_file", "interactive", "show"};
   for (const std::string& flag : accel::ConfigurableFlags()) {

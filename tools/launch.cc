@@ -65,8 +65,9 @@ int main(int argc, char** argv) {
   // What ps and top show, also when a program runs this launcher from
   // memory in its own place (self_launch.h) and the name would be "memfd:".
   prctl(PR_SET_NAME, "accel-launch");
+  const std::string name = accel::ProgramName(argv[0]);
   gflags::SetUsageMessage(
-      "launch --num_processes=N [--main_process_port=P] -- PROGRAM ARGS...");
+      name + " --num_processes=N [--main_process_port=P] -- PROGRAM ARGS...");
   std::set<std::string> shown = kUsed;
   shown.erase("zygote_fd");
   shown.erase("zygote_pid");
@@ -77,16 +78,20 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc && std::string(argv[i]) != "--"; ++i) {
     const std::string arg = argv[i];
     if (arg.size() < 2 || arg[0] != '-') break;  // The program's name.
-    std::string name = arg.substr(arg.find_first_not_of('-'));
-    name = name.substr(0, name.find('='));
+    std::string flag = arg.substr(arg.find_first_not_of('-'));
+    flag = flag.substr(0, flag.find('='));
     gflags::CommandLineFlagInfo info;
-    if (!gflags::GetCommandLineFlagInfo(name.c_str(), &info) &&
-        !(name.rfind("no", 0) == 0 &&
-          gflags::GetCommandLineFlagInfo(name.substr(2).c_str(), &info))) {
-      std::fprintf(stderr,
-                   "error: launch has no flag --%s; a flag of the program "
-                   "goes after `--` (launch [FLAGS] -- PROGRAM [ITS FLAGS])\n",
-                   name.c_str());
+    if (!gflags::GetCommandLineFlagInfo(flag.c_str(), &info) &&
+        !(flag.rfind("no", 0) == 0 &&
+          gflags::GetCommandLineFlagInfo(flag.substr(2).c_str(), &info))) {
+      const std::string closest = accel::ClosestFlag(flag, shown);
+      std::fprintf(
+          stderr,
+          "error: %s has no flag --%s%s; a flag of the program goes "
+          "after `--` (%s [FLAGS] -- PROGRAM [ITS FLAGS])\n",
+          name.c_str(), flag.c_str(),
+          closest.empty() ? "" : (" (did you mean --" + closest + "?)").c_str(),
+          name.c_str());
       return 2;
     }
   }
@@ -101,9 +106,9 @@ int main(int argc, char** argv) {
     }
     if (kForwarded.count(flag.name) == 0) {
       std::fprintf(stderr,
-                   "error: launch does not use --%s; give it to the program "
+                   "error: %s does not use --%s; give it to the program "
                    "after `--`\n",
-                   flag.name.c_str());
+                   name.c_str(), flag.name.c_str());
       return 2;
     }
     passed_on.push_back("--" + flag.name + "=" + flag.current_value);

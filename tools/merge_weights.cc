@@ -12,11 +12,13 @@
 #include <gflags/gflags.h>
 
 #include <cstdio>
+#include <set>
 #include <string>
 
 #include "accel/checkpoint.h"
 #include "accel/model_weights.h"
 #include "accel/runtime/base/errors.h"
+#include "accel/runtime/launch/help.h"
 #include "accel/runtime/launch/program.h"
 
 DEFINE_int32(model, 0, "Which prepared model (in prepare order).");
@@ -29,7 +31,8 @@ namespace {
 int Main(int argc, char** argv) {
   if (argc != 3) {
     throw accel::UsageError(
-        "usage: accel-merge-weights CHECKPOINT OUT [--model=N] "
+        "usage: " + accel::ProgramName(argv[0]) +
+        " CHECKPOINT OUT [--model=N] "
         "[--max_shard_size=SIZE]: CHECKPOINT is a folder save_state wrote, "
         "OUT the folder for model.safetensors");
   }
@@ -52,6 +55,13 @@ int Main(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const std::string name = accel::ProgramName(argv[0]);
+  gflags::SetUsageMessage(
+      name + " CHECKPOINT OUT [--model=N] [--max_shard_size=SIZE]");
+  // Its own flags, not the 252 of the LibTorch it links.
+  const std::set<std::string> own = {"model", "max_shard_size"};
+  accel::PrintHelpAndExitIfAsked(argc, argv, &own);
+  accel::RejectUnknownFlags(argc, argv, &own);
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   return accel::RunAndReportErrors(Main, argc, argv);
 }

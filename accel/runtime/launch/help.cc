@@ -2,6 +2,7 @@
 
 #include <gflags/gflags.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -48,6 +49,81 @@ std::string Describe(const gflags::CommandLineFlagInfo& flag) {
 }
 
 }  // namespace
+
+std::string ProgramName(const char* argv0) {
+  const char* slash = std::strrchr(argv0, '/');
+  return slash ? slash + 1 : argv0;
+}
+
+std::string ClosestFlag(const std::string& name,
+                        const std::set<std::string>& known) {
+  // Levenshtein distance, one row at a time.
+  const auto distance = [](const std::string& a, const std::string& b) {
+    std::vector<size_t> row(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+      size_t diagonal = row[0];
+      row[0] = i;
+      for (size_t j = 1; j <= b.size(); ++j) {
+        const size_t above = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1,
+                           diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+        diagonal = above;
+      }
+    }
+    return row[b.size()];
+  };
+  std::string best;
+  size_t best_distance = std::max<size_t>(2, name.size() / 3) + 1;
+  for (const std::string& flag : known) {
+    const size_t d = distance(name, flag);
+    if (d < best_distance) {
+      best = flag;
+      best_distance = d;
+    }
+  }
+  return best;
+}
+
+void RejectUnknownFlags(int argc, char** argv,
+                        const std::set<std::string>* known) {
+  std::set<std::string> all;
+  if (known == nullptr) {
+    std::vector<gflags::CommandLineFlagInfo> flags;
+    gflags::GetAllFlags(&flags);
+    for (const auto& flag : flags) all.insert(flag.name);
+    known = &all;
+  }
+  const std::string program = ProgramName(argv[0]);
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--") return;
+    if (arg.size() < 2 || arg[0] != '-') continue;  // A value or argument.
+    std::string name = arg.substr(arg.find_first_not_of('-'));
+    const bool has_value = name.find('=') != std::string::npos;
+    name = name.substr(0, name.find('='));
+    if (known->count(name) != 0) {
+      // `--flag value`: the next argument is its value, whatever it looks
+      // like (-0.5).
+      gflags::CommandLineFlagInfo info;
+      if (!has_value && gflags::GetCommandLineFlagInfo(name.c_str(), &info) &&
+          info.type != "bool") {
+        ++i;
+      }
+      continue;
+    }
+    if (name.rfind("no", 0) == 0 && known->count(name.substr(2)) != 0) {
+      continue;
+    }
+    const std::string closest = ClosestFlag(name, *known);
+    const std::string line =
+        "error: " + program + " has no flag --" + name +
+        (closest.empty() ? "" : " (did you mean --" + closest + "?)") + "; " +
+        program + " --help lists its flags\n";
+    std::fputs(line.c_str(), stderr);
+    std::exit(2);
+  }
+}
 
 void PrintHelpAndExitIfAsked(int argc, char** argv,
                              const std::set<std::string>* only) {

@@ -27,4 +27,21 @@ namespace accel {
 void PrintHelpAndExitIfAsked(int argc, char** argv,
                              const std::set<std::string>* only = nullptr);
 
+// The flag among `known` closest to `name` (a misspelling: at most two
+// letters, or a third of them, off), or "" when none is that close.
+std::string ClosestFlag(const std::string& name,
+                        const std::set<std::string>& known);
+
+// Before gflags parses: a flag the program does not define, among the
+// arguments before `--`, is one line on stderr and exit code 2, with the
+// flag it resembles ("train_demo has no flag --epoch (did you mean
+// --epochs?)"), instead of gflags' bare "unknown command line flag".
+// `known`: the flags this program takes (all registered ones when null).
+void RejectUnknownFlags(int argc, char** argv,
+                        const std::set<std::string>* known = nullptr);
+
+// argv[0] without its folder ("accel-launch" installed, "launch" under
+// bazel), for usage lines.
+std::string ProgramName(const char* argv0);
+
 }  // namespace accel

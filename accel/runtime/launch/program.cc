@@ -67,6 +67,7 @@ void internal::InitProgram(int* argc, char*** argv, void* program_module) {
   RegisterProgramFlags();
   UseLaunchConfig(*argc, *argv);
   PrintHelpAndExitIfAsked(*argc, *argv);
+  RejectUnknownFlags(*argc, *argv);  // With the flag it resembles.
   gflags::ParseCommandLineFlags(argc, argv, /*remove_flags=*/true);
   ApplyDecidingSettings();
   // Relative paths (--output_dir=trained_model) mean the user's directory.
