@@ -149,7 +149,8 @@ int Configure(const std::string& path, const std::set<std::string>& from_file) {
     flags.emplace_back(flag, value);
   };
   const std::string machines = Ask("How many machines will run the job?",
-                                   "num_machines", IntegerIn(1, 100000));
+                                   "num_machines",
+                                   IntegerIn(1, accel::kMaxLaunchProcesses));
   keep("num_machines", machines);
   if (machines != "1") {
     const long count = std::stol(machines);
@@ -167,7 +168,7 @@ int Configure(const std::string& path, const std::set<std::string>& from_file) {
   }
   keep("num_processes",
        Ask("How many processes in all (one per GPU with nccl)?",
-           "num_processes", IntegerIn(1, 1000000)));
+           "num_processes", IntegerIn(1, accel::kMaxLaunchProcesses)));
   keep("backend", Ask("Which backend: auto (nccl with GPUs, else gloo), "
                       "gloo, nccl or mpi?",
                       "backend", OneOf({"auto", "gloo", "nccl", "mpi"})));

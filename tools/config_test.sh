@@ -16,8 +16,8 @@ has() { grep -qF -- "$2" <<<"$1" || fail "no '$2' in: $1"; }
 out=$(printf '0\n1\nthree\n2\nmpich\ngloo\nbf16\n\n5\n2\n' |
       "$config" --interactive --config_file="$dir/asked.flags")
 echo "$out"
-has "$out" "expected a whole number from 1 to 100000, found \"0\""
-has "$out" "expected a whole number from 1 to 1000000, found \"three\""
+has "$out" "expected a whole number from 1 to 1048576, found \"0\""
+has "$out" "expected a whole number from 1 to 1048576, found \"three\""
 has "$out" "expected one of auto, gloo, nccl, mpi, found \"mpich\""
 has "$out" "expected a whole number from 0 to 3, found \"5\""
 has "$out" "accel config: wrote $dir/asked.flags"

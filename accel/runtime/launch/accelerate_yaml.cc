@@ -20,9 +20,6 @@
 namespace accel {
 namespace {
 
-// Processes and machines a file may ask for (the launcher allows fewer per
-// machine).
-constexpr long long kMaxLaunchProcesses = 1 << 20;
 constexpr uint64_t kMaxDeepSpeedJsonBytes = 1 << 20;
 
 // Keys of Accelerate's configuration that mean nothing to accel; a file

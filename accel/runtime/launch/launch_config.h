@@ -23,6 +23,10 @@
 
 namespace accel {
 
+// Processes and machines a configuration may ask for (the launcher allows
+// fewer per machine): 1,048,576.
+inline constexpr long long kMaxLaunchProcesses = 1 << 20;
+
 // "$XDG_CONFIG_HOME/accel/default_config.yaml", else
 // "$HOME/.config/accel/default_config.yaml", else "".
 std::string DefaultLaunchConfigPath();
