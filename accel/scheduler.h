@@ -157,7 +157,7 @@ class LRScheduler {
 
   // Called once the lrs of `step` are set, and after load(): a schedule
   // that sets other options too (OneCycleLR's momentum) sets them here.
-  virtual void ApplyOtherOptions(int64_t step) {}
+  virtual void ApplyOtherOptions(int64_t /*step*/) {}
 
   // The name used in messages ("LambdaLR"); override it in your own.
   virtual const char* name() const { return "LRScheduler"; }

@@ -38,7 +38,13 @@ fi
 grep -q "0.1.0" cmake7.log || fail "no version in: $(tail -n 20 cmake7.log)"
 
 flags=$(run env PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs accel)
-run g++ -o train_pc train.cpp $flags -w || fail "g++ with pkg-config's flags"
+# LibTorch's headers come as system headers (-isystem, as the CMake
+# package's): their warnings are not the program's. With -I, -Wextra -Werror
+# failed in LibTorch's own headers.
+grep -q -- "-isystem /usr/include/torch/csrc/api/include" <<<"$flags" ||
+  fail "pkg-config's flags: $flags"
+run g++ -o train_pc train.cpp $flags -Wall -Wextra -Werror ||
+  fail "g++ -Wall -Wextra -Werror with pkg-config's flags"
 out=$(run ./train_pc --num_processes=2 --main_process_port=0 2>&1) ||
   fail "train (pkg-config): $out"
 grep -qF "cmake consumer: 2 process(es), last epoch 64 of 64 right" <<<"$out" ||

@@ -145,7 +145,7 @@ class Transport {
   void RequestAbort();
   // From another thread: make the running operation fail soon.
   virtual void Abort() {}
-  virtual void OnBroken(const std::string& message) {}
+  virtual void OnBroken(const std::string& /*message*/) {}
   // Whether Communicator::Renew may drop this transport after an aborted
   // operation and build another (MPI cannot cancel a collective).
   virtual bool renewable() const { return true; }

@@ -73,10 +73,10 @@ class Store : public std::enable_shared_from_this<Store> {
   // Records in departures() how this rank is leaving (kExitedWithError,
   // kFailed) before its process ends, so that the others' errors can say
   // it. Stores that cannot observe processes ignore it.
-  virtual void leave(const Departure& how) {}
+  virtual void leave(const Departure& /*how*/) {}
 
   virtual std::shared_ptr<Store> WithRequestTimeout(
-      std::chrono::milliseconds timeout) {
+      std::chrono::milliseconds /*timeout*/) {
     return shared_from_this();
   }
 
