@@ -66,6 +66,10 @@ const char* DistributedTypeName(DistributedType type) {
       return "MULTI_CPU";
     case DistributedType::kMultiGpu:
       return "MULTI_GPU";
+    case DistributedType::kFsdp:
+      return "FSDP";
+    case DistributedType::kDeepSpeed:
+      return "DEEPSPEED";
   }
   return "UNKNOWN";
 }
@@ -328,6 +332,12 @@ Communicator& Accelerator::communicator() {
 }
 
 DistributedType Accelerator::distributed_type() const {
+  // As Accelerate names a run under its DeepSpeed or FSDP plugin (it
+  // printed MULTI_CPU under stage 3).
+  if (options_.zero_stage > 0) {
+    return options_.use_fsdp ? DistributedType::kFsdp
+                             : DistributedType::kDeepSpeed;
+  }
   if (num_processes() == 1) return DistributedType::kNo;
   return device_.is_cuda() ? DistributedType::kMultiGpu
                            : DistributedType::kMultiCpu;

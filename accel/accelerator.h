@@ -83,9 +83,12 @@ class CheckpointManager;
 class ProcessGroup;
 class TrackerSet;
 
-// Accelerate's DistributedType, for the backends accel has.
-enum class DistributedType { kNo, kMultiCpu, kMultiGpu };
-// "NO", "MULTI_CPU", "MULTI_GPU", as Accelerate prints them.
+// Accelerate's DistributedType, for the backends and sharding accel has: a
+// ZeRO stage above 0 is DEEPSPEED, or FSDP when it came from --use_fsdp
+// (AcceleratorOptions::use_fsdp), as Accelerate names those runs.
+enum class DistributedType { kNo, kMultiCpu, kMultiGpu, kFsdp, kDeepSpeed };
+// "NO", "MULTI_CPU", "MULTI_GPU", "FSDP", "DEEPSPEED", as Accelerate prints
+// them.
 const char* DistributedTypeName(DistributedType type);
 
 // A prepared model named in join_uneven_inputs' joinables (any model type
@@ -139,9 +142,7 @@ class Accelerator {
   // Whether several processes run (use_distributed), and whether they use
   // several devices (multi_device: GPUs).
   bool use_distributed() const { return num_processes() > 1; }
-  bool multi_device() const {
-    return distributed_type() == DistributedType::kMultiGpu;
-  }
+  bool multi_device() const { return num_processes() > 1 && device_.is_cuda(); }
   bool split_batches() const {
     return options_.dataloader_config.split_batches;
   }

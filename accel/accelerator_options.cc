@@ -30,10 +30,11 @@ int ParseShardingStrategy(const std::string& text) {
   if (text == "HYBRID_SHARD" || text == "HYBRID_SHARD_ZERO2" || text == "4" ||
       text == "5") {
     throw UsageError(
-        "--fsdp_sharding_strategy=" + text +
-        ": hybrid sharding (shard within a machine, replicate across "
-        "machines) is not in accel; use FULL_SHARD (--zero_stage=3) or "
-        "SHARD_GRAD_OP (--zero_stage=2) over every process");
+        "--fsdp_sharding_strategy=" + text + " (" +
+        flags::fsdp_sharding_strategy.source() +
+        "): hybrid sharding (shard within a machine, replicate across "
+        "machines) is not in accel; give FULL_SHARD or SHARD_GRAD_OP, which "
+        "shard over every process");
   }
   throw UsageError(
       "--fsdp_sharding_strategy must be FULL_SHARD, SHARD_GRAD_OP or "
@@ -112,6 +113,7 @@ AcceleratorOptions AcceleratorOptions::FromFlags() {
   options.reuse_host_memory = flags::reuse_host_memory.value();
   options.cpu = flags::cpu.value();
   options.zero_stage = ZeroStageFromFlags();
+  options.use_fsdp = flags::use_fsdp.value();
   options.fsdp_layer_to_wrap =
       flags::fsdp_transformer_layer_cls_to_wrap.value();
   options.invariant_micro_batches = flags::invariant_micro_batches.value();
@@ -334,6 +336,8 @@ void AcceleratorOptions::AdoptGivenFlags(bool is_main_process) {
             "zero_stage", given_stage, &overridden);
   AdoptFlag(flags::use_fsdp, options.zero_stage, builtin.zero_stage,
             "zero_stage", given_stage, &overridden);
+  AdoptFlag(flags::use_fsdp, options.use_fsdp, builtin.use_fsdp, "use_fsdp",
+            same, &overridden);
   AdoptFlag(flags::fsdp_transformer_layer_cls_to_wrap,
             options.fsdp_layer_to_wrap, builtin.fsdp_layer_to_wrap,
             "fsdp_layer_to_wrap", same, &overridden);

@@ -116,6 +116,9 @@ struct AcceleratorOptions {
   // gradients; 3 also the parameters, unit by unit. With one process
   // nothing is sharded.
   int zero_stage = 0;
+  // Whether the stage is Accelerate's FSDP (--use_fsdp): it only names the
+  // run (distributed_type() FSDP rather than DEEPSPEED).
+  bool use_fsdp = false;
   // Stage 3: the class of the layers that become units (Accelerate's
   // fsdp_transformer_layer_cls_to_wrap, e.g. "TransformerEncoderLayer");
   // empty: the children of the model's outermost Sequentials (see

@@ -200,9 +200,13 @@ TEST(ExamplesTest, TrainDemoUnderEveryZeroStageEndsWithDdpsParameters) {
             "zero_stage 3, but --zero_stage=1 was also given (the command "
             "line)"},
            {{"--fsdp_sharding_strategy=NO_SHARD"}, "is read with --use_fsdp"},
+           // Names the flag given, and the strategies to give instead (it
+           // named --zero_stage, which was never passed).
            {{"--use_fsdp", "--fsdp_sharding_strategy=HYBRID_SHARD"},
+            "--fsdp_sharding_strategy=HYBRID_SHARD (the command line): "
             "hybrid sharding (shard within a machine, replicate across "
-            "machines) is not in accel"},
+            "machines) is not in accel; give FULL_SHARD or SHARD_GRAD_OP, "
+            "which shard over every process"},
            {{"--zero_stage=7"}, "--zero_stage (the command line) must be 0"}}) {
     std::vector<std::string> bad = {"--num_processes=1",
                                     "--output_dir=" + dir + "/bad"};

@@ -333,6 +333,21 @@ TEST(ZeroTest, AnOptimizerBeforeItsModelInOnePrepareIsSharded) {
   }
 }
 
+// As Accelerate names a run under its DeepSpeed or FSDP plugin (stage 3
+// printed MULTI_CPU).
+TEST(ZeroTest, DistributedTypeIsDeepSpeedOrFsdp) {
+  for (int stage : {1, 2, 3}) {
+    Accelerator zero(Options({.stage = stage}));
+    EXPECT_EQ(zero.distributed_type(), DistributedType::kDeepSpeed);
+    EXPECT_STREQ(DistributedTypeName(zero.distributed_type()), "DEEPSPEED");
+    AcceleratorOptions fsdp = Options({.stage = stage});
+    fsdp.use_fsdp = true;
+    EXPECT_EQ(Accelerator(fsdp).distributed_type(), DistributedType::kFsdp);
+  }
+  EXPECT_STREQ(DistributedTypeName(DistributedType::kFsdp), "FSDP");
+  EXPECT_FALSE(SharedAccelerator().multi_device());  // No GPU here.
+}
+
 TEST(ZeroTest, EachRankHoldsItsShareOfTheOptimizerState) {
   const int n = SharedAccelerator().num_processes();
   const int rank = SharedAccelerator().process_index();
@@ -365,9 +380,9 @@ TEST(ZeroTest, GradientClippingInTheStepEqualsClipGradNorm) {
         << "stage " << stage;
   }
   // Not vacuous: clipping changed the result.
-  EXPECT_GT(MaxDifference(Train({.auto_clip = 0.5}).parameters,
-                          Train({}).parameters),
-            1e-3);
+  EXPECT_GT(
+      MaxDifference(Train({.auto_clip = 0.5}).parameters, Train({}).parameters),
+      1e-3);
 }
 
 TEST(ZeroTest, ClippedNormIsTheGlobalOneOnEveryStage) {
