@@ -590,6 +590,14 @@ TEST(ZeroTest, Stage3FreesEachUnitsParametersOutsideItsForwardAndBackward) {
                "was not running");
   EXPECT_DEATH(std::printf("%f\n", first->weight.sum().item<double>()),
                "accelerator.get_state_dict\\(model\\)");
+  // A write is said to be one (it was reported as a read).
+  EXPECT_DEATH(
+      {
+        torch::NoGradGuard no_grad;
+        first->weight.fill_(1.0);
+      },
+      "a parameter of a ZeRO stage-3 unit was written while its unit was not "
+      "running");
 #endif
   {
     torch::NoGradGuard no_grad;
