@@ -1,6 +1,7 @@
 #include "accel/zero.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <deque>
 #include <exception>
@@ -143,18 +144,27 @@ class UnitSchedule : public UnitRunner {
   UnitSchedule(Communicator& comm,
                const std::vector<std::shared_ptr<ZeroGroup>>& groups,
                size_t units)
-      : comm_(comm), units_(units) {
+      : comm_(comm), units_(units), names_(units) {
     for (const auto& group : groups) {
       if (group->unit >= 0) units_[group->unit].push_back(group);
+    }
+    // What diagnostics call each gather: these run inside the model's
+    // forward and backward, where no line of the program is known, so the
+    // unit is named instead ("(unknown)" before).
+    const std::string of = " of " + std::to_string(units);
+    for (size_t u = 0; u < units; ++u) {
+      const std::string unit = "unit " + std::to_string(u) + of;
+      names_[u] = {"forward (ZeRO-3 all-gather of " + unit + ")",
+                   "forward (ZeRO-3 prefetch of " + unit + ")",
+                   "backward (ZeRO-3 all-gather of " + unit + ")",
+                   "backward (ZeRO-3 prefetch of " + unit + ")"};
     }
   }
 
   void BeforeForward(size_t unit) override {
     std::lock_guard<std::mutex> lock(mutex_);
-    Gather(unit, "forward (ZeRO-3 all-gather of a unit's parameters)");
-    if (unit + 1 < units_.size()) {
-      Start(unit + 1, "forward (ZeRO-3 prefetch of the next unit)");
-    }
+    Gather(unit, names_[unit][0].c_str());
+    if (unit + 1 < units_.size()) Start(unit + 1, names_[unit + 1][1].c_str());
   }
   void AfterForward(size_t unit) override {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -162,10 +172,8 @@ class UnitSchedule : public UnitRunner {
   }
   void BeforeBackward(size_t unit) override {
     std::lock_guard<std::mutex> lock(mutex_);
-    Gather(unit, "backward (ZeRO-3 all-gather of a unit's parameters)");
-    if (unit > 0) {
-      Start(unit - 1, "backward (ZeRO-3 prefetch of the previous unit)");
-    }
+    Gather(unit, names_[unit][2].c_str());
+    if (unit > 0) Start(unit - 1, names_[unit - 1][3].c_str());
   }
 
   // Frees one group (its gradients are in) or all of them.
@@ -240,6 +248,8 @@ class UnitSchedule : public UnitRunner {
 
   Communicator& comm_;
   std::vector<std::vector<std::shared_ptr<ZeroGroup>>> units_;
+  // Per unit: forward gather and prefetch, backward gather and prefetch.
+  std::vector<std::array<std::string, 4>> names_;
   std::mutex mutex_;
 };
 

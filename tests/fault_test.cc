@@ -125,6 +125,17 @@ TEST(FaultTest, TheCauseIsTheFirstErrorLineAndTheRankBlamed) {
   }
 }
 
+// ZeRO-3's gathers run inside the model's forward, where no line of the
+// program is known: the unit is named instead of "(unknown)".
+TEST(FaultTest, AStage3GatherIsNamedByItsUnit) {
+  const ProcessResult r = RunFault("stage3_forward_alone", {"--zero_stage=3"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output,
+              HasSubstr("forward (ZeRO-3 all-gather of unit 0 of 2) #"));
+  EXPECT_THAT(r.output, ::testing::Not(HasSubstr("(unknown)"))) << r.output;
+  EXPECT_LT(r.elapsed, seconds(30)) << r.output;
+}
+
 TEST(FaultTest, RankThatSkipsAGatherIsNamed) {
   const ProcessResult r = RunFault("skip_gather");
   EXPECT_NE(r.exit_code, 0);

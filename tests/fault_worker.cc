@@ -3,6 +3,10 @@
 //
 //   fault_worker --num_processes=2 --scenario=main_only_wait
 #include <signal.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -16,7 +20,8 @@ DEFINE_string(scenario, "main_only_wait",
               "main_only_wait, main_only_wait_then_exit, skip_gather, "
               "late_rank, wrong_device, stop_main, burst_then_stop, "
               "shape_mismatch, idle_then_save, error_on_rank0, error_on_rank1, "
-              "uncaught_on_rank1 or accelerators_in_turn");
+              "uncaught_on_rank1, stage3_forward_alone or "
+              "accelerators_in_turn");
 DEFINE_int32(late_s, 6, "How late rank 1 is in --scenario=late_rank.");
 DEFINE_int32(idle_s, 6, "How long --scenario=idle_then_save idles.");
 DEFINE_string(save_dir, "", "Where --scenario=idle_then_save saves.");
@@ -64,6 +69,18 @@ int Main(int argc, char** argv) {
   } else if (FLAGS_scenario == "late_rank") {
     if (!main) std::this_thread::sleep_for(std::chrono::seconds(FLAGS_late_s));
     accelerator.gather(ones);
+  } else if (FLAGS_scenario == "stage3_forward_alone") {
+    // Under --zero_stage=3, rank 0 runs the model's forward (its units'
+    // gathers) while rank 1 calls gather.
+    torch::nn::Sequential net(torch::nn::Linear(4, 8), torch::nn::Tanh(),
+                              torch::nn::Linear(8, 2));
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+    auto [model, optimizer] = accelerator.prepare(net, sgd);
+    if (main) {
+      model->forward(torch::ones({1, 4}));
+    } else {
+      accelerator.gather(ones);
+    }
   } else if (FLAGS_scenario == "wrong_device") {
     accelerator.gather(torch::ones({2}, torch::kComplexFloat));
   } else if (FLAGS_scenario == "stop_main") {

@@ -405,7 +405,7 @@ std::string Communicator::DescribeCall(const CollectiveOptions& options,
                                        const char* name,
                                        uint64_t sequence) const {
   return Where() + (options.api != nullptr ? options.api : name) + " #" +
-         std::to_string(sequence) + " (" + options.site.ToString() + "): ";
+         std::to_string(sequence) + options.site.Parenthesized() + ": ";
 }
 
 template <typename Fn>
@@ -528,15 +528,15 @@ std::exception_ptr Communicator::Execute(const Op& op, Fn& task) {
 
 std::string Communicator::Traced(const Op& op) const {
   return "[" + backend_name() + "] " + op.api + " #" +
-         std::to_string(op.sequence) + " (" + op.site.ToString() +
-         "): " + op.signature + ", " + std::to_string(op.bytes) + " bytes, ";
+         std::to_string(op.sequence) + op.site.Parenthesized() + ": " +
+         op.signature + ", " + std::to_string(op.bytes) + " bytes, ";
 }
 
 std::exception_ptr Communicator::Failed(const Op& op,
                                         std::exception_ptr error) {
   const std::string what = Where() + op.api + " #" +
-                           std::to_string(op.sequence) + " (" +
-                           op.site.ToString() + "): ";
+                           std::to_string(op.sequence) +
+                           op.site.Parenthesized() + ": ";
   if (error == nullptr) {
     const std::string not_run =
         what + "not run because an earlier collective failed: ";

@@ -51,8 +51,11 @@ RankStatus DecodeRankStatus(const std::string& text) {
 }
 
 std::string DescribeCall(const RankStatus& status) {
-  return status.api + " #" + std::to_string(status.sequence) + " (" +
-         status.site + ")";
+  // A call with no known line (ZeRO-3's gathers inside forward) is named by
+  // its api alone.
+  const bool known = !status.site.empty() && status.site != "unknown";
+  return status.api + " #" + std::to_string(status.sequence) +
+         (known ? " (" + status.site + ")" : "");
 }
 
 std::string DescribeDeparture(int rank, const Departure& how) {

@@ -15,6 +15,10 @@ std::string CallSite::ToString() const {
   return std::string(base ? base + 1 : file) + ":" + std::to_string(line);
 }
 
+std::string CallSite::Parenthesized() const {
+  return file == nullptr ? "" : " (" + ToString() + ")";
+}
+
 Transport::Transport(const BackendContext& context)
     : rank_(context.rank),
       size_(context.size),

@@ -48,6 +48,9 @@ struct CallSite {
     return {file, line};
   }
   std::string ToString() const;  // "train.cc:75"
+  // " (train.cc:75)", or "" when no line is known (a call accel makes
+  // inside the model's forward, whose own name then says where).
+  std::string Parenthesized() const;
 };
 
 // Per-call options.
