@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""plot_metrics: a PNG of a run's curves from the JSONL tracker's file.
+"""plot_metrics: a PNG of a run's curves from its tracker's files.
 
   bazel run //tools:plot_metrics -- trained_model/train_demo/metrics.jsonl
   bazel run //tools:plot_metrics -- RUN_DIR [RUN_DIR ...] -o curves.png \\
@@ -12,13 +12,16 @@ faint with an exponential moving average on top, as TensorBoard does
 (--smoothing, 0 for none). A step logged twice (a resumed run that repeats steps after its last
 checkpoint) keeps its last value. Input: metrics.jsonl files or the folders
 holding them (<logging_dir>/<project_name>); see
-accel/tracking/jsonl_tracker.h for the format.
+accel/tracking/jsonl_tracker.h for the format. A folder with TensorBoard's
+event files and no metrics.jsonl (--report_to=tensorboard) is read from
+those: its scalars, without the run's config.
 """
 
 import argparse
 import json
 import math
 import os
+import struct
 import sys
 import textwrap
 
@@ -40,16 +43,123 @@ class DataError(Exception):
     pass
 
 
+EVENTS_PREFIX = "events.out.tfevents."
+
+
+def event_files(folder):
+    return sorted(os.path.join(folder, name) for name in os.listdir(folder)
+                  if name.startswith(EVENTS_PREFIX))
+
+
 def metrics_path(path):
+    """The run's metrics.jsonl, else its first TensorBoard event file (a run
+    with --report_to=tensorboard alone has no JSONL file)."""
     if os.path.isdir(path):
-        path = os.path.join(path, "metrics.jsonl")
+        jsonl = os.path.join(path, "metrics.jsonl")
+        if os.path.isfile(jsonl):
+            return jsonl
+        events = event_files(path)
+        if events:
+            return events[0]
+        path = jsonl
     if not os.path.isfile(path):
         raise DataError("cannot read %s: no such file (expected a "
-                        "metrics.jsonl or the folder holding one)" % path)
+                        "metrics.jsonl, an %s* file, or the folder holding "
+                        "one)" % (path, EVENTS_PREFIX))
     return path
 
 
 def load_run(path):
+    """Returns (config, {metric: {step: value}}) of one run's file."""
+    if os.path.basename(path).startswith(EVENTS_PREFIX):
+        return load_tensorboard_run(path)
+    return load_jsonl_run(path)
+
+
+def read_varint(data, at):
+    value = shift = 0
+    while True:
+        if at >= len(data):
+            raise ValueError("a varint runs past the end")
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, at
+
+
+def proto_fields(data):
+    """(field number, wire type, value) of a protobuf message's fields: ints
+    for varints, bytes for fixed and length-delimited ones."""
+    at = 0
+    while at < len(data):
+        key, at = read_varint(data, at)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, at = read_varint(data, at)
+        elif wire == 1:
+            value, at = data[at:at + 8], at + 8
+        elif wire == 2:
+            size, at = read_varint(data, at)
+            value, at = data[at:at + size], at + size
+        elif wire == 5:
+            value, at = data[at:at + 4], at + 4
+        else:
+            raise ValueError("wire type %d" % wire)
+        if at > len(data):
+            raise ValueError("a field runs past the end")
+        yield number, wire, value
+
+
+def load_tensorboard_run(path):
+    """The scalars of a run's TensorBoard event files (every file of its
+    folder, in order): Event.step (2) and Event.summary (5), whose
+    Summary.value (1) holds tag (1) and simple_value (2, a float32)."""
+    series = {}
+    for name in event_files(os.path.dirname(os.path.abspath(path))):
+        with open(name, "rb") as f:
+            data = f.read()
+        at = 0
+        while at < len(data):
+            if at + 12 > len(data):
+                raise DataError("%s: a record cut off at byte %d" % (name, at))
+            (length,) = struct.unpack_from("<Q", data, at)
+            record = data[at + 12:at + 12 + length]
+            if len(record) != length or at + 16 + length > len(data):
+                raise DataError("%s: a record cut off at byte %d" % (name, at))
+            at += 16 + length
+            try:
+                step, values = 0, []
+                for number, wire, value in proto_fields(record):
+                    if number == 2 and wire == 0:
+                        step = value
+                    elif number == 5 and wire == 2:
+                        values.extend(scalars(value))
+            except ValueError as e:
+                raise DataError("%s: not a TensorBoard event file (%s)"
+                                % (name, e))
+            for tag, number in values:
+                series.setdefault(tag, {})[step] = number
+    return {}, series
+
+
+def scalars(summary):
+    """(tag, value) of a Summary's simple values."""
+    for number, wire, value in proto_fields(summary):
+        if number != 1 or wire != 2:
+            continue
+        tag, simple = None, None
+        for field, kind, item in proto_fields(value):
+            if field == 1 and kind == 2:
+                tag = item.decode("utf-8", "replace")
+            elif field == 2 and kind == 5:
+                (simple,) = struct.unpack("<f", item)
+        if tag is not None and simple is not None:
+            yield tag, float(simple)
+
+
+def load_jsonl_run(path):
     """Returns (config, {metric: {step: value}}) of one JSONL file."""
     config = {}
     series = {}
@@ -181,7 +291,8 @@ def main(argv):
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="\n".join(__doc__.split("\n")[2:]))
     parser.add_argument("runs", nargs="+", metavar="RUN",
-                        help="metrics.jsonl files or the folders holding them")
+                        help="metrics.jsonl files, TensorBoard event files, "
+                             "or the folders holding them")
     parser.add_argument("-o", "--output", default=None,
                         help="the PNG to write (default: metrics.png beside "
                              "the first run's file)")

@@ -50,9 +50,63 @@ def training_lines(steps, resumed_from=None):
     return lines
 
 
+def varint(value):
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def field(number, wire, payload):
+    key = varint(number << 3 | wire)
+    if wire == 2:
+        return key + varint(len(payload)) + payload
+    return key + payload
+
+
+def write_tensorboard_run(folder, steps):
+    """An event file as TensorBoard's writers frame it (the CRCs are not
+    read back, so zeros here): a file_version event, then one event per
+    step with loss and accuracy as simple values."""
+    os.makedirs(folder, exist_ok=True)
+    records = [field(1, 1, struct.pack("<d", 1.7e9)) +
+               field(3, 2, b"brain.Event:2")]
+    for step in range(1, steps + 1):
+        summary = b""
+        for tag, value in (("loss", 1.0 / step), ("accuracy", step / steps)):
+            summary += field(1, 2, field(1, 2, tag.encode()) +
+                             field(2, 5, struct.pack("<f", value)))
+        records.append(field(1, 1, struct.pack("<d", 1.7e9 + step)) +
+                       field(2, 0, varint(step)) + field(5, 2, summary))
+    with open(os.path.join(folder, "events.out.tfevents.1700000000.host.1.0"),
+              "wb") as f:
+        for record in records:
+            f.write(struct.pack("<Q", len(record)) + b"\0" * 4 + record +
+                    b"\0" * 4)
+    return folder
+
+
 class PlotMetricsTest(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+
+    # A run with --report_to=tensorboard alone has no metrics.jsonl ("no
+    # such file" before): its event files are read.
+    def test_a_tensorboard_only_run_is_plotted(self):
+        folder = write_tensorboard_run(os.path.join(self.dir, "tb"), 30)
+        code, out = run(folder)
+        self.assertEqual(code, 0, out)
+        self.assertIn("(loss, accuracy; up to 30 steps)", out)
+        self.assertTrue(png_size(os.path.join(folder, "metrics.png"))[0] > 0)
+        with open(os.path.join(folder, "events.out.tfevents.1700000000.host.1.0"),
+                  "ab") as f:
+            f.write(b"\x05\0\0\0")
+        code, out = run(folder)
+        self.assertEqual(code, 1, out)
+        self.assertIn("a record cut off", out)
 
     def test_plots_the_four_curves_of_a_run(self):
         folder = write_run(os.path.join(self.dir, "run"), training_lines(12, 9))
