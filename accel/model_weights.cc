@@ -3,6 +3,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -128,10 +129,16 @@ std::string ListNames(const std::vector<std::string>& names) {
   return ListItems(quoted);
 }
 
-std::map<std::string, torch::Tensor> LoadSharded(const std::string& dir) {
-  const std::string index_path = Join(dir, kIndexFile);
+[[noreturn]] void FailIndex(const std::string& index_path,
+                            const std::string& defect) {
+  throw CheckpointError("index '" + index_path + "': " + defect);
+}
+
+// The names the index at `index_path` maps to each shard file.
+std::map<std::string, std::set<std::string>> ReadIndex(
+    const std::string& index_path) {
   const auto fail = [&](const std::string& defect) {
-    throw CheckpointError("index '" + index_path + "': " + defect);
+    FailIndex(index_path, defect);
   };
   Json index;
   try {
@@ -156,19 +163,34 @@ std::map<std::string, torch::Tensor> LoadSharded(const std::string& dir) {
     }
     names_by_file[file_name].insert(name);
   }
-  std::map<std::string, torch::Tensor> tensors;
+  return names_by_file;
+}
+
+// The index at `index_path` and its shards in the same folder, each read by
+// `read_shard` (whole tensors, or only their header's shapes), checking that
+// every shard holds exactly the names the index maps to it.
+template <typename Value>
+std::map<std::string, Value> ReadSharded(
+    const std::string& index_path,
+    const std::function<std::map<std::string, Value>(const std::string&)>&
+        read_shard) {
+  const std::string dir = FolderOf(index_path);
+  const auto fail = [&](const std::string& defect) {
+    FailIndex(index_path, defect);
+  };
+  const auto names_by_file = ReadIndex(index_path);
+  std::map<std::string, Value> values;
   for (const auto& [file, names] : names_by_file) {
-    std::map<std::string, torch::Tensor> shard =
-        safetensors::Load(Join(dir, file));
+    std::map<std::string, Value> shard = read_shard(Join(dir, file));
     std::vector<std::string> missing, unlisted;
     for (const std::string& name : names) {
       if (shard.count(name) == 0) missing.push_back(name);
     }
-    for (auto& [name, tensor] : shard) {
+    for (auto& [name, value] : shard) {
       if (names.count(name) == 0) {
         unlisted.push_back(name);
       } else {
-        tensors[name] = std::move(tensor);
+        values[name] = std::move(value);
       }
     }
     if (!missing.empty()) {
@@ -180,7 +202,22 @@ std::map<std::string, torch::Tensor> LoadSharded(const std::string& dir) {
            ", which the index does not map to it");
     }
   }
-  return tensors;
+  return values;
+}
+
+// save_model's layout in `dir` read by `read_file`: model.safetensors if
+// present (as transformers prefers it), else the index and its shards.
+template <typename Value>
+std::map<std::string, Value> ReadModelWeights(
+    const std::string& dir,
+    const std::function<std::map<std::string, Value>(const std::string&)>&
+        read_file) {
+  if (IsFile(Join(dir, kSingleFile))) return read_file(Join(dir, kSingleFile));
+  if (IsFile(Join(dir, kIndexFile))) {
+    return ReadSharded<Value>(Join(dir, kIndexFile), read_file);
+  }
+  throw CheckpointError("no model weights in '" + dir + "': neither " +
+                        kSingleFile + " nor " + kIndexFile);
 }
 
 }  // namespace
@@ -233,12 +270,20 @@ std::vector<std::string> SaveModelWeights(const NamedTensors& entries,
 }
 
 std::map<std::string, torch::Tensor> LoadModelWeights(const std::string& dir) {
-  if (IsFile(Join(dir, kSingleFile))) {
-    return safetensors::Load(Join(dir, kSingleFile));
+  return ReadModelWeights<torch::Tensor>(dir, safetensors::Load);
+}
+
+std::map<std::string, safetensors::TensorInfo> LoadModelWeightsInfo(
+    const std::string& path) {
+  const std::function<std::map<std::string, safetensors::TensorInfo>(
+      const std::string&)>
+      read_header = safetensors::LoadTensorInfo;
+  if (IsFile(path)) {
+    const bool is_index =
+        path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
+    return is_index ? ReadSharded(path, read_header) : read_header(path);
   }
-  if (IsFile(Join(dir, kIndexFile))) return LoadSharded(dir);
-  throw CheckpointError("no model weights in '" + dir + "': neither " +
-                        kSingleFile + " nor " + kIndexFile);
+  return ReadModelWeights(path, read_header);
 }
 
 void LoadModelWeightsInto(torch::nn::Module& module, const std::string& dir) {

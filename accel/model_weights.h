@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include "accel/safetensors.h"
+
 namespace accel {
 
 // Accelerate's save_model: model.safetensors, or model-00001-of-0000N.
@@ -50,6 +52,13 @@ bool IsModelWeightsFileName(const std::string& name);
 // prefers it), else the index and its shards, checking that every shard
 // holds exactly the names the index maps to it.
 std::map<std::string, torch::Tensor> LoadModelWeights(const std::string& dir);
+
+// The weights' dtypes and shapes from the files' headers alone (no tensor
+// data is read, so any size is quick): `path` is a folder as
+// LoadModelWeights reads it, one .safetensors file, or an index (.json)
+// whose shards are beside it, checked as LoadModelWeights checks them.
+std::map<std::string, safetensors::TensorInfo> LoadModelWeightsInfo(
+    const std::string& path);
 
 // Copies the weights into `module`, after checking names, shapes and dtypes
 // (CheckpointError listing every mismatch; then nothing is changed), like

@@ -182,6 +182,44 @@ TEST(ModelWeightsTest, BrokenIndexesAreCheckpointErrors) {
                   HasSubstr("index '" + index_path + "': not valid JSON")));
 }
 
+// The shapes of every layout from the headers alone: the same names,
+// dtypes and shapes as the loaded tensors, and the index's checks.
+TEST(ModelWeightsTest, InfoReadsShapesOfEveryLayout) {
+  auto model = MakeModel();
+  const TensorMap state = StateOf(*model);
+  const auto expect_info_of = [&](const std::string& path) {
+    const auto infos = LoadModelWeightsInfo(path);
+    ASSERT_EQ(infos.size(), state.size()) << path;
+    for (const auto& [name, tensor] : state) {
+      ASSERT_EQ(infos.count(name), 1u) << name << " in " << path;
+      EXPECT_EQ(infos.at(name).dtype, tensor.scalar_type()) << name;
+      EXPECT_EQ(infos.at(name).shape, tensor.sizes().vec()) << name;
+      EXPECT_EQ(infos.at(name).numel(), tensor.numel()) << name;
+    }
+  };
+  const std::string single = testing::MakeTempDir("info_single");
+  SaveModelWeights(*model, single);
+  expect_info_of(single);
+  expect_info_of(single + "/model.safetensors");
+  const std::string sharded = testing::MakeTempDir("info_sharded");
+  SaveModelWeights(*model, sharded, "1KB");
+  expect_info_of(sharded);
+  const std::string index_path = sharded + "/model.safetensors.index.json";
+  expect_info_of(index_path);
+
+  Json index = Json::parse(ReadBytes(index_path));
+  index["weight_map"].erase("1.bias");
+  WriteBytes(index_path, index.dump());
+  EXPECT_THAT([&] { LoadModelWeightsInfo(index_path); },
+              ::testing::ThrowsMessage<CheckpointError>(HasSubstr(
+                  "'model-00002-of-00004.safetensors' holds '1.bias', "
+                  "which the index does not map to it")));
+  const std::string empty = testing::MakeTempDir("info_empty");
+  EXPECT_THAT([&] { LoadModelWeightsInfo(empty); },
+              ::testing::ThrowsMessage<CheckpointError>(
+                  HasSubstr("no model weights in '" + empty + "'")));
+}
+
 TEST(ParseByteSizeTest, AcceptsDecimalAndBinaryUnits) {
   EXPECT_EQ(ParseByteSize("10GB"), 10'000'000'000);
   EXPECT_EQ(ParseByteSize("5MiB"), 5 * 1024 * 1024);

@@ -373,6 +373,22 @@ std::map<std::string, torch::Tensor> Load(const std::string& path) {
   return tensors;
 }
 
+int64_t TensorInfo::numel() const {
+  // Cannot overflow for a header that was read: ParseEntry bounds the
+  // product of the dimensions by int64's range.
+  int64_t elements = 1;
+  for (const int64_t size : shape) elements *= size;
+  return elements;
+}
+
+std::map<std::string, TensorInfo> LoadTensorInfo(const std::string& path) {
+  std::map<std::string, TensorInfo> infos;
+  for (Entry& entry : Reader(path).ReadHeader().entries) {
+    infos[entry.name] = {entry.dtype, std::move(entry.shape)};
+  }
+  return infos;
+}
+
 std::map<std::string, std::string> LoadMetadata(const std::string& path) {
   return Reader(path).ReadHeader().metadata;
 }

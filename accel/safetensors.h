@@ -26,8 +26,10 @@
 
 #include <torch/types.h>
 
+#include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace accel::safetensors {
 
@@ -43,6 +45,18 @@ void Save(const std::map<std::string, torch::Tensor>& tensors,
 
 // Every tensor of the file, on the CPU.
 std::map<std::string, torch::Tensor> Load(const std::string& path);
+
+// A tensor as a file's header describes it.
+struct TensorInfo {
+  torch::ScalarType dtype;
+  std::vector<int64_t> shape;
+  int64_t numel() const;
+};
+
+// Every tensor's dtype and shape, after checking the whole header as Load
+// does; reads no tensor data, so a model's size is known without loading it
+// (accel-estimate-memory).
+std::map<std::string, TensorInfo> LoadTensorInfo(const std::string& path);
 
 // The "__metadata__" strings (empty when there are none), after checking
 // the whole header; reads no tensor data.

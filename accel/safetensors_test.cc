@@ -66,6 +66,14 @@ TEST(SafetensorsTest, RoundTripsEveryDtypeAndShape) {
   TensorMap expected = tensors;
   expected["transposed"] = tensors.at("transposed").contiguous();
   ExpectSameTensors(loaded, expected);
+  // The header alone gives the same dtypes and shapes.
+  const auto infos = safetensors::LoadTensorInfo(path);
+  ASSERT_EQ(infos.size(), tensors.size());
+  for (const auto& [name, tensor] : tensors) {
+    EXPECT_EQ(infos.at(name).dtype, tensor.scalar_type()) << name;
+    EXPECT_EQ(infos.at(name).shape, tensor.sizes().vec()) << name;
+    EXPECT_EQ(infos.at(name).numel(), tensor.numel()) << name;
+  }
   EXPECT_EQ(safetensors::LoadMetadata(path),
             (std::map<std::string, std::string>{
                 {"format", "pt"}, {"note", "\xc3\xa9t\xc3\xa9"}}));
@@ -413,6 +421,15 @@ TEST(SafetensorsCorruptionTest, EachDefectIsNamed) {
                     HasSubstr("safetensors file '" + sample.path + "'"),
                     HasSubstr(c.message))))
         << c.header;
+    // Every defect but a BOOL's data is in the header, which LoadTensorInfo
+    // checks as Load does.
+    if (c.message.find("BOOL") == std::string::npos &&
+        c.header.find("BOOL") == std::string::npos) {
+      EXPECT_THAT(
+          [&] { safetensors::LoadTensorInfo(sample.path); },
+          ::testing::ThrowsMessage<CheckpointError>(HasSubstr(c.message)))
+          << c.header;
+    }
   }
   // A header without padding and with extra keys is fine, as in the
   // reference reader.
