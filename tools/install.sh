@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Installs accel's command-line tools as accel-launch, accel-env,
-# accel-config, accel-merge-weights and accel-plot-metrics in PREFIX/bin
-# (default /usr/local), and the library for CMake and pkg-config users:
+# accel-config, accel-merge-weights, accel-estimate-memory, accel-test and
+# accel-plot-metrics in PREFIX/bin (default /usr/local), and the library
+# for CMake and pkg-config users:
 # PREFIX/lib/libaccel.so, its headers in PREFIX/include/accel,
 # PREFIX/lib/cmake/accel/accelConfig.cmake (the target accel::accel) and
 # PREFIX/lib/pkgconfig/accel.pc.
 #
 #   bazel run //tools:install -- [PREFIX]
 #   accel-env    # then, from anywhere
+#   accel-test   # PASS in seconds: the installation works at 2 processes
 #   cmake -DCMAKE_PREFIX_PATH=PREFIX ...   # find_package(accel)
 #
 # The programs link accel statically and find LibTorch, Gloo, glog and
@@ -50,6 +52,8 @@ install_one tools/launch accel-launch
 install_one tools/env/env accel-env
 install_one tools/config accel-config
 install_one tools/merge_weights accel-merge-weights
+install_one tools/estimate_memory accel-estimate-memory
+install_one tools/self_test accel-test
 install_one tools/plot_metrics.py accel-plot-metrics
 
 # The library. Each file beside its final name, then renamed into place.

@@ -4,7 +4,7 @@ set -euo pipefail
 prefix="$TEST_TMPDIR/prefix"
 tools/install "$prefix"
 for tool in accel-launch accel-env accel-config accel-merge-weights \
-    accel-plot-metrics; do
+    accel-estimate-memory accel-test accel-plot-metrics; do
   test -x "$prefix/bin/$tool" || { echo "FAIL: $tool not installed"; exit 1; }
 done
 
@@ -49,4 +49,26 @@ grep -q "usage: accel-merge-weights CHECKPOINT OUT" "$TEST_TMPDIR/err" ||
   { echo "FAIL: accel-merge-weights usage"; cat "$TEST_TMPDIR/err"; exit 1; }
 "$prefix/bin/accel-plot-metrics" --help | grep -q "metrics.jsonl" ||
   { echo "FAIL: accel-plot-metrics --help"; exit 1; }
+
+# accel-estimate-memory prints the README's table: DDP's 16 bytes per
+# parameter are 14.9 GiB for 1B, stage 3's 2 at 8 processes 1.9 GiB.
+table=$(env -i HOME="$TEST_TMPDIR" PATH=/usr/bin:/bin \
+          "$prefix/bin/accel-estimate-memory" --parameters=1B)
+grep -qF "1,000,000,000 parameters (--parameters=1B)" <<<"$table" &&
+  grep -qE "^0 \(DDP\) +16\.00 +14\.9 GiB" <<<"$table" &&
+  grep -qE "^3 \(ZeRO 3\)\*.* 2\.00 +1\.9 GiB$" <<<"$table" ||
+  { echo "FAIL: accel-estimate-memory --parameters=1B printed:"; echo "$table"; exit 1; }
+if "$prefix/bin/accel-estimate-memory" --parameters=lots 2>"$TEST_TMPDIR/err"; then
+  echo "FAIL: accel-estimate-memory accepted --parameters=lots"; exit 1
+fi
+grep -q "error: --parameters: expected a whole number" "$TEST_TMPDIR/err" ||
+  { echo "FAIL: accel-estimate-memory's error"; cat "$TEST_TMPDIR/err"; exit 1; }
+# accel-test: its help, and its known job from a bare environment.
+"$prefix/bin/accel-test" --help | grep -q "num_processes=2" ||
+  { echo "FAIL: accel-test --help"; exit 1; }
+passed=$(env -i HOME="$TEST_TMPDIR" PATH=/usr/bin:/bin TMPDIR="$TEST_TMPDIR" \
+           "$prefix/bin/accel-test" 2>&1) ||
+  { echo "FAIL: accel-test:"; echo "$passed"; exit 1; }
+grep -q "^accel-test: PASS (10 checks in" <<<"$passed" ||
+  { echo "FAIL: accel-test printed:"; echo "$passed"; exit 1; }
 echo PASS
