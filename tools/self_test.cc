@@ -7,7 +7,7 @@
 //   accel-test: 2 processes, backend gloo, device cpu
 //   PASS process state: ranks 0, 1 of 2, rank 0 the main process
 //   ...
-//   accel-test: PASS (10 checks in 0.4 s)
+//   accel-test: PASS (10 checks in 0.2 s)
 //
 // It starts its own ranks (accel::InitProgram) and checks, each on every
 // rank, with one line per check saying what it expected and found: the
