@@ -15,7 +15,9 @@ DEFINE_int32(stop_after_steps, 0,
              "Save and stop after this many optimizer steps of this run; 0 "
              "runs to the end. For trying --resume.");
 DEFINE_bool(float64, false, "Train in double precision.");
-// accel's flag, with this example's default (accel reads the program's).
+// accel's flag, with this example's default: a program's default is not
+// accel's (accel reads a flag the program owns only when it is given), so
+// ExampleAccelerator passes the value on itself.
 DEFINE_int32(invariant_micro_batches, 4,
              "Each global batch in this many micro-batches, their gradients "
              "summed in one fixed tree: the same weights, to the bit, at 1, 2 "
@@ -60,6 +62,7 @@ void SetFlagDefaults(const std::map<std::string, std::string>& defaults) {
 
 accel::AcceleratorOptions ExampleAccelerator() {
   accel::AcceleratorOptions options = accel::AcceleratorOptions::FromFlags();
+  options.invariant_micro_batches = FLAGS_invariant_micro_batches;
   options.seed = static_cast<uint64_t>(FLAGS_seed);
   options.project_dir = FLAGS_output_dir;
   options.total_limit = 2;
