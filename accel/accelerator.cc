@@ -551,10 +551,8 @@ void Accelerator::AutocastThisThread() {
   if (model_autocast_ || !options_.autocast.enabled) return;
   const std::optional<c10::ScalarType> dtype = AutocastDtype();
   if (!dtype) return;
-  // Without the cache of casted weights: nothing closes this scope between
-  // steps, and a cached copy would outlive the optimizer's update of its
-  // weight.
-  model_autocast_.emplace(device_.type(), dtype, /*cache_enabled=*/false);
+  ThreadAutocast::Begin(this, device_.type(), *dtype);
+  model_autocast_ = true;
   model_autocast_thread_ = std::this_thread::get_id();
   if (is_main_process()) {
     ACCEL_LOG(INFO) << "mixed precision " << options_.mixed_precision
@@ -567,10 +565,12 @@ void Accelerator::AutocastThisThread() {
 
 void Accelerator::EndThreadAutocast() {
   if (!model_autocast_) return;
-  if (model_autocast_thread_ != std::this_thread::get_id()) {
-    model_autocast_->Abandon();  // Another thread's state is not ours.
+  model_autocast_ = false;
+  // The floor is that thread's own state; from another thread (an
+  // Accelerator destroyed elsewhere) it cannot be reached.
+  if (model_autocast_thread_ == std::this_thread::get_id()) {
+    ThreadAutocast::End(this);
   }
-  model_autocast_.reset();
 }
 
 void Accelerator::unscale_gradients() {

@@ -813,7 +813,7 @@ class Accelerator {
   // What was prepared is in state_->prepared, the one registry.
   std::shared_ptr<TrainingState> state_;
   MixedPrecision precision_ = MixedPrecision::kNo;
-  std::optional<AutocastScope> model_autocast_;
+  bool model_autocast_ = false;  // ThreadAutocast::Begin(this) ran.
   std::thread::id model_autocast_thread_;
   // Backward passes (under invariant_micro_batches: steps), restored by
   // load_state.

@@ -10,20 +10,30 @@
 //   accelerator.backward(loss);                 // outside the scope
 //
 // Accelerate wraps the prepared model's forward in autocast. LibTorch's C++
-// modules have no forward hooks, so accel's prepare() instead turns autocast
-// on for the thread that prepares a model (a scope that lasts until
-// end_training), and accel's own backward, optimizer step and clipping
-// pause it (AutocastPause): the loop needs no code for mixed precision, and
-// the scope above is only for finer control. What runs between forward and
-// backward (the loss, metrics) is under autocast too, as under a scope
-// around the step; AutocastScope::Off (accelerator.autocast(handler) with
-// enabled = false) gives a region in full precision. Scopes nest; the
-// outermost one restores the previous state.
+// modules have no forward hooks, so accel's prepare() instead gives the
+// thread that prepares a model an autocast floor (ThreadAutocast), in force
+// wherever no scope says otherwise, until end_training, free_memory or the
+// Accelerator's end; accel's own backward, optimizer step and clipping
+// pause it (AutocastPause). The loop needs no code for mixed precision, and
+// the scope above is only for finer control. What runs on that thread
+// between forward and backward is under autocast too: the loss, metrics,
+// another model's forward; outputs stay in the lower precision (Accelerate
+// converts them to float32). AutocastScope::Off (accelerator.autocast(
+// handler) with enabled = false) gives a region in full precision; other
+// threads are not under the floor.
+//
+// Scopes may end in any order: each one's setting leaves with it, and what
+// is in force is the newest scope still open, else the floor, else off. The
+// cache of casted weights lives while scopes are open and goes with the
+// last (as torch's outermost autocast clears it); the floor never caches,
+// since nothing ends it between steps and a cached cast would outlive the
+// optimizer's update of its weight. AutocastPause clears it too.
 #pragma once
 
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
+#include <cstdint>
 #include <optional>
 
 namespace accel {
@@ -32,11 +42,11 @@ class AutocastScope {
  public:
   // No effect when `dtype` is empty (mixed precision "no"). `cache_enabled`
   // (AutocastKwargs): whether casted weights are kept for the scope;
-  // empty leaves LibTorch's setting (on by default).
+  // empty: LibTorch's default (kept).
   AutocastScope(c10::DeviceType device, std::optional<c10::ScalarType> dtype,
                 std::optional<bool> cache_enabled = std::nullopt);
-  // A scope in full precision: autocast off for `device` inside it, even
-  // under prepare()'s (Accelerate's AutocastKwargs(enabled=False)).
+  // A scope in full precision: autocast off for `device` inside it, also
+  // under the floor (Accelerate's AutocastKwargs(enabled=False)).
   static AutocastScope Off(c10::DeviceType device);
   ~AutocastScope();
   AutocastScope(AutocastScope&& other) noexcept;
@@ -44,24 +54,27 @@ class AutocastScope {
   AutocastScope& operator=(const AutocastScope&) = delete;
   AutocastScope& operator=(AutocastScope&&) = delete;
 
-  // Forgets the state to restore: for a scope whose thread is gone or is
-  // not this one (the destructor then changes nothing).
-  void Abandon() { active_ = false; }
-
  private:
-  AutocastScope(c10::DeviceType device) : device_(device) {}
+  explicit AutocastScope(uint64_t id) : id_(id) {}
+  uint64_t id_ = 0;  // Its entry among the thread's open scopes; 0: none.
+};
 
-  bool active_ = false;
-  bool turns_off_ = false;  // Off(): no nesting, no cache to clear.
-  c10::DeviceType device_ = c10::DeviceType::CPU;
-  bool was_enabled_ = false;
-  c10::ScalarType previous_dtype_ = c10::ScalarType::Undefined;
-  std::optional<bool> previous_cache_enabled_;  // Set when we changed it.
+// The floor prepare() sets for its thread: autocast to `dtype` on `device`
+// wherever no scope says otherwise, without the cache. `owner` tells
+// floors apart (an Accelerator); End() only ends the owner's.
+class ThreadAutocast {
+ public:
+  static void Begin(const void* owner, c10::DeviceType device,
+                    c10::ScalarType dtype);
+  static void End(const void* owner);
+  // Whether `owner`'s floor is in force on this thread.
+  static bool Has(const void* owner);
 };
 
 // Turns autocast off on this thread (CPU and CUDA) for the scope and back
 // on after: the backward pass, the optimizer step and gradient clipping run
-// in the parameters' precision whatever the program's autocast. Costs two
+// in the parameters' precision whatever the program's autocast. Clears the
+// cache of casted weights at its end (a step changed them). Costs two
 // thread-local reads when autocast is off.
 class AutocastPause {
  public:

@@ -2,6 +2,7 @@
 // state, object collectives and save_model, with every rank a process. The
 // Accelerator here runs with --mixed_precision=fp16 (on the CPU: the loss
 // scaling alone) and a project_dir.
+#include <ATen/autocast_mode.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/nn/modules/activation.h>
@@ -12,6 +13,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <optional>
 
 #include "accel/autocast.h"
 #include "accel/runtime/base/errors.h"
@@ -349,6 +351,69 @@ TEST_F(MixedPrecisionTest, APreparedModelComputesInBf16WithNoCodeInTheLoop) {
     EXPECT_EQ(model->forward(x).scalar_type(), torch::kBFloat16);
   }
   // Until the Accelerator ends.
+  EXPECT_EQ(linear->forward(x).scalar_type(), torch::kFloat32);
+}
+
+// A scope that keeps casted weights (AutocastKwargs' cache_enabled, torch's
+// default) under prepare()'s autocast: each step's forward sees the weights
+// the last step wrote. The floor held LibTorch's cache open, and the
+// scope's casts of step 0 served every later step.
+TEST_F(MixedPrecisionTest, ACachingScopeSeesEveryStepsWeights) {
+  AcceleratorOptions options = TestAcceleratorOptions();
+  options.mixed_precision = "bf16";
+  options.project_dir = "";
+  torch::manual_seed(5);
+  torch::nn::Linear linear(4, 2);
+  torch::optim::SGD sgd(linear->parameters(), torch::optim::SGDOptions(10));
+  const torch::Tensor x = torch::rand({3, 4});
+  Accelerator bf16(options);
+  auto [model, optimizer] = bf16.prepare(linear, sgd);
+  AutocastKwargs cached;
+  cached.cache_enabled = true;
+  for (int step = 0; step < 3; ++step) {
+    torch::Tensor out;
+    {
+      auto scope = bf16.autocast(cached);
+      out = model->forward(x);
+      EXPECT_TRUE(at::autocast::is_autocast_cache_enabled());
+    }
+    const torch::Tensor fresh = torch::nn::functional::linear(
+        x.to(torch::kBFloat16), linear->weight.detach().to(torch::kBFloat16),
+        linear->bias.detach().to(torch::kBFloat16));
+    EXPECT_TRUE(torch::equal(out, fresh)) << "step " << step;
+    bf16.backward(out.sum());
+    optimizer.step();
+    optimizer.zero_grad();
+  }
+  EXPECT_FALSE(at::autocast::is_autocast_cache_enabled());  // The floor's.
+}
+
+// Scopes and prepare() in any order: a model prepared inside a scope
+// stays under autocast once the scope ends (it fell back to float32), and
+// free_memory() ends it (it turned it on for good).
+TEST_F(MixedPrecisionTest, PrepareInsideAScopeKeepsTheModelInBf16) {
+  AcceleratorOptions options = TestAcceleratorOptions();
+  options.mixed_precision = "bf16";
+  options.project_dir = "";
+  torch::nn::Linear linear(4, 2);
+  const torch::Tensor x = torch::rand({3, 4});
+  Accelerator bf16(options);
+  std::optional<AutocastScope> scope(bf16.autocast());
+  auto model = bf16.prepare(linear);
+  scope.reset();
+  EXPECT_EQ(model->forward(x).scalar_type(), torch::kBFloat16);
+  {
+    // A scope left open past another's end.
+    std::optional<AutocastScope> outer(bf16.autocast());
+    AutocastKwargs full;
+    full.enabled = false;
+    std::optional<AutocastScope> off(bf16.autocast(full));
+    outer.reset();
+    EXPECT_EQ(model->forward(x).scalar_type(), torch::kFloat32);
+    off.reset();
+    EXPECT_EQ(model->forward(x).scalar_type(), torch::kBFloat16);
+  }
+  bf16.free_memory();
   EXPECT_EQ(linear->forward(x).scalar_type(), torch::kFloat32);
 }
 
