@@ -65,11 +65,10 @@ TEST(ProgramFlagsTest, ADeepSpeedJsonDecidesOverTheCommandLine) {
   std::ofstream(dir + "/ds.json")
       << R"({"zero_optimization": {"stage": 0}, "fp16": {"enabled": true},
              "gradient_accumulation_steps": 1, "gradient_clipping": 1.0})";
-  std::ofstream(dir + "/deepspeed.yaml")
-      << "distributed_type: DEEPSPEED\n"
-         "deepspeed_config:\n"
-         "  deepspeed_config_file: ds.json\n"
-         "num_processes: 2\n";
+  std::ofstream(dir + "/deepspeed.yaml") << "distributed_type: DEEPSPEED\n"
+                                            "deepspeed_config:\n"
+                                            "  deepspeed_config_file: ds.json\n"
+                                            "num_processes: 2\n";
   const ProcessResult r =
       RunProgram({"--config_file=" + dir + "/deepspeed.yaml", "--from_flags",
                   "--gradient_accumulation_steps=2"});
@@ -83,6 +82,16 @@ TEST(ProgramFlagsTest, ADeepSpeedJsonDecidesOverTheCommandLine) {
       dir + "/ds.json: DeepSpeed's configuration decides it";
   EXPECT_THAT(r.output, HasSubstr(warning));
   EXPECT_EQ(r.output.find(warning), r.output.rfind(warning));  // Once.
+  // Another precision than the JSON's is refused, as Accelerate refuses it
+  // (it was a warning, and the run went on in fp16).
+  const ProcessResult bf16 =
+      RunProgram({"--config_file=" + dir + "/deepspeed.yaml", "--from_flags",
+                  "--mixed_precision=bf16"});
+  EXPECT_EQ(bf16.exit_code, 2) << bf16.output;
+  EXPECT_THAT(bf16.output,
+              HasSubstr("--mixed_precision=bf16 (the command line) disagrees "
+                        "with " +
+                        dir + "/ds.json, which enables fp16: give one"));
 }
 
 TEST(ProgramFlagsTest, TheLaunchConfigurationReachesHandBuiltOptions) {

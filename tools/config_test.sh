@@ -230,7 +230,7 @@ printf '{"zero_optimization": {}}\n' >"$dir/ds.json"
 if out=$("$config" --show --config_file="$dir/deepspeed.yaml" 2>&1); then
   fail "JSON without a stage accepted"
 fi
-has "$out" "deepspeed.yaml:3: deepspeed_config.deepspeed_config_file: $dir/ds.json has no zero_optimization.stage of 0 to 3"
+has "$out" "deepspeed.yaml:3: deepspeed_config.deepspeed_config_file: $dir/ds.json has no zero_optimization.stage (0 to 3, or \"auto\""
 
 # The rest of a DeepSpeed JSON (Accelerate's deepspeed.yaml template): its
 # precision and clipping apply; DeepSpeed's own keys are one warning naming
@@ -266,6 +266,31 @@ if out=$("$config" --show --config_file="$dir/ds_bf16.yaml" 2>&1); then
   fail "bf16 beside the JSON's fp16 accepted"
 fi
 has "$out" "ds_bf16.yaml:1: mixed_precision is bf16, but $dir/ds.json enables fp16: give one"
+# "stage": "auto" takes deepspeed_config.zero_stage (as Accelerate fills
+# it in); a stage of another type is named, quoted.
+printf 'distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: ds.json\n  zero_stage: 1\n' >"$dir/ds_auto.yaml"
+printf '{"zero_optimization": {"stage": "auto"}}\n' >"$dir/ds.json"
+out=$("$config" --show --config_file="$dir/ds_auto.yaml" 2>&1) || fail "auto stage: $out"
+has "$out" "--zero_stage=1"
+printf 'distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: ds.json\n' >"$dir/ds_auto2.yaml"
+out=$("$config" --show --config_file="$dir/ds_auto2.yaml" 2>&1) || fail "auto stage alone: $out"
+has "$out" "--zero_stage=2"  # Accelerate's DeepSpeed plugin's default.
+printf '{"zero_optimization": {"stage": "2"}}\n' >"$dir/ds.json"
+if out=$("$config" --show --config_file="$dir/ds_auto.yaml" 2>&1); then
+  fail "a stage of text accepted"
+fi
+has "$out" 'zero_optimization.stage: expected 0 to 3 or "auto", found "\"2\""'
+# What is at the JSON's path, when it is not a file, is said (a FIFO would
+# block the reader: it is refused before it is opened).
+mkdir -p "$dir/dsdir"
+mkfifo "$dir/dsfifo"
+for what in "dsdir|a folder" "dsfifo|a FIFO"; do
+  printf 'distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: %s\n' "${what%%|*}" >"$dir/ds_odd.yaml"
+  if out=$(timeout 20 "$config" --show --config_file="$dir/ds_odd.yaml" 2>&1); then
+    fail "${what%%|*} accepted"
+  fi
+  has "$out" "is not a regular file (${what#*|})"
+done
 # A JSON of 1.5 GB (sparse: no disk) is refused before a byte is read.
 truncate -s 1500M "$dir/huge.json"
 printf 'distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: huge.json\n' >"$dir/huge.yaml"

@@ -237,6 +237,16 @@ std::string ReadSmallFile(const std::string& path, uint64_t max_bytes,
   return text;
 }
 
+std::string WhyNotARegularFile(const std::string& path) {
+  struct stat info;
+  if (stat(path.c_str(), &info) != 0) return std::strerror(errno);
+  if (S_ISREG(info.st_mode)) return "";
+  return S_ISDIR(info.st_mode)                            ? "a folder"
+         : S_ISFIFO(info.st_mode)                         ? "a FIFO"
+         : S_ISCHR(info.st_mode) || S_ISBLK(info.st_mode) ? "a device"
+                                                          : "not a file";
+}
+
 bool IsFile(const std::string& path) {
   struct stat info;
   return stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);

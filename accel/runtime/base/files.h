@@ -75,6 +75,12 @@ std::string ReadSmallFile(const std::string& path, uint64_t max_bytes,
 // Whether `path` names an existing file (not a folder).
 bool IsFile(const std::string& path);
 
+// "" when `path` is a regular file, else why not: its stat error
+// ("No such file or directory") or what it is ("a folder", "a FIFO", "a
+// device", "not a file"). A reader calls it before open(), which blocks on
+// a FIFO.
+std::string WhyNotARegularFile(const std::string& path);
+
 // Whether `dir` is a folder that this process can create files in; errno
 // tells why not.
 bool IsWritableFolder(const std::string& dir);

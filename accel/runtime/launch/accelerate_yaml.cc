@@ -1,5 +1,6 @@
 #include "accel/runtime/launch/accelerate_yaml.h"
 
+#include <sys/stat.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -140,6 +141,7 @@ bool IsHarmlessJson(const nlohmann::json& value) {
 struct DeepSpeedJsonReader {
   std::string where;
   std::string stage, accumulation, clipping, precision;
+  bool stage_auto = false;  // "auto": the YAML's or the command line's.
   // Keys that do not apply, named in one warning (at most ten, then a
   // count).
   struct Names {
@@ -196,8 +198,10 @@ struct DeepSpeedJsonReader {
         ignored.Add(key);
       }
     }
-    if (stage.empty()) {
-      throw UsageError(where + " has no zero_optimization.stage of 0 to 3");
+    if (stage.empty() && !stage_auto) {
+      throw UsageError(where +
+                       " has no zero_optimization.stage (0 to 3, or \"auto\" "
+                       "with deepspeed_config.zero_stage or --zero_stage)");
     }
     if (fp16 && bf16) {
       throw UsageError(where +
@@ -220,6 +224,13 @@ struct DeepSpeedJsonReader {
         if (value.is_number_integer() && value.get<long long>() >= 0 &&
             value.get<long long>() <= 3) {
           stage = std::to_string(value.get<long long>());
+        } else if (IsAuto(value)) {
+          stage_auto = true;  // deepspeed_config.zero_stage, or the flag.
+        } else {
+          throw UsageError(where +
+                           ": zero_optimization.stage: expected 0 to 3 or "
+                           "\"auto\", found " +
+                           Excerpt(value.dump()));
         }
       } else if (!IsHarmlessJson(item.value())) {
         ignored.Add("zero_optimization." + item.key());
@@ -255,6 +266,13 @@ struct DeepSpeedJsonReader {
     return enabled;
   }
 };
+
+// Whether anything is at `path` (a file, a folder, a FIFO, ...), so that a
+// reader can say what is wrong with it.
+bool Exists(const std::string& path) {
+  struct stat info;
+  return stat(path.c_str(), &info) == 0;
+}
 
 // Reads one file's settings; every message names the file, line and key.
 class YamlReader {
@@ -542,14 +560,22 @@ class YamlReader {
   void DeepSpeedJson(const YAML::Node& value) {
     const std::string key = "deepspeed_config.deepspeed_config_file";
     std::string file = Scalar(key, value);
-    if (!file.empty() && file[0] != '/' && !IsFile(file) &&
-        IsFile(FolderOf(path_) + "/" + file)) {
+    if (!file.empty() && file[0] != '/' && !Exists(file) &&
+        Exists(FolderOf(path_) + "/" + file)) {
       file = FolderOf(path_) + "/" + file;
     }
-    if (file.empty() || !IsFile(file)) {
-      throw UsageError(Where(value) + key + ": cannot read " + Excerpt(file) +
-                       " (looked in the working directory and beside " + path_ +
-                       ")");
+    // A relative path is the working directory's first, as Accelerate's,
+    // then the YAML file's folder's.
+    if (file.empty() || !Exists(file)) {
+      throw UsageError(Where(value) + key + ": " + Excerpt(file) +
+                       " does not exist (looked in the working directory and "
+                       "beside " +
+                       path_ + ")");
+    }
+    const std::string why = WhyNotARegularFile(file);
+    if (!why.empty()) {
+      throw UsageError(Where(value) + key + ": " + Excerpt(file) +
+                       " is not a regular file (" + why + ")");
     }
     // The size is checked before a byte is read: a 1.5 GB file cost 9.7 s
     // and 3.2 GB of memory before it was refused.
@@ -570,8 +596,12 @@ class YamlReader {
     DeepSpeedJsonReader reader;
     reader.where = Where(value) + key + ": " + file;
     reader.Read(json);
-    zero_stage_ = reader.stage;
-    Set("zero_stage", zero_stage_, value).decided_by = file;
+    if (!reader.stage.empty()) {
+      zero_stage_ = reader.stage;
+      Set("zero_stage", zero_stage_, value).decided_by = file;
+    } else {
+      json_stage_auto_ = true;
+    }
     if (!reader.accumulation.empty()) {
       AccumulationStepsFrom(file + "'s gradient_accumulation_steps",
                             reader.accumulation, Line(value))
@@ -655,6 +685,12 @@ class YamlReader {
         settings_.push_back({"num_processes", "1", distributed_type_line_});
       }
     }
+    if (json_stage_auto_ && zero_stage_.empty()) {
+      // As Accelerate's DeepSpeed plugin fills in "auto" (its default
+      // zero_stage); --zero_stage on the command line wins.
+      settings_.push_back({"zero_stage", "2", distributed_type_line_, ""});
+      zero_stage_ = "2";
+    }
     if (distributed_type_ == "DEEPSPEED" && zero_stage_.empty()) {
       throw UsageError(where +
                        "distributed_type DEEPSPEED needs "
@@ -706,6 +742,7 @@ class YamlReader {
   std::string precision_;  // The YAML's mixed_precision.
   int precision_line_ = 0;
   std::string json_precision_, json_precision_file_;  // Its JSON's.
+  bool json_stage_auto_ = false;  // Its JSON's stage is "auto".
   int json_precision_line_ = 0;
 };
 

@@ -114,12 +114,9 @@ void RequireConfigFile(const std::string& shown, const std::string& path) {
                                         "leave the flag out)"
                                       : ""));
   }
-  if (!S_ISREG(info.st_mode)) {
-    throw UsageError(shown + ": not a regular file (" +
-                     (S_ISDIR(info.st_mode)    ? "a folder"
-                      : S_ISFIFO(info.st_mode) ? "a FIFO"
-                      : S_ISCHR(info.st_mode)  ? "a device"
-                                               : "not a file") +
+  const std::string why = WhyNotARegularFile(path);
+  if (!why.empty()) {
+    throw UsageError(shown + ": not a regular file (" + why +
                      "); give a launch configuration file");
   }
 }
@@ -358,11 +355,18 @@ void ApplyDecidingSettings() {
         info.is_default || SameValue(info.current_value, decided.value)) {
       continue;
     }
+    if (decided.name == "mixed_precision") {
+      // Accelerate refuses this pair too ("--mixed_precision arg cannot be
+      // set to bf16 when fp16 is set in the DeepSpeed config file").
+      throw UsageError("--mixed_precision=" + Shown(info.current_value) +
+                       " (the command line) disagrees with " +
+                       decided.decided_by + ", which enables " + decided.value +
+                       ": give one");
+    }
     warnings.push_back("--" + decided.name + "=" + Shown(info.current_value) +
                        " (the command line) gives way to " + decided.value +
                        " from " + decided.decided_by +
-                       ": DeepSpeed's configuration decides it, as in "
-                       "Accelerate");
+                       ": DeepSpeed's configuration decides it");
     gflags::SetCommandLineOption(decided.name.c_str(), decided.value.c_str());
   }
   if (warnings.empty()) return;

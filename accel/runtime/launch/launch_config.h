@@ -57,8 +57,10 @@ std::vector<std::pair<std::string, std::string>> ApplyLaunchConfig(
 
 // After the command line is parsed: what a DeepSpeed JSON configuration
 // read by ApplyLaunchConfig decides (the ZeRO stage, accumulation steps,
-// precision, clipping) replaces another value given on the command line,
-// with one warning per job naming both, as Accelerate's launcher does.
+// clipping) replaces another value given on the command line, with one
+// warning per job naming both, as Accelerate's launcher does for the
+// accumulation steps; another --mixed_precision than the JSON's is a
+// UsageError, as in Accelerate.
 void ApplyDecidingSettings();
 
 // Writes `flags` (name, value) as a configuration file, creating its folder,

@@ -69,7 +69,12 @@ void internal::InitProgram(int* argc, char*** argv, void* program_module) {
   PrintHelpAndExitIfAsked(*argc, *argv);
   RejectUnknownFlags(*argc, *argv);  // With the flag it resembles.
   gflags::ParseCommandLineFlags(argc, argv, /*remove_flags=*/true);
-  ApplyDecidingSettings();
+  try {
+    ApplyDecidingSettings();
+  } catch (const UsageError& error) {
+    std::fprintf(stderr, "error: %s\n", error.what());
+    std::exit(2);
+  }
   // Relative paths (--output_dir=trained_model) mean the user's directory.
   try {
     EnterUserDirectory();
