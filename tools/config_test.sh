@@ -423,6 +423,20 @@ if out=$("$config" --show --config_file="$dir/comment.yaml" 2>&1); then
   fail "an unknown flag in an accel line was accepted"
 fi
 has "$out" 'comment.yaml:2: expected "# accel: --flag=value" with one of accel'"'"'s flags'
+printf 'distributed_type: MULTI_CPU\n# accel: --timout_s=5\n' >"$dir/comment.yaml"
+if out=$("$config" --show --config_file="$dir/comment.yaml" 2>&1); then
+  fail "a misspelt flag in an accel line was accepted"
+fi
+has "$out" "(did you mean --timeout_s?)"
+# Without a ZeRO stage Accelerate reads no deepspeed_config: accumulation
+# and clipping are then accel's own lines; a number is written as one.
+"$config" --nointeractive --config_file="$dir/ddp.yaml" --num_processes=2 \
+  --gradient_accumulation_steps=4 --gradient_clipping=1.5 >/dev/null
+if grep -q deepspeed_config "$dir/ddp.yaml"; then
+  fail "deepspeed_config outside DEEPSPEED: $(cat "$dir/ddp.yaml")"
+fi
+has "$(cat "$dir/ddp.yaml")" "# accel: --gradient_accumulation_steps=4"
+has "$(cat "$dir/both.yaml")" "gradient_clipping: 1.5"
 
 # Accelerate's templates (examples/config_yaml_templates) launch train_demo:
 # single_accelerator.yaml on one CPU process ...

@@ -8,11 +8,15 @@
 //   accel::Excerpt("\x7f" "ELF\x02")           // "\"\\x7fELF\\x02\""
 //   accel::Shown("--epochs")                   // "--epochs", as it is
 //   accel::IsUtf8("caf\xc3\xa9")                // true; "\xff" false
+//   accel::ClosestName("epoch", {"epochs", "seed"})  // "epochs"
 #pragma once
 
+#include <algorithm>
 #include <cstdio>
+#include <set>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace accel {
 
@@ -73,6 +77,39 @@ inline bool IsUtf8(std::string_view text) {
     i += extra + 1;
   }
   return true;
+}
+
+// The name among `known` closest to `name` (a misspelling: at most two
+// letters, or a third of them, off), or "" when none is that close: for
+// "did you mean --epochs?".
+inline std::string ClosestName(std::string_view name,
+                               const std::set<std::string>& known) {
+  // Levenshtein distance, one row at a time.
+  const auto distance = [](std::string_view a, std::string_view b) {
+    std::vector<size_t> row(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+      size_t diagonal = row[0];
+      row[0] = i;
+      for (size_t j = 1; j <= b.size(); ++j) {
+        const size_t above = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1,
+                           diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+        diagonal = above;
+      }
+    }
+    return row[b.size()];
+  };
+  std::string best;
+  size_t best_distance = std::max<size_t>(2, name.size() / 3) + 1;
+  for (const std::string& candidate : known) {
+    const size_t d = distance(name, candidate);
+    if (d < best_distance) {
+      best = candidate;
+      best_distance = d;
+    }
+  }
+  return best;
 }
 
 // `text` as it is when it is short printable ASCII, else Excerpt(text):

@@ -746,11 +746,17 @@ class YamlReader {
   int json_precision_line_ = 0;
 };
 
+// Written without quotes: booleans and numbers (a quoted 1.5 is a string
+// to PyYAML, where Accelerate's own config writes a float).
 bool IsPlain(const std::string& value) {
   if (value == "true" || value == "false") return true;
-  return !value.empty() && value.size() < 10 &&
-         std::all_of(value.begin(), value.end(),
-                     [](unsigned char c) { return std::isdigit(c); });
+  if (value.empty() || value.size() >= 20) return false;
+  char* end = nullptr;
+  std::strtod(value.c_str(), &end);
+  return *end == '\0' &&
+         std::all_of(value.begin(), value.end(), [](unsigned char c) {
+           return std::isdigit(c) || c == '.' || c == '-' || c == 'e';
+         });
 }
 
 std::string Lookup(
@@ -802,10 +808,15 @@ std::vector<ConfigSetting> AccelCommentLines(const std::string& path,
     const std::string name =
         flag.rfind("--", 0) == 0 ? flag.substr(2, equals - 2) : "";
     if (equals == std::string::npos || !IsAccelFlag(name)) {
-      throw UsageError(path + ":" + std::to_string(number) +
-                       ": expected \"# accel: --flag=value\" with one of "
-                       "accel's flags, found " +
-                       Excerpt(flag));
+      const auto& flags = ConfigurableFlags();
+      const std::string closest =
+          ClosestName(name, std::set<std::string>(flags.begin(), flags.end()));
+      throw UsageError(
+          path + ":" + std::to_string(number) +
+          ": expected \"# accel: --flag=value\" with one of accel's flags, "
+          "found " +
+          Excerpt(flag) +
+          (closest.empty() ? "" : " (did you mean --" + closest + "?)"));
     }
     settings.push_back({name, flag.substr(equals + 1), number, ""});
   }
@@ -910,8 +921,11 @@ std::string AccelerateYamlFromFlags(
     if (name == "fsdp_sharding_strategy" ||
         name == "fsdp_transformer_layer_cls_to_wrap") {
       fsdp_section[name] = value;
-    } else if (name == "gradient_accumulation_steps" ||
-               name == "gradient_clipping" || (name == "zero_stage" && zero)) {
+    } else if ((name == "zero_stage" && zero) ||
+               (zero && (name == "gradient_accumulation_steps" ||
+                         name == "gradient_clipping"))) {
+      // Accelerate reads deepspeed_config under DEEPSPEED alone; elsewhere
+      // these are accel's own.
       deepspeed_section[name] = value;
     } else if (name == "collective_checks" && value == "true") {
       out << YAML::Key << "debug" << YAML::Value << "true";

@@ -9,6 +9,8 @@
 #include <map>
 #include <vector>
 
+#include "accel/runtime/base/excerpt.h"
+
 namespace accel {
 namespace {
 
@@ -57,32 +59,7 @@ std::string ProgramName(const char* argv0) {
 
 std::string ClosestFlag(const std::string& name,
                         const std::set<std::string>& known) {
-  // Levenshtein distance, one row at a time.
-  const auto distance = [](const std::string& a, const std::string& b) {
-    std::vector<size_t> row(b.size() + 1);
-    for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-    for (size_t i = 1; i <= a.size(); ++i) {
-      size_t diagonal = row[0];
-      row[0] = i;
-      for (size_t j = 1; j <= b.size(); ++j) {
-        const size_t above = row[j];
-        row[j] = std::min({row[j] + 1, row[j - 1] + 1,
-                           diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-        diagonal = above;
-      }
-    }
-    return row[b.size()];
-  };
-  std::string best;
-  size_t best_distance = std::max<size_t>(2, name.size() / 3) + 1;
-  for (const std::string& flag : known) {
-    const size_t d = distance(name, flag);
-    if (d < best_distance) {
-      best = flag;
-      best_distance = d;
-    }
-  }
-  return best;
+  return ClosestName(name, known);
 }
 
 void RejectUnknownFlags(int argc, char** argv,
