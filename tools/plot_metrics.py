@@ -112,6 +112,24 @@ def proto_fields(data):
         yield number, wire, value
 
 
+def _crc_step(crc):
+    for _ in range(8):
+        crc = (crc >> 1) ^ (0x82F63B78 * (crc & 1))
+    return crc
+
+
+CRC32C = [_crc_step(byte) for byte in range(256)]
+
+
+def masked_crc(data):
+    """TFRecord's masked CRC-32C (Castagnoli) of `data`."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc = CRC32C[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    crc ^= 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
 def load_tensorboard_run(path):
     """The scalars of a run's TensorBoard event files (every file of its
     folder, in order): Event.step (2) and Event.summary (5), whose
@@ -124,10 +142,16 @@ def load_tensorboard_run(path):
         while at < len(data):
             if at + 12 > len(data):
                 raise DataError("%s: a record cut off at byte %d" % (name, at))
-            (length,) = struct.unpack_from("<Q", data, at)
+            (length, length_crc) = struct.unpack_from("<QI", data, at)
             record = data[at + 12:at + 12 + length]
             if len(record) != length or at + 16 + length > len(data):
                 raise DataError("%s: a record cut off at byte %d" % (name, at))
+            (record_crc,) = struct.unpack_from("<I", data, at + 12 + length)
+            # As TensorBoard's reader: a damaged record is not plotted.
+            if (masked_crc(data[at:at + 8]) != length_crc or
+                    masked_crc(record) != record_crc):
+                raise DataError("%s: the record at byte %d fails its checksum "
+                                "(a damaged file)" % (name, at))
             at += 16 + length
             try:
                 step, values = 0, []

@@ -67,10 +67,20 @@ def field(number, wire, payload):
     return key + payload
 
 
+def crc32c(data):
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    crc ^= 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
 def write_tensorboard_run(folder, steps):
-    """An event file as TensorBoard's writers frame it (the CRCs are not
-    read back, so zeros here): a file_version event, then one event per
-    step with loss and accuracy as simple values."""
+    """An event file as TensorBoard's writers frame it (length, masked
+    CRC-32C of it, the record, its masked CRC-32C): a file_version event,
+    then one event per step with loss and accuracy as simple values."""
     os.makedirs(folder, exist_ok=True)
     records = [field(1, 1, struct.pack("<d", 1.7e9)) +
                field(3, 2, b"brain.Event:2")]
@@ -84,8 +94,9 @@ def write_tensorboard_run(folder, steps):
     with open(os.path.join(folder, "events.out.tfevents.1700000000.host.1.0"),
               "wb") as f:
         for record in records:
-            f.write(struct.pack("<Q", len(record)) + b"\0" * 4 + record +
-                    b"\0" * 4)
+            length = struct.pack("<Q", len(record))
+            f.write(length + struct.pack("<I", crc32c(length)) + record +
+                    struct.pack("<I", crc32c(record)))
     return folder
 
 
@@ -101,12 +112,21 @@ class PlotMetricsTest(unittest.TestCase):
         self.assertEqual(code, 0, out)
         self.assertIn("(loss, accuracy; up to 30 steps)", out)
         self.assertTrue(png_size(os.path.join(folder, "metrics.png"))[0] > 0)
-        with open(os.path.join(folder, "events.out.tfevents.1700000000.host.1.0"),
-                  "ab") as f:
+        events = os.path.join(folder, "events.out.tfevents.1700000000.host.1.0")
+        with open(events, "r+b") as f:
+            # A loss's float flipped: the record's checksum no longer holds.
+            data = bytearray(f.read())
+            at = data.index(b"loss") + 6
+            data[at] ^= 0x40
+            f.seek(0)
+            f.write(data)
+        code, out = run(folder)
+        self.assertEqual(code, 1, out)
+        self.assertIn("fails its checksum", out)
+        with open(events, "ab") as f:
             f.write(b"\x05\0\0\0")
         code, out = run(folder)
         self.assertEqual(code, 1, out)
-        self.assertIn("a record cut off", out)
 
     def test_plots_the_four_curves_of_a_run(self):
         folder = write_run(os.path.join(self.dir, "run"), training_lines(12, 9))
