@@ -38,31 +38,28 @@ TEST(ParseParameterCountTest, AcceptsIntegersAndSuffixes) {
 }
 
 TEST(ParseParameterCountTest, RejectsEverythingElseNamingTheFlag) {
-  for (const std::string bad : {"",
-                                "0",
-                                "0K",
-                                "-5",
-                                "+5",
-                                "1.3",
-                                "1.2345K",
-                                "1e9",
-                                "12X",
-                                "1.3T",
-                                "K",
-                                ".5B",
-                                "1.B",
-                                " 125M",
-                                "125M ",
-                                "1,000",
-                                "1.2.3B",
-                                "0x10",
-                                "9223372036854775808",
-                                "10000000000B"}) {
+  for (const std::string bad :
+       {"", "-5", "+5", "1.3", "1.2345K", "1e9", "12X", "1.3T", "K", ".5B",
+        "1.B", " 125M", "125M ", "1,000", "1.2.3B", "0x10"}) {
     EXPECT_THAT([&] { ParseParameterCount(bad); },
                 ::testing::ThrowsMessage<UsageError>(::testing::AllOf(
                     HasSubstr("--parameters: expected a whole number"),
                     HasSubstr("found '" + bad + "'"))))
         << bad;
+  }
+  // Well formed, but no model: said so, not "expected a whole number".
+  for (const std::string zero : {"0", "0K"}) {
+    EXPECT_THAT([&] { ParseParameterCount(zero); },
+                ::testing::ThrowsMessage<UsageError>(
+                    HasSubstr("a model has at least 1 parameter")))
+        << zero;
+  }
+  for (const std::string huge :
+       {"9223372036854775808", "10000000000B", "18446744073G"}) {
+    EXPECT_THAT([&] { ParseParameterCount(huge); },
+                ::testing::ThrowsMessage<UsageError>(
+                    HasSubstr("is more than the 9.2e18 parameters")))
+        << huge;
   }
 }
 
@@ -103,6 +100,8 @@ TEST(BytesPerParameterTest, FollowsTheReadmeTable) {
   EXPECT_DOUBLE_EQ(BytesPerParameter(1, 4), 10);
   EXPECT_DOUBLE_EQ(BytesPerParameter(2, 4), 7);
   EXPECT_DOUBLE_EQ(BytesPerParameter(3, 2, 24), 8.5);
+  // One unit: nothing to prefetch, its parameters and gradients (8/L).
+  EXPECT_DOUBLE_EQ(BytesPerParameter(3, 2, 1), 8 + 8);
   // The units do not change stages 0-2.
   EXPECT_DOUBLE_EQ(BytesPerParameter(2, 4, 8), 7);
   EXPECT_THROW(BytesPerParameter(4, 2), UsageError);

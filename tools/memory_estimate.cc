@@ -145,13 +145,25 @@ int64_t ParseParameterCount(const std::string& text) {
     --decimals;
   }
   if (decimals > exponent) return fail();  // Not whole: "1.2345K".
+  const auto too_large = [&]() -> int64_t {
+    throw UsageError("--parameters: '" + text +
+                     "' is more than the 9.2e18 parameters accel counts");
+  };
+  if (digits.empty() ||
+      !std::all_of(digits.begin(), digits.end(),
+                   [](unsigned char c) { return std::isdigit(c); })) {
+    return fail();
+  }
   const auto value = ParseWhole(digits, std::numeric_limits<int64_t>::max());
-  if (!value) return fail();
+  if (!value) return too_large();
   int64_t count = *value;
   for (int i = decimals; i < exponent; ++i) {
-    if (__builtin_mul_overflow(count, int64_t{10}, &count)) return fail();
+    if (__builtin_mul_overflow(count, int64_t{10}, &count)) return too_large();
   }
-  if (count < 1) return fail();
+  if (count < 1) {
+    throw UsageError("--parameters: a model has at least 1 parameter; found '" +
+                     text + "'");
+  }
   return count;
 }
 
@@ -207,7 +219,10 @@ double BytesPerParameter(int stage, int processes, int units) {
     case 2:
       return 4 + 4 / n + 8 / n;
     default:
-      return 16 / n + (units > 0 ? 12.0 / units : 0.0);
+      // During backward: the running unit's parameters and gradients and
+      // the prefetched unit's parameters, 4/L bytes each; a single unit
+      // has none to prefetch.
+      return 16 / n + (units > 1 ? 12.0 / units : units == 1 ? 8.0 : 0.0);
   }
 }
 

@@ -57,7 +57,12 @@ int Main(int argc, char** argv) {
 int main(int argc, char** argv) {
   const std::string name = accel::ProgramName(argv[0]);
   gflags::SetUsageMessage(
-      name + " CHECKPOINT OUT [--model=N] [--max_shard_size=SIZE]");
+      name +
+      " CHECKPOINT OUT [--model=N] [--max_shard_size=SIZE]\n\n"
+      "Writes a checkpoint's model weights (CHECKPOINT: a folder save_state "
+      "wrote, at any\nZeRO stage) as OUT/model.safetensors, or Hugging Face's "
+      "shards with their index,\nas accelerate merge-weights does; "
+      "accel::LoadModelWeightsInto reads them back.");
   // Its own flags, not the 252 of the LibTorch it links.
   const std::set<std::string> own = {"model", "max_shard_size"};
   accel::PrintHelpAndExitIfAsked(argc, argv, &own);
