@@ -179,7 +179,8 @@ class TcpStore::Connection {
         throw UsageError(
             Describe() +
             " rejected this process: it belongs to another run (the run "
-            "secret in ACCEL_RUN_SECRET differs; rank 0 reports it too). "
+            "secret in ACCEL_RUN_SECRET differs; rank 0 reports it too when "
+            "it waits for this rank). "
             "Export the same ACCEL_RUN_SECRET on every machine, or, if "
             "another job uses port " +
             port + ", choose another with --main_process_port");
