@@ -148,9 +148,9 @@ int Configure(const std::string& path, const std::set<std::string>& from_file) {
   auto keep = [&flags](const std::string& flag, const std::string& value) {
     flags.emplace_back(flag, value);
   };
-  const std::string machines = Ask("How many machines will run the job?",
-                                   "num_machines",
-                                   IntegerIn(1, accel::kMaxLaunchProcesses));
+  const std::string machines =
+      Ask("How many machines will run the job?", "num_machines",
+          IntegerIn(1, accel::kMaxLaunchProcesses));
   keep("num_machines", machines);
   if (machines != "1") {
     const long count = std::stol(machines);
