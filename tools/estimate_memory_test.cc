@@ -163,7 +163,7 @@ TEST(ModelFromWeightsTest, CountsFloatingPointTensorsFromTheHeaders) {
                      {"norm.scale", torch::zeros({5}, torch::kBFloat16)},
                      {"steps", torch::zeros({3}, torch::kLong)}},
                     dir + "/model.safetensors");
-  for (const std::string path : {dir, dir + "/model.safetensors"}) {
+  for (const std::string& path : {dir, dir + "/model.safetensors"}) {
     const Model model = ModelFromWeights(path);
     EXPECT_EQ(model.parameters, 225) << path;
     EXPECT_EQ(model.largest_parameter, 200) << path;
