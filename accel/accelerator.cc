@@ -10,7 +10,6 @@
 #include <exception>
 #include <mutex>
 #include <random>
-#include <thread>
 
 #include "accel/checkpoint_manager.h"
 #include "accel/invariant_reduction.h"
@@ -548,12 +547,10 @@ AutocastScope Accelerator::autocast(const AutocastKwargs& handler) const {
 }
 
 void Accelerator::AutocastThisThread() {
-  if (model_autocast_ || !options_.autocast.enabled) return;
+  if (model_autocast_ != nullptr || !options_.autocast.enabled) return;
   const std::optional<c10::ScalarType> dtype = AutocastDtype();
   if (!dtype) return;
-  ThreadAutocast::Begin(this, device_.type(), *dtype);
-  model_autocast_ = true;
-  model_autocast_thread_ = std::this_thread::get_id();
+  model_autocast_ = std::make_unique<ThreadAutocast>(device_.type(), *dtype);
   if (is_main_process()) {
     ACCEL_LOG(INFO) << "mixed precision " << options_.mixed_precision
                     << ": autocast is on for the thread that prepared the "
@@ -563,15 +560,7 @@ void Accelerator::AutocastThisThread() {
   }
 }
 
-void Accelerator::EndThreadAutocast() {
-  if (!model_autocast_) return;
-  model_autocast_ = false;
-  // The floor is that thread's own state; from another thread (an
-  // Accelerator destroyed elsewhere) it cannot be reached.
-  if (model_autocast_thread_ == std::this_thread::get_id()) {
-    ThreadAutocast::End(this);
-  }
-}
+void Accelerator::EndThreadAutocast() { model_autocast_.reset(); }
 
 void Accelerator::unscale_gradients() {
   const AutocastPause full_precision;

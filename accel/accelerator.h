@@ -45,7 +45,6 @@
 #include <optional>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -813,8 +812,8 @@ class Accelerator {
   // What was prepared is in state_->prepared, the one registry.
   std::shared_ptr<TrainingState> state_;
   MixedPrecision precision_ = MixedPrecision::kNo;
-  bool model_autocast_ = false;  // ThreadAutocast::Begin(this) ran.
-  std::thread::id model_autocast_thread_;
+  // prepare()'s autocast for the thread that prepared first; null: none.
+  std::unique_ptr<ThreadAutocast> model_autocast_;
   // Backward passes (under invariant_micro_batches: steps), restored by
   // load_state.
   int64_t step_ = 0;

@@ -417,6 +417,26 @@ TEST_F(MixedPrecisionTest, PrepareInsideAScopeKeepsTheModelInBf16) {
   EXPECT_EQ(linear->forward(x).scalar_type(), torch::kFloat32);
 }
 
+// Two Accelerators on one thread: the second one's end took the first
+// one's autocast with it, and the first's model ran in float32.
+TEST_F(MixedPrecisionTest, ASecondAcceleratorLeavesTheFirstsAutocast) {
+  AcceleratorOptions options = TestAcceleratorOptions();
+  options.mixed_precision = "bf16";
+  options.project_dir = "";
+  torch::nn::Linear linear(4, 2), other(4, 2);
+  const torch::Tensor x = torch::rand({3, 4});
+  {
+    Accelerator first(options);
+    auto model = first.prepare(linear);
+    {
+      Accelerator second(options);
+      second.prepare(other);
+    }
+    EXPECT_EQ(model->forward(x).scalar_type(), torch::kBFloat16);
+  }
+  EXPECT_EQ(linear->forward(x).scalar_type(), torch::kFloat32);
+}
+
 TEST_F(MixedPrecisionTest, GatherObjectAndBroadcastObjectList) {
   const std::vector<std::string> all = A().gather_object(
       std::vector<std::string>(R() + 1, std::string(R(), 'x')));
