@@ -84,18 +84,9 @@ int ZeroStageFromFlags() {
 }
 
 AcceleratorOptions AcceleratorOptions::FromFlags() {
-  // Checked here too, so that the message names the flag.
-  for (const auto& [flag, value] :
-       {std::pair<const char*, int>{"--timeout_s", flags::timeout_s.value()},
-        {"--rendezvous_timeout_s", flags::rendezvous_timeout_s.value()},
-        {"--network_timeout_s", flags::network_timeout_s.value()},
-        {"--gradient_accumulation_steps",
-         flags::gradient_accumulation_steps.value()}}) {
-    if (value < 1) {
-      throw UsageError(std::string(flag) + " must be at least 1, found " +
-                       std::to_string(value));
-    }
-  }
+  // Checked here too (a program without InitProgram), so that the
+  // message names the flag.
+  CheckProgramFlagValues();
   AcceleratorOptions options;
   options.backend = flags::backend.value();
   options.mixed_precision = flags::mixed_precision.value();

@@ -82,6 +82,19 @@ TEST(ProgramFlagsTest, ADeepSpeedJsonDecidesOverTheCommandLine) {
       dir + "/ds.json: DeepSpeed's configuration decides it";
   EXPECT_THAT(r.output, HasSubstr(warning));
   EXPECT_EQ(r.output.find(warning), r.output.rfind(warning));  // Once.
+  // Each setting the JSON decides is named, once (the accumulation and
+  // clipping were applied without a word).
+  const size_t note = r.output.find("accel: note: --");
+  ASSERT_NE(note, std::string::npos) << r.output;
+  const std::string line =
+      r.output.substr(note, r.output.find('\n', note) - note);
+  for (const char* setting :
+       {"--zero_stage=0 ", "--mixed_precision=fp16 ",
+        "--gradient_accumulation_steps=1 ", "--gradient_clipping=1"}) {
+    EXPECT_THAT(line, HasSubstr(setting));
+  }
+  EXPECT_THAT(line, HasSubstr(" from " + dir + "/ds.json"));
+  EXPECT_EQ(note, r.output.rfind("accel: note: --"));  // Once.
   // Another precision than the JSON's is refused, as Accelerate refuses it
   // (it was a warning, and the run went on in fp16).
   const ProcessResult bf16 =

@@ -3,6 +3,9 @@
 #include <gflags/gflags.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -40,6 +43,60 @@ bool IsLibraryFlag(const gflags::CommandLineFlagInfo& flag) {
 bool IsAccelFlag(const gflags::CommandLineFlagInfo& flag) {
   return flag.filename.rfind("accel/", 0) == 0 ||
          flag.filename.find("/accel/") != std::string::npos;
+}
+
+// What a value for a flag of gflags' `type` must be, when `value` is not
+// one ("" when it is): as gflags reads it, integers in decimal or after
+// 0x in hexadecimal.
+std::string ExpectedValue(const std::string& type, const std::string& value) {
+  if (type == "bool") {
+    std::string word = value;
+    for (char& c : word) c = static_cast<char>(std::tolower(c));
+    for (const char* ok :
+         {"1", "0", "t", "f", "true", "false", "y", "n", "yes", "no"}) {
+      if (word == ok) return "";
+    }
+    return "true or false";
+  }
+  const bool integer = type == "int32" || type == "int64" || type == "uint32" ||
+                       type == "uint64";
+  if (!integer && type != "double") return "";  // A string.
+  const char* text = value.c_str();
+  char* end = nullptr;
+  errno = 0;
+  bool fits = true;
+  if (type == "double") {
+    std::strtod(text, &end);
+  } else {
+    const int base =
+        value.rfind("0x", 0) == 0 || value.rfind("0X", 0) == 0 ? 16 : 10;
+    if (type[0] == 'u') {
+      const uintmax_t n = std::strtoumax(text, &end, base);
+      fits = value.find('-') == std::string::npos &&
+             (type == "uint64" || n <= UINT32_MAX);
+    } else {
+      const intmax_t n = std::strtoimax(text, &end, base);
+      fits = type == "int64" || (n >= INT32_MIN && n <= INT32_MAX);
+    }
+  }
+  if (!value.empty() && *end == '\0' && errno == 0 && fits) return "";
+  if (type == "double") return "a number";
+  return "an integer from " + std::string(type == "int32"
+                                              ? "-2147483648 to 2147483647"
+                                          : type == "uint32" ? "0 to 4294967295"
+                                          : type == "int64"  ? "-2^63 to 2^63-1"
+                                                             : "0 to 2^64-1");
+}
+
+// gflags would say "ERROR: illegal value" and exit 1.
+void ExitIfNotA(const std::string& type, const std::string& program,
+                const std::string& name, const std::string& value) {
+  const std::string expected = ExpectedValue(type, value);
+  if (expected.empty()) return;
+  const std::string line = "error: " + program + ": --" + name + "=" + value +
+                           " is not " + expected + "\n";
+  std::fputs(line.c_str(), stderr);
+  std::exit(2);
 }
 
 std::string Describe(const gflags::CommandLineFlagInfo& flag) {
@@ -80,13 +137,17 @@ void RejectUnknownFlags(int argc, char** argv,
     const bool has_value = name.find('=') != std::string::npos;
     name = name.substr(0, name.find('='));
     if (known->count(name) != 0) {
+      gflags::CommandLineFlagInfo info;
+      if (!gflags::GetCommandLineFlagInfo(name.c_str(), &info)) continue;
       // `--flag value`: the next argument is its value, whatever it looks
       // like (-0.5).
-      gflags::CommandLineFlagInfo info;
-      if (!has_value && gflags::GetCommandLineFlagInfo(name.c_str(), &info) &&
-          info.type != "bool") {
+      if (!has_value) {
+        // `--flag` alone is true for a bool; gflags names a missing value.
+        if (info.type == "bool" || i + 1 >= argc) continue;
         ++i;
       }
+      ExitIfNotA(info.type, program, name,
+                 has_value ? arg.substr(arg.find('=') + 1) : argv[i]);
       continue;
     }
     if (name.rfind("no", 0) == 0 && known->count(name.substr(2)) != 0) {

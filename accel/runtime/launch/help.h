@@ -35,7 +35,8 @@ std::string ClosestFlag(const std::string& name,
 // Before gflags parses: a flag the program does not define, among the
 // arguments before `--`, is one line on stderr and exit code 2, with the
 // flag it resembles ("train_demo has no flag --epoch (did you mean
-// --epochs?)"), instead of gflags' bare "unknown command line flag".
+// --epochs?)"), instead of gflags' bare "unknown command line flag"; so is
+// a value of the wrong type ("--num_processes=abc is not an integer ...").
 // `known`: the flags this program takes (all registered ones when null).
 void RejectUnknownFlags(int argc, char** argv,
                         const std::set<std::string>* known = nullptr);

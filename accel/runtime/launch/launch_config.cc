@@ -345,6 +345,17 @@ bool SameValue(const std::string& a, const std::string& b) {
   return !a.empty() && !b.empty() && *end_a == '\0' && *end_b == '\0' && x == y;
 }
 
+// "--zero_stage=2 --gradient_accumulation_steps=4 from ds.json": what the
+// DeepSpeed JSON set, whatever the command line said.
+std::string DecidedSettingsNote() {
+  std::string note;
+  for (const ConfigLine& decided : Decided()) {
+    note += "--" + decided.name + "=" + decided.value + " ";
+  }
+  if (note.empty()) return note;
+  return note + "from " + Decided().front().decided_by;
+}
+
 }  // namespace
 
 void ApplyDecidingSettings() {
@@ -369,12 +380,14 @@ void ApplyDecidingSettings() {
                        ": DeepSpeed's configuration decides it");
     gflags::SetCommandLineOption(decided.name.c_str(), decided.value.c_str());
   }
-  if (warnings.empty()) return;
+  const std::string note = DecidedSettingsNote();
+  if (note.empty()) return;
   // Once per job: the process that starts the ranks, or a rank 0 that
   // another launcher started; the ranks it starts inherit the mark.
   const char* rank = std::getenv("RANK");
   if (std::getenv("ACCEL_DECIDED_WARNED") == nullptr &&
       (rank == nullptr || std::string(rank) == "0")) {
+    std::fprintf(stderr, "accel: note: %s\n", note.c_str());
     for (const std::string& warning : warnings) {
       std::fprintf(stderr, "accel: warning: %s\n", warning.c_str());
     }

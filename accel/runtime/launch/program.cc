@@ -71,6 +71,7 @@ void internal::InitProgram(int* argc, char*** argv, void* program_module) {
   gflags::ParseCommandLineFlags(argc, argv, /*remove_flags=*/true);
   try {
     ApplyDecidingSettings();
+    CheckProgramFlagValues();  // Before any rank starts.
   } catch (const UsageError& error) {
     std::fprintf(stderr, "error: %s\n", error.what());
     std::exit(2);

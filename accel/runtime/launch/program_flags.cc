@@ -7,6 +7,7 @@
 #include <limits>
 #include <mutex>
 
+#include "accel/runtime/base/errors.h"
 #include "accel/runtime/base/logging.h"
 
 namespace accel {
@@ -348,6 +349,23 @@ void RegisterProgramFlags() {
   static std::once_flag once;
   std::call_once(once,
                  [] { ForEachFlag([](auto& flag) { flag.Register(); }); });
+}
+
+void CheckProgramFlagValues() {
+  for (const ProgramFlag<int32_t>* flag :
+       {&flags::timeout_s, &flags::rendezvous_timeout_s,
+        &flags::network_timeout_s, &flags::gradient_accumulation_steps}) {
+    if (flag->value() < 1) {
+      throw UsageError(std::string("--") + flag->name() +
+                       " must be at least 1, found " +
+                       std::to_string(flag->value()));
+    }
+  }
+  const int32_t port = flags::main_process_port.value();
+  if (port < 0 || port > 65535) {
+    throw UsageError("--main_process_port must be in [0, 65535], found " +
+                     std::to_string(port));
+  }
 }
 
 bool NoteLaunchConfigFlag(const std::string& name, const std::string& path) {

@@ -124,6 +124,11 @@ extern ProgramFlag<std::string> fsdp_sharding_strategy;
 // (InitProgram and accel's tools do).
 void RegisterProgramFlags();
 
+// Throws UsageError naming the flag when a value above is out of its range
+// (a timeout or accumulation below 1, a port outside [0, 65535]): checked
+// before any process starts, and again by AcceleratorOptions::FromFlags.
+void CheckProgramFlagValues();
+
 // The flag of that name (of any type above) learns that the launch
 // configuration `path` set it; false when there is none.
 bool NoteLaunchConfigFlag(const std::string& name, const std::string& path);
