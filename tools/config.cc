@@ -216,6 +216,18 @@ int Configure(const std::string& path, const std::set<std::string>& from_file) {
   }
   accel::WriteLaunchConfig(path, flags);
   std::printf("accel config: wrote %s\n", path.c_str());
+  const std::string json = accel::DeepSpeedJsonApplied();
+  if (!json.empty()) {
+    // accel's configuration is flags: the file reference does not survive.
+    std::fprintf(stderr,
+                 "accel config: warning: the settings taken from %s are "
+                 "written out here, and the new file no longer names it as "
+                 "deepspeed_config_file: Accelerate will not hand that JSON "
+                 "(its optimizer, scheduler) to DeepSpeed. To keep it, put "
+                 "deepspeed_config_file back under deepspeed_config in place "
+                 "of the settings written out.\n",
+                 json.c_str());
+  }
   for (const auto& [name, value] : flags) {
     std::printf("  --%s=%s\n", name.c_str(), value.c_str());
   }

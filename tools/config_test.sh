@@ -255,6 +255,12 @@ if grep -q -- "--gradient_accumulation_steps" <<<"$out"; then
   fail "\"auto\" accumulation set a value: $out"
 fi
 has "$out" "ds.json: DeepSpeed's fp16.loss_scale, optimizer, scheduler, zero_optimization.overlap_comm do not apply to accel and are ignored"
+# Configuring again from such a file writes the JSON's settings out: said,
+# since the reference to the JSON (its optimizer, for Accelerate) is gone.
+cp "$dir/deepspeed.yaml" "$dir/rerun.yaml"
+out=$("$config" --nointeractive --config_file="$dir/rerun.yaml" --num_processes=2 2>&1) ||
+  fail "configuring again failed: $out"
+has "$out" "the settings taken from $dir/ds.json are written out here, and the new file no longer names it as deepspeed_config_file"
 printf '{"zero_optimization": {"stage": 1}, "fp16": {"enabled": true}, "bf16": {"enabled": true}}\n' >"$dir/ds.json"
 if out=$("$config" --show --config_file="$dir/deepspeed.yaml" 2>&1); then
   fail "fp16 and bf16 both accepted"

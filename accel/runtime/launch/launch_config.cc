@@ -353,10 +353,14 @@ std::string DecidedSettingsNote() {
     note += "--" + decided.name + "=" + decided.value + " ";
   }
   if (note.empty()) return note;
-  return note + "from " + Decided().front().decided_by;
+  return note + "from " + DeepSpeedJsonApplied();
 }
 
 }  // namespace
+
+std::string DeepSpeedJsonApplied() {
+  return Decided().empty() ? "" : Decided().front().decided_by;
+}
 
 void ApplyDecidingSettings() {
   std::vector<std::string> warnings;

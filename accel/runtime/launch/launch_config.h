@@ -63,6 +63,9 @@ std::vector<std::pair<std::string, std::string>> ApplyLaunchConfig(
 // UsageError, as in Accelerate.
 void ApplyDecidingSettings();
 
+// The DeepSpeed JSON whose settings ApplyLaunchConfig applied, "" for none.
+std::string DeepSpeedJsonApplied();
+
 // Writes `flags` (name, value) as a configuration file, creating its folder,
 // atomically: Accelerate's YAML, or the flag file for a path that ends in
 // ".flags". UsageError for a flag a configuration may not set.
