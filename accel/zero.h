@@ -101,8 +101,8 @@ class ShardLayout {
   int world_size_ = 1;
 };
 
-struct ZeroGroup;    // One flat buffer (zero.cc).
-class UnitSchedule;  // Stage 3's gathers and frees (zero.cc).
+struct ZeroGroup;    // One flat buffer (zero_group.h).
+class UnitSchedule;  // Stage 3's gathers and frees (zero_units.h).
 
 class ZeroOptimizer {
  public:
