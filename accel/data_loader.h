@@ -33,7 +33,12 @@
 // set_epoch() expose the counter. save_state() records the epoch and, when
 // called in the middle of one, how many batches were handed out, so a
 // resumed run continues with the next batch; skip_first_batches() does the
-// same by hand.
+// same by hand. A pass left with `break` differs between the two views: in
+// this process the next loop is the next epoch, but a save_state() after
+// the break records the position inside the pass left, so a run resumed
+// from it first gives that pass's remaining batches (as Accelerate's
+// stateful loader does). Save inside the loop, or after it ends, where both
+// agree.
 //
 // With num_workers > 0, worker threads make up to num_workers *
 // prefetch_factor batches ahead, so loading overlaps training; the
