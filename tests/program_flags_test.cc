@@ -69,9 +69,12 @@ TEST(ProgramFlagsTest, ADeepSpeedJsonDecidesOverTheCommandLine) {
                                             "deepspeed_config:\n"
                                             "  deepspeed_config_file: ds.json\n"
                                             "num_processes: 2\n";
-  const ProcessResult r =
-      RunProgram({"--config_file=" + dir + "/deepspeed.yaml", "--from_flags",
-                  "--gradient_accumulation_steps=2"});
+  // The program under the YAML above with one more flag.
+  const auto run_with = [&dir](const std::string& flag) {
+    return RunProgram(
+        {"--config_file=" + dir + "/deepspeed.yaml", "--from_flags", flag});
+  };
+  const ProcessResult r = run_with("--gradient_accumulation_steps=2");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output,
               HasSubstr("accelerator: gradient_accumulation_steps 1 "
@@ -97,9 +100,7 @@ TEST(ProgramFlagsTest, ADeepSpeedJsonDecidesOverTheCommandLine) {
   EXPECT_EQ(note, r.output.rfind("accel: note: --"));  // Once.
   // Another precision than the JSON's is refused, as Accelerate refuses it
   // (it was a warning, and the run went on in fp16).
-  const ProcessResult bf16 =
-      RunProgram({"--config_file=" + dir + "/deepspeed.yaml", "--from_flags",
-                  "--mixed_precision=bf16"});
+  const ProcessResult bf16 = run_with("--mixed_precision=bf16");
   EXPECT_EQ(bf16.exit_code, 2) << bf16.output;
   EXPECT_THAT(bf16.output,
               HasSubstr("--mixed_precision=bf16 (the command line) disagrees "
