@@ -11,8 +11,8 @@
 //   bool skipped = optimizer.step_was_skipped();
 //
 // Under ZeRO stages 1-2 the torch optimizer holds this rank's pieces of the
-// parameters (accel/zero.h): step() steps them and all-gathers the result,
-// zero_grad() also zeroes the model's gradients.
+// parameters (accel/parallel/zero.h): step() steps them and all-gathers the
+// result, zero_grad() also zeroes the model's gradients.
 //
 // A handle: copies refer to the same optimizer, which the program keeps
 // alive (as with any LibTorch optimizer passed by reference), and to what
@@ -24,7 +24,7 @@
 
 #include <memory>
 
-#include "accel/autocast.h"
+#include "accel/optim/autocast.h"
 #include "accel/runtime/base/errors.h"
 #include "accel/training_state.h"
 

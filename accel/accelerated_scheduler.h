@@ -23,9 +23,9 @@
 #include <optional>
 #include <vector>
 
-#include "accel/reduce_lr_on_plateau.h"
+#include "accel/optim/reduce_lr_on_plateau.h"
+#include "accel/optim/scheduler.h"
 #include "accel/runtime/base/errors.h"
-#include "accel/scheduler.h"
 #include "accel/training_state.h"
 
 namespace accel {

@@ -11,8 +11,10 @@
 #include <mutex>
 #include <random>
 
-#include "accel/checkpoint_manager.h"
-#include "accel/invariant_reduction.h"
+#include "accel/checkpoint/checkpoint_manager.h"
+#include "accel/core/tensor_ops.h"
+#include "accel/parallel/invariant_reduction.h"
+#include "accel/parallel/zero.h"
 #include "accel/runtime/base/error_report.h"
 #include "accel/runtime/base/errors.h"
 #include "accel/runtime/base/host_memory.h"
@@ -21,9 +23,7 @@
 #include "accel/runtime/comm/process_group.h"
 #include "accel/runtime/comm/registry.h"
 #include "accel/runtime/launch/program.h"
-#include "accel/tensor_ops.h"
 #include "accel/tracking/tracker_set.h"
-#include "accel/zero.h"
 
 namespace accel {
 namespace {
@@ -378,7 +378,7 @@ void Accelerator::PrepareModule(
                ? std::string("Sequential child with trainable parameters")
                : "child of a Sequential of type '" +
                      options_.fsdp_layer_to_wrap + "'") +
-          " to make a unit of (see accel/sharded_units.h)");
+          " to make a unit of (see accel/parallel/sharded_units.h)");
     }
   }
   std::unique_ptr<GradientReducer> reducer;
@@ -556,7 +556,7 @@ void Accelerator::AutocastThisThread() {
                     << ": autocast is on for the thread that prepared the "
                        "model, as Accelerate's prepare() wraps forward; "
                        "accel's backward, optimizer step and clipping run "
-                       "in float32 (see accel/autocast.h)";
+                       "in float32 (see accel/optim/autocast.h)";
   }
 }
 

@@ -53,25 +53,25 @@
 #include "accel/accelerated_optimizer.h"
 #include "accel/accelerated_scheduler.h"
 #include "accel/accelerator_options.h"
-#include "accel/autocast.h"
-#include "accel/checkpoint.h"
-#include "accel/data_loader.h"
-#include "accel/grad_scaler.h"
-#include "accel/gradient_sync.h"
-#include "accel/lr_schedulers.h"
-#include "accel/model_weights.h"
+#include "accel/checkpoint/checkpoint.h"
+#include "accel/checkpoint/model_weights.h"
+#include "accel/checkpoint/state_dict.h"
+#include "accel/data/data_loader.h"
+#include "accel/memory/tensor_census.h"
+#include "accel/optim/autocast.h"
+#include "accel/optim/grad_scaler.h"
+#include "accel/optim/lr_schedulers.h"
+#include "accel/optim/reduce_lr_on_plateau.h"
+#include "accel/optim/scheduler.h"
+#include "accel/parallel/gradient_sync.h"
 #include "accel/prepare_traits.h"
 #include "accel/process_control.h"
-#include "accel/reduce_lr_on_plateau.h"
 #include "accel/runtime/base/files.h"
 #include "accel/runtime/base/preemption.h"
 #include "accel/runtime/comm/communicator.h"
 #include "accel/runtime/comm/object_collectives.h"
 #include "accel/runtime/env/environment.h"
 #include "accel/runtime/launch/program.h"  // InitProgram, for main().
-#include "accel/scheduler.h"
-#include "accel/state_dict.h"
-#include "accel/tensor_census.h"
 #include "accel/tracking/tracker.h"
 #include "accel/training_state.h"
 
@@ -276,8 +276,8 @@ class Accelerator {
      ...);
     return scope;
   }
-  // invariant_micro_batches (accel/invariant_reduction.h): this process's
-  // micro-batches of `batch` (its share of a global batch under
+  // invariant_micro_batches (accel/parallel/invariant_reduction.h): this
+  // process's micro-batches of `batch` (its share of a global batch under
   // split_batches), invariant_micro_batches / num_processes equal slices
   // along dim 0, the same slices at any process count; call backward once
   // for each. With the option off: the batch itself, alone, so that one
@@ -298,8 +298,8 @@ class Accelerator {
   // AcceleratorOptions::autocast says, or as `handler` says (Accelerate's
   // accelerator.autocast(autocast_handler=...)); a handler with enabled =
   // false gives a scope in full precision. prepare() already turns
-  // autocast on for its thread (see accel/autocast.h), so the loop needs no
-  // scope of its own.
+  // autocast on for its thread (see accel/optim/autocast.h), so the loop needs
+  // no scope of its own.
   AutocastScope autocast() const;
   AutocastScope autocast(const AutocastKwargs& handler) const;
   // Clips the gradients' total norm (unscaling them first under fp16) and
@@ -472,9 +472,9 @@ class Accelerator {
   // Seeds torch's generators; device_specific adds process_index().
   void set_seed(uint64_t seed, bool device_specific = false);
 
-  // --- Checkpoints (see accel/checkpoint.h for the layout) ----------------
-  // Every rank calls save_state: the main process writes the shared file,
-  // each rank its RNG state.
+  // --- Checkpoints (see accel/checkpoint/checkpoint.h for the layout)
+  // ---------------- Every rank calls save_state: the main process writes the
+  // shared file, each rank its RNG state.
   void save_state(const std::string& dir);
   // With AcceleratorOptions::project_dir: the next automatically named
   // checkpoint (every rank must call it, as many times); returns its folder.

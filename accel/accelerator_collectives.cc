@@ -9,8 +9,8 @@
 #include <string>
 
 #include "accel/accelerator.h"
+#include "accel/core/tensor_ops.h"
 #include "accel/runtime/base/logging.h"
-#include "accel/tensor_ops.h"
 
 namespace accel {
 

@@ -1,5 +1,5 @@
 // The Accelerator's side of invariant_micro_batches
-// (accel/invariant_reduction.h): the process count, the threads each
+// (accel/parallel/invariant_reduction.h): the process count, the threads each
 // process computes with, and the micro-batches of a batch. (Which options it
 // combines with, AcceleratorOptions::Validate checks.)
 #include <ATen/Parallel.h>
@@ -10,7 +10,7 @@
 #include <string>
 
 #include "accel/accelerator.h"
-#include "accel/invariant_reduction.h"
+#include "accel/parallel/invariant_reduction.h"
 #include "accel/runtime/base/logging.h"
 
 namespace accel {

@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "accel/accelerator.h"
+#include "accel/checkpoint/state_dict.h"
+#include "accel/core/tensor_ops.h"
 #include "accel/runtime/base/errors.h"
 #include "accel/runtime/base/logging.h"
-#include "accel/state_dict.h"
-#include "accel/tensor_ops.h"
 
 namespace accel {
 

@@ -4,7 +4,7 @@
 #include <sstream>
 #include <variant>
 
-#include "accel/invariant_reduction.h"
+#include "accel/parallel/invariant_reduction.h"
 #include "accel/runtime/base/errors.h"
 #include "accel/runtime/base/excerpt.h"
 #include "accel/runtime/base/logging.h"

@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "accel/grad_scaler.h"
-#include "accel/gradient_sync.h"
 #include "accel/kwargs_handlers.h"
+#include "accel/optim/grad_scaler.h"
+#include "accel/parallel/gradient_sync.h"
 
 namespace accel {
 
@@ -111,7 +111,7 @@ struct AcceleratorOptions {
   // (accel/runtime/base/host_memory.h): large CPU tensors then cost no page
   // faults after the first step.
   bool reuse_host_memory = true;
-  // ZeRO sharding of the training state (accel/zero.h), as DeepSpeed's
+  // ZeRO sharding of the training state (accel/parallel/zero.h), as DeepSpeed's
   // zero_stage: 0 is DDP; 1 shards the optimizer state; 2 also the
   // gradients; 3 also the parameters, unit by unit. With one process
   // nothing is sharded.
@@ -122,10 +122,10 @@ struct AcceleratorOptions {
   // Stage 3: the class of the layers that become units (Accelerate's
   // fsdp_transformer_layer_cls_to_wrap, e.g. "TransformerEncoderLayer");
   // empty: the children of the model's outermost Sequentials (see
-  // accel/sharded_units.h).
+  // accel/parallel/sharded_units.h).
   std::string fsdp_layer_to_wrap;
   // Gradients that do not depend on the process count
-  // (accel/invariant_reduction.h): each global batch in this many
+  // (accel/parallel/invariant_reduction.h): each global batch in this many
   // micro-batches (0: off; else a power of two that the process count
   // divides), which the loop runs through accelerator.micro_batches(batch).
   // Not with ZeRO, gradient accumulation or a DDP comm hook.

@@ -3,9 +3,9 @@
 #include <string>
 
 #include "accel/accelerator.h"
-#include "accel/checkpoint_manager.h"
+#include "accel/checkpoint/checkpoint_manager.h"
+#include "accel/core/tensor_ops.h"
 #include "accel/runtime/base/logging.h"
-#include "accel/tensor_ops.h"
 #include "accel/tracking/tracker_set.h"
 
 namespace accel {

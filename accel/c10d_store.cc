@@ -3,7 +3,7 @@
 #include <thread>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include "accel/libtorch_compat.h"
+#include "accel/core/libtorch_compat.h"
 #include "accel/runtime/base/errors.h"
 #include "accel/runtime/comm/process_group.h"
 

@@ -22,13 +22,13 @@
 #include <string>
 #include <variant>
 
-#include "accel/grad_scaler.h"
-#include "accel/gradient_sync.h"
+#include "accel/optim/grad_scaler.h"
+#include "accel/parallel/gradient_sync.h"
 
 namespace accel {
 
 // Accelerate's DistributedDataParallelKwargs: how the prepared model's
-// gradients are reduced (accel/gradient_sync.h says what each does).
+// gradients are reduced (accel/parallel/gradient_sync.h says what each does).
 struct DistributedDataParallelKwargs {
   bool broadcast_buffers = true;
   int bucket_cap_mb = 25;  // > 0.
@@ -38,7 +38,7 @@ struct DistributedDataParallelKwargs {
   bool gradient_as_bucket_view = true;
   bool static_graph = false;
   // FP16 or BF16 compression of each bucket, or PowerSGD
-  // (accel/gradient_sync.h), with PowerSGD's options.
+  // (accel/parallel/gradient_sync.h), with PowerSGD's options.
   DDPCommunicationHookType comm_hook = DDPCommunicationHookType::kNo;
   PowerSgdOptions comm_state_option;
 };

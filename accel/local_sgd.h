@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "accel/accelerator.h"
-#include "accel/gradient_sync.h"
+#include "accel/parallel/gradient_sync.h"
 
 namespace accel {
 

@@ -22,9 +22,9 @@
 #include <utility>
 #include <vector>
 
-#include "accel/data_loader.h"
+#include "accel/data/data_loader.h"
+#include "accel/optim/scheduler.h"
 #include "accel/runtime/base/errors.h"
-#include "accel/scheduler.h"
 
 namespace accel::detail {
 

@@ -18,12 +18,12 @@
 #include <memory>
 #include <vector>
 
-#include "accel/checkpoint.h"
-#include "accel/data_loader_state.h"
-#include "accel/gradient_sync.h"
-#include "accel/scheduler.h"
-#include "accel/sharded_units.h"
-#include "accel/zero.h"
+#include "accel/checkpoint/checkpoint.h"
+#include "accel/data/data_loader_state.h"
+#include "accel/optim/scheduler.h"
+#include "accel/parallel/gradient_sync.h"
+#include "accel/parallel/sharded_units.h"
+#include "accel/parallel/zero.h"
 
 namespace accel {
 

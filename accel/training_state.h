@@ -7,8 +7,8 @@
 #include <functional>
 #include <memory>
 
-#include "accel/grad_scaler.h"
-#include "accel/gradient_state.h"
+#include "accel/data/gradient_state.h"
+#include "accel/optim/grad_scaler.h"
 #include "accel/prepared_objects.h"
 
 namespace accel {

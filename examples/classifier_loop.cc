@@ -21,7 +21,7 @@ DEFINE_bool(float64, false, "Train in double precision.");
 DEFINE_int32(invariant_micro_batches, 4,
              "Each global batch in this many micro-batches, their gradients "
              "summed in one fixed tree: the same weights, to the bit, at 1, 2 "
-             "and 4 processes (accel/invariant_reduction.h). 0: DDP's "
+             "and 4 processes (accel/parallel/invariant_reduction.h). 0: DDP's "
              "allreduce, as Accelerate sums (float32 then rounds differently "
              "at each process count).");
 

@@ -22,7 +22,7 @@
 #include <string>
 
 #include "accel/accelerator.h"
-#include "accel/host_memory_tracker.h"
+#include "accel/memory/host_memory_tracker.h"
 
 DEFINE_int32(epochs, 2, "Epochs to train.");
 DEFINE_int32(batch_size, 24, "Global batch size, split across processes.");

@@ -5,8 +5,8 @@
 //   bazel run //examples:gather_demo -- --num_processes=2
 //   Gathered tensor: tensor([1, 2, 3, 1, 2, 3])
 #include "accel/accelerator.h"
+#include "accel/core/tensor_format.h"
 #include "accel/runtime/launch/program.h"
-#include "accel/tensor_format.h"
 
 int main(int argc, char** argv) {
   accel::InitProgram(&argc, &argv);

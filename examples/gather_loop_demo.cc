@@ -7,8 +7,8 @@
 //   bazel run //examples:gather_loop_demo -- --num_processes=2
 //   Full predictions: tensor([0, 2, 4, 6, 8, 10, 12, 14])
 #include "accel/accelerator.h"
+#include "accel/core/tensor_format.h"
 #include "accel/runtime/launch/program.h"
-#include "accel/tensor_format.h"
 
 DEFINE_int32(samples, 8, "Size of the data set (the numbers 0, 1, ...).");
 DEFINE_int32(batch_size, 2, "Batch size of each process.");

@@ -13,8 +13,8 @@
 //
 // The batch is global and split across processes (split_batches), in four
 // micro-batches summed in one fixed order (--invariant_micro_batches=4,
-// accel/invariant_reduction.h), so that runs at 1, 2 and 4 processes end
-// with the same weights, to the bit. The tokens go to
+// accel/parallel/invariant_reduction.h), so that runs at 1, 2 and 4 processes
+// end with the same weights, to the bit. The tokens go to
 // <output_dir>/tokens.pt (torch.load reads it: the Python baseline of
 // //tools/bench:nlp trains on the same tokens).
 #include <torch/nn/module.h>

@@ -19,7 +19,7 @@
 #include <random>
 #include <sstream>
 
-#include "accel/checkpoint.h"
+#include "accel/checkpoint/checkpoint.h"
 #include "accel/runtime/base/errors.h"
 #include "tests/subprocess.h"
 

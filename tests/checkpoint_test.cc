@@ -21,7 +21,7 @@
 #include <fstream>
 
 #include "accel/accelerator.h"
-#include "accel/checkpoint_folders.h"
+#include "accel/checkpoint/checkpoint_folders.h"
 #include "accel/runtime/base/errors.h"
 #include "tests/subprocess.h"
 

@@ -9,7 +9,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 
-#include "accel/gradient_sync.h"
+#include "accel/parallel/gradient_sync.h"
 #include "tests/multiprocess_main.h"
 #include "tests/usage_error.h"
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "accel/accelerator.h"
-#include "accel/data_loader.h"
+#include "accel/data/data_loader.h"
 #include "accel/runtime/base/errors.h"
 #include "tests/multiprocess_main.h"
 

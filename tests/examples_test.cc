@@ -11,7 +11,7 @@
 #include <sstream>
 #include <thread>
 
-#include "accel/model_weights.h"
+#include "accel/checkpoint/model_weights.h"
 #include "tests/subprocess.h"
 
 namespace accel::testing {

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "accel/invariant_reduction.h"
+#include "accel/parallel/invariant_reduction.h"
 #include "tests/multiprocess_main.h"
 #include "tests/usage_error.h"
 

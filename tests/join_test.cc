@@ -11,7 +11,7 @@
 #include <torch/optim/sgd.h>
 
 #include "accel/accelerator.h"
-#include "accel/data_loader.h"
+#include "accel/data/data_loader.h"
 #include "accel/runtime/base/errors.h"
 #include "tests/multiprocess_main.h"
 

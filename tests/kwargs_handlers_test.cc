@@ -80,7 +80,7 @@ TEST(KwargsHandlersTest, InitProcessGroupKwargsSetsTheCollectiveTimeout) {
 TEST(KwargsHandlersTest, AutocastKwargsReachEveryScope) {
   torch::nn::Linear linear(4, 2);
   // Off already when a model prepared on this thread turned autocast on
-  // (it never caches: see accel/autocast.h); LibTorch's default else.
+  // (it never caches: see accel/optim/autocast.h); LibTorch's default else.
   const bool before = at::autocast::is_autocast_cache_enabled();
   {
     auto autocast = A().autocast();

@@ -15,7 +15,7 @@
 #include <limits>
 #include <optional>
 
-#include "accel/autocast.h"
+#include "accel/optim/autocast.h"
 #include "accel/runtime/base/errors.h"
 #include "tests/multiprocess_main.h"
 

@@ -66,7 +66,7 @@ void ExpectSameMetrics(const std::vector<EpochMetrics>& found,
 
 // Runs `example` at 1, 2 and 4 processes with `args`: every epoch's
 // metrics agree, and the final weights are the same bytes (the examples'
-// default --invariant_micro_batches=4: accel/invariant_reduction.h).
+// default --invariant_micro_batches=4: accel/parallel/invariant_reduction.h).
 // Returns the 1-process run's epochs.
 std::vector<EpochMetrics> ExpectSameRunsAtOneTwoAndFour(
     const std::string& example, std::vector<std::string> args,

@@ -1,6 +1,6 @@
 // The tensor collectives' cross-rank checks and coalesced broadcast, ranks
 // as threads over the gloo backend.
-#include "accel/tensor_ops.h"
+#include "accel/core/tensor_ops.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

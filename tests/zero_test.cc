@@ -1,9 +1,9 @@
-// ZeRO stages 1 and 2 (accel/zero.h) against DDP (stage 0) in the same job:
-// the same parameters after 50 AdamW steps, the same clipped norms, each
+// ZeRO stages 1 and 2 (accel/parallel/zero.h) against DDP (stage 0) in the same
+// job: the same parameters after 50 AdamW steps, the same clipped norms, each
 // rank holding 1/N of the optimizer state, fp16 overflow on one shard,
 // misuse, and checkpoints. Every rank is a process (1, 2 and 3 of them);
 // the gloo backend over shared memory, and over TCP in zero_tcp_test.
-#include "accel/zero.h"
+#include "accel/parallel/zero.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "accel/checkpoint.h"
-#include "accel/model_weights.h"
-#include "accel/released_memory.h"
+#include "accel/checkpoint/checkpoint.h"
+#include "accel/checkpoint/model_weights.h"
+#include "accel/memory/released_memory.h"
 #include "tests/multiprocess_main.h"
 #include "tests/usage_error.h"
 

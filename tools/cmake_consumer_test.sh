@@ -9,6 +9,7 @@ work="$TEST_TMPDIR/consumer"
 fail() { echo "FAIL: $*"; exit 1; }
 tools/install "$prefix" >/dev/null
 for file in lib/libaccel.so include/accel/accelerator.h \
+    include/accel/checkpoint/model_weights.h include/accel/model_weights.h \
     lib/cmake/accel/accelConfig.cmake lib/cmake/accel/accelConfigVersion.cmake \
     lib/pkgconfig/accel.pc; do
   [ -f "$prefix/$file" ] || fail "$file not installed"
@@ -35,7 +36,7 @@ sed 's/find_package(accel 0.1 REQUIRED)/find_package(accel 7.0 REQUIRED)/' \
 if run cmake -S . -B build7 -DCMAKE_PREFIX_PATH="$prefix" >cmake7.log 2>&1; then
   fail "find_package(accel 7.0) took version 0.1"
 fi
-grep -q "0.1.0" cmake7.log || fail "no version in: $(tail -n 20 cmake7.log)"
+grep -q "0.1.1" cmake7.log || fail "no version in: $(tail -n 20 cmake7.log)"
 
 flags=$(run env PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs accel)
 # LibTorch's headers come as system headers (-isystem, as the CMake

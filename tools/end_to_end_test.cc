@@ -8,8 +8,8 @@
 
 #include <regex>
 
-#include "accel/model_weights.h"
-#include "accel/safetensors.h"
+#include "accel/checkpoint/model_weights.h"
+#include "accel/checkpoint/safetensors.h"
 #include "tests/subprocess.h"
 
 namespace accel::testing {

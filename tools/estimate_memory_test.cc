@@ -5,9 +5,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "accel/model_weights.h"
+#include "accel/checkpoint/model_weights.h"
+#include "accel/checkpoint/safetensors.h"
 #include "accel/runtime/base/errors.h"
-#include "accel/safetensors.h"
 #include "tests/subprocess.h"
 #include "tests/tensor_files.h"
 #include "tools/memory_estimate.h"

@@ -75,6 +75,8 @@ put "$runfiles/tools/cmake/libaccel.so" "$prefix/lib/libaccel.so" 755
 headers=0
 while IFS= read -r -d '' header; do
   relative=${header#"$runfiles/"}
+  # The forwarding headers keep the old paths (accel/zero.h) until 0.2.0.
+  relative=${relative#accel/forwarding/}
   put "$header" "$prefix/include/$relative" 644
   headers=$((headers + 1))
 done < <(find -L "$runfiles/accel" -name '*.h' -print0)

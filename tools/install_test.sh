@@ -15,7 +15,7 @@ expect() {
   grep -qF -- "$1" <<<"$report" || { echo "FAIL: no '$1' in the report"; exit 1; }
 }
 expect "Copy-and-paste the text below in your GitHub issue"
-expect "- accel version: 0.1.0"
+expect "- accel version: 0.1.1"
 # The LibTorch this system has (1.13 on bookworm, 2.6 on trixie).
 libtorch=$(dpkg-query -W -f='${Version}' libtorch-dev | cut -d. -f1,2)
 expect "- LibTorch version: $libtorch"

@@ -11,7 +11,7 @@
 #include <optional>
 #include <set>
 
-#include "accel/model_weights.h"
+#include "accel/checkpoint/model_weights.h"
 #include "accel/runtime/base/errors.h"
 #include "accel/runtime/base/files.h"
 
@@ -85,7 +85,7 @@ const char* PrecisionNote(const std::string& precision) {
            "gradients too, stage 3 everything.";
   }
   if (precision == "bf16") {
-    return "the same bytes as fp32: accel's autocast (accel/autocast.h) "
+    return "the same bytes as fp32: accel's autocast (accel/optim/autocast.h) "
            "keeps fp32 parameters,\n  gradients and optimizer state and "
            "stores no bf16 copy of the model. It runs matmuls\n  and "
            "convolutions in bf16, which halves their activations; between "

@@ -15,8 +15,8 @@
 #include <set>
 #include <string>
 
-#include "accel/checkpoint.h"
-#include "accel/model_weights.h"
+#include "accel/checkpoint/checkpoint.h"
+#include "accel/checkpoint/model_weights.h"
 #include "accel/runtime/base/errors.h"
 #include "accel/runtime/launch/help.h"
 #include "accel/runtime/launch/program.h"

@@ -39,12 +39,12 @@
 #include <vector>
 
 #include "accel/accelerator.h"
+#include "accel/core/tensor_format.h"
 #include "accel/runtime/base/errors.h"
 #include "accel/runtime/base/files.h"
 #include "accel/runtime/env/environment.h"
 #include "accel/runtime/launch/help.h"
 #include "accel/runtime/launch/program.h"
-#include "accel/tensor_format.h"
 
 namespace {
 

@@ -1,12 +1,12 @@
 // Accelerate's examples/by_feature/schedule_free.py in C++: schedule-free
-// AdamW (accel::AdamWScheduleFree, accel/schedule_free.h; the schedulefree
-// package's in Python) instead of AdamW with a learning-rate schedule. The
-// optimizer switches the parameters between the point it takes gradients at
-// (train()) and the average it evaluates (eval()), beside the model's own
-// train() and eval().
+// AdamW (accel::AdamWScheduleFree, accel/optim/schedule_free.h; the
+// schedulefree package's in Python) instead of AdamW with a learning-rate
+// schedule. The optimizer switches the parameters between the point it takes
+// gradients at (train()) and the average it evaluates (eval()), beside the
+// model's own train() and eval().
 //
 //   bazel run //examples/by_feature:schedule_free -- --num_processes=2
-#include "accel/schedule_free.h"
+#include "accel/optim/schedule_free.h"
 
 #include "examples/by_feature/common.h"
 

@@ -38,3 +38,30 @@ def torch_free_package():
         scope = libraries if libraries else rules,
         visibility = ["//tests/layering:__pkg__"],
     )
+
+def accel_package():
+    """Marks a package of accel's LibTorch layer (accel/core, accel/parallel,
+    ...) for //tests/layering:layering_test, which checks its dependencies
+    and includes against ACCEL_LAYERS in tests/layering/BUILD.bazel.
+
+        load("//tests/layering:layering.bzl", "accel_package")
+        ...every rule of the package...
+        accel_package()  # last, so that it sees every rule above it
+
+    Adds `accel_deps`, a genquery of the transitive dependencies of the
+    package's libraries (its tests may reach further, through //tests).
+    """
+    package = "//" + native.package_name() + ":"
+    libraries = sorted([
+        package + rule["name"]
+        for rule in native.existing_rules().values()
+        if rule["kind"].startswith("cc_") and rule["kind"] != "cc_test" and
+           not rule.get("testonly", False)
+    ])
+    native.genquery(
+        name = "accel_deps",
+        testonly = True,
+        expression = "deps(set(%s))" % " ".join(libraries),
+        scope = libraries,
+        visibility = ["//tests/layering:__pkg__"],
+    )

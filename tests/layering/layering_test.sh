@@ -16,8 +16,16 @@
 #      base < env < store < comm, and launch beside comm: launch may include
 #      base, env and store, and neither launch nor comm includes the other.
 #      Tests may use any runtime layer.
+#   4. accel's LibTorch layer is made of packages (accel/core, accel/parallel,
+#      ...; ACCEL_LAYERS in tests/layering/BUILD.bazel says which may use
+#      which): a package's libraries depend, and its sources (tests too)
+#      include, only itself, the packages it may use and accel/runtime/;
+#      never the Accelerator's top package (//accel, accel/*.h), which is the
+#      one place that ties them together. Each package under accel/ declares
+#      accel_package() and has its line in ACCEL_LAYERS.
 #
-# Usage (from the BUILD rule): layering_test.sh GENQUERY_OUTPUT...
+# Usage (from the BUILD rule):
+#   layering_test.sh GENQUERY_OUTPUT... [--layer=PACKAGE=USES...]
 set -u
 failures=0
 fail() {
@@ -42,7 +50,20 @@ fail_if_reaches() {
        "$where)"
 }
 checked=()
-for output in "$@"; do
+declare -A may_use=()  # accel package -> " itself and what it may use "
+accel_outputs=()
+outputs=()
+for arg in "$@"; do
+  case "$arg" in
+    --layer=*)
+      spec=${arg#--layer=}
+      uses=${spec#*=}
+      may_use[${spec%%=*}]=" ${spec%%=*} ${uses//,/ } " ;;
+    */accel_deps) accel_outputs+=("$arg") ;;
+    *) outputs+=("$arg") ;;
+  esac
+done
+for output in "${outputs[@]}"; do
   package=$(dirname "$output")
   if [[ $(basename "$output") == library_deps ]]; then
     # Only the runtime's libraries (not its tests) must not reach a backend.
@@ -53,7 +74,7 @@ for output in "$@"; do
     continue
   fi
   checked+=("$package")
-  fail_if_reaches "$package" "$output" '^(@accel_torch//:torch|//accel:[^/]*)$' \
+  fail_if_reaches "$package" "$output" '^(@accel_torch//:torch|//accel(/[a-z_]+)?:.*)$' \
     "LibTorch or accel's LibTorch layer" "code that needs LibTorch belongs in accel/"
 done
 declared=0
@@ -72,6 +93,69 @@ while IFS= read -r build; do
   fi
 done < <(find "$root/accel/runtime" "$root/backends" \
            \( -name BUILD.bazel -o -name BUILD \) | sort)
+
+# 4a. The LibTorch layer's packages: dependencies.
+# allowed_in ACCEL_PACKAGE HEADER_OR_LABEL_PACKAGE: whether a package of the
+# LibTorch layer may use accel/OTHER (OTHER: "runtime/...", a package, or ""
+# for the top package).
+allowed_in() {
+  local mine=$1 theirs=$2
+  [[ "$theirs" == runtime/* || "$theirs" == runtime ]] && return 0
+  [[ -n "$theirs" && "${may_use[$mine]}" == *" $theirs "* ]]
+}
+for output in "${accel_outputs[@]}"; do
+  mine=$(basename "$(dirname "$output")")
+  bad=()
+  while IFS= read -r label; do
+    theirs=$(sed -E 's|^//accel/?([^:]*):.*|\1|' <<<"$label")
+    allowed_in "$mine" "$theirs" || bad+=("$label")
+  done < <(grep -E '^//accel(/[a-z_]+)?:' "$output" | grep -v '^//accel/runtime/' |
+           grep -vE '\.(h|cc|proto|py)$')
+  ((${#bad[@]} == 0)) && continue
+  fail "//accel/$mine depends on ${bad[*]:0:5}: accel/$mine may use only" \
+       "accel/{${may_use[$mine]}} and accel/runtime (ACCEL_LAYERS in" \
+       "tests/layering/BUILD.bazel); only the Accelerator ties packages together"
+  echo "  (bazel query 'somepath(//accel/$mine:all, ${bad[0]})' shows the path)"
+done
+accel_declared=0
+while IFS= read -r build; do
+  relative=${build#"$root"/}
+  package=$(basename "$(dirname "$relative")")
+  [[ "$package" == forwarding ]] && continue
+  accel_declared=$((accel_declared + 1))
+  grep -q '^accel_package()' "$build" ||
+    fail "$relative does not declare accel_package(): add" \
+         "load(\"//tests/layering:layering.bzl\", \"accel_package\")" \
+         "at its top and accel_package() as its last line"
+  [[ -n "${may_use[$package]:-}" ]] ||
+    fail "accel/$package is not in ACCEL_LAYERS (tests/layering/BUILD.bazel):" \
+         "say which packages it may use"
+done < <(find "$root/accel" -mindepth 2 -maxdepth 2 -path "$root/accel/runtime" \
+           -prune -o \( -name BUILD.bazel -o -name BUILD \) -print | sort)
+
+# 4b. The LibTorch layer's packages: includes.
+while IFS= read -r file; do
+  relative=${file#"$root"/}
+  mine=$(cut -d/ -f2 <<<"$relative")
+  [[ "$mine" == runtime || "$mine" == forwarding ]] && continue
+  while IFS= read -r header; do
+    [[ "$header" == accel/* ]] || continue
+    theirs=$(dirname "${header#accel/}")
+    [[ "$theirs" == . ]] && theirs=""
+    [[ "$theirs" == runtime/* ]] && theirs=runtime
+    allowed_in "$mine" "$theirs" && continue
+    if [[ -z "$theirs" ]]; then
+      fail "$relative includes $header, the Accelerator's top package: only" \
+           "accel/*.h ties the packages together (accel/$mine may use" \
+           "accel/{${may_use[$mine]}} and accel/runtime)"
+    else
+      fail "$relative includes $header: accel/$mine may use only" \
+           "accel/{${may_use[$mine]}} and accel/runtime (ACCEL_LAYERS in" \
+           "tests/layering/BUILD.bazel)"
+    fi
+  done < <(grep -E '^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"]' "$file" |
+           sed -E 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"]([^>"]+)[>"].*/\1/')
+done < <(find "$root/accel" -mindepth 2 \( -name '*.h' -o -name '*.cc' \) | sort)
 
 # 2. and 3. Includes.
 rank_of() {
@@ -118,5 +202,5 @@ if ((failures > 0)); then
   echo "$failures layering problem(s)"
   exit 1
 fi
-echo "layering holds: $declared LibTorch-free packages, their dependencies" \
-     "and includes checked"
+echo "layering holds: $declared LibTorch-free packages and $accel_declared" \
+     "packages of the LibTorch layer, their dependencies and includes checked"

@@ -51,7 +51,7 @@
 #include <vector>
 
 #include "accel/accelerator.h"
-#include "accel/host_memory_tracker.h"
+#include "accel/memory/host_memory_tracker.h"
 #include "tools/bench/driver.h"
 
 DEFINE_string(models, "mlp,transformer", "Models: mlp, transformer.");

@@ -11,8 +11,11 @@ def _installed_headers_impl(ctx):
     headers = []
     for dep in ctx.attr.deps:
         for header in dep[CcInfo].compilation_context.headers.to_list():
+            # Headers of a library with strip_include_prefix (the forwarding
+            # headers) come twice: as files and as _virtual_includes links.
             if (header.owner.workspace_name == "" and
-                header.short_path.startswith(ctx.attr.prefix)):
+                header.short_path.startswith(ctx.attr.prefix) and
+                "/_virtual_includes/" not in header.short_path):
                 headers.append(header)
     return [DefaultInfo(
         files = depset(headers),

@@ -4,7 +4,7 @@
 //   $ bazel run //tools:env          # or accel-env, once installed
 //   Copy-and-paste the text below in your GitHub issue
 //
-//   - accel version: 0.1.0 (commit 8545a2d0c1e2)
+//   - accel version: 0.1.1 (commit 8545a2d0c1e2)
 //   - Platform: Linux 6.1.0-28-amd64 x86_64 (Debian GNU/Linux 12 (bookworm))
 //   ...
 //

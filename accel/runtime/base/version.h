@@ -1,10 +1,10 @@
 // accel's version, for `accel env`, bug reports and programs that print it.
 //
-//   std::printf("accel %s\n", accel::kVersion);  // accel 0.1.0
+//   std::printf("accel %s\n", accel::kVersion);  // accel 0.1.1
 #pragma once
 
 namespace accel {
 
-inline constexpr char kVersion[] = "0.1.0";
+inline constexpr char kVersion[] = "0.1.1";
 
 }  // namespace accel

@@ -294,7 +294,8 @@ ProgramFlag<int32_t> invariant_micro_batches(
     "invariant_micro_batches", 0,
     "Cut each global batch into this many micro-batches (a power of two) "
     "and sum their gradients in one fixed tree, so that training gives the "
-    "same bits at any process count dividing it (accel/invariant_reduction.h; "
+    "same bits at any process count dividing it "
+    "(accel/parallel/invariant_reduction.h; "
     "loop over accelerator.micro_batches(batch)); 0: off, DDP's allreduce.");
 ProgramFlag<std::string> fsdp_transformer_layer_cls_to_wrap(
     "fsdp_transformer_layer_cls_to_wrap", "",

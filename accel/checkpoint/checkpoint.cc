@@ -1,0 +1,731 @@
+#include "accel/checkpoint/checkpoint.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <sstream>
+
+#include "accel/checkpoint/checkpoint_file.h"
+#include "accel/checkpoint/model_weights.h"
+#include "accel/checkpoint/state_dict.h"
+#include "accel/core/state_archive.h"
+#include "accel/core/tensor_ops.h"
+#include "accel/runtime/base/error_report.h"
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/base/files.h"
+#include "accel/runtime/base/logging.h"
+
+namespace accel {
+namespace {
+
+constexpr const char* kLoaderSamplesKey = "loader_samples";
+
+std::string Join(const std::string& dir, const std::string& file) {
+  return dir + "/" + file;
+}
+
+std::string RandomStatesRole(int rank) {
+  return "random_states_" + std::to_string(rank);
+}
+
+bool Exists(const std::string& path) {
+  struct stat info;
+  return stat(path.c_str(), &info) == 0;
+}
+
+c10::IValue ReadValue(torch::serialize::InputArchive& archive,
+                      const std::string& key, const std::string& path) {
+  c10::IValue value;
+  if (!archive.try_read(key, value)) {
+    throw CheckpointError("'" + path + "' has no entry '" + key +
+                          "': it is not a complete accel checkpoint");
+  }
+  return value;
+}
+
+int64_t ReadInt(torch::serialize::InputArchive& archive, const std::string& key,
+                const std::string& path) {
+  c10::IValue value = ReadValue(archive, key, path);
+  if (!value.isInt()) {
+    throw CheckpointError("'" + path + "': entry '" + key +
+                          "' is not an integer");
+  }
+  return value.toInt();
+}
+
+// The model's state (state_dict.h) under the names checkpoints have always
+// used: "parameter fc.weight", "buffer bn.running_mean".
+std::vector<std::pair<std::string, torch::Tensor>> NamedState(
+    torch::nn::Module& module) {
+  std::vector<std::pair<std::string, torch::Tensor>> state;
+  for (const StateEntry& entry : StateDict(module)) {
+    state.emplace_back(
+        (entry.is_buffer ? "buffer " : "parameter ") + entry.name,
+        entry.tensor);
+  }
+  return state;
+}
+
+std::string ShapeText(const torch::Tensor& t) {
+  std::ostringstream out;
+  out << t.sizes() << " ";
+  try {
+    out << DTypeName(ToDType(t.scalar_type()));
+  } catch (const UsageError&) {
+    out << c10::toString(t.scalar_type());
+  }
+  return out.str();
+}
+
+torch::serialize::OutputArchive SaveModel(torch::nn::Module& module) {
+  torch::serialize::OutputArchive archive;
+  c10::List<std::string> names;
+  int64_t index = 0;
+  for (const auto& [name, tensor] : NamedState(module)) {
+    names.push_back(name);
+    archive.write("t" + std::to_string(index++), tensor.detach().cpu());
+  }
+  archive.write("names", c10::IValue(names));
+  return archive;
+}
+
+// Reads and checks model `index` fully, returning the tensors to copy in.
+std::vector<torch::Tensor> ReadModel(torch::serialize::InputArchive& state,
+                                     int64_t index, torch::nn::Module& module,
+                                     const std::string& path) {
+  const std::string key = "model_" + std::to_string(index);
+  torch::serialize::InputArchive archive;
+  if (!state.try_read(key, archive)) {
+    throw CheckpointError("'" + path + "' has no " + key);
+  }
+  c10::IValue names_value = ReadValue(archive, "names", path);
+  if (!names_value.isList()) {
+    throw CheckpointError("'" + path + "': " + key + " has no name list");
+  }
+  std::vector<std::string> names;
+  for (const auto& name : names_value.toListRef()) {
+    names.push_back(name.toStringRef());
+  }
+  const auto expected = NamedState(module);
+  std::vector<torch::Tensor> values(expected.size());
+  std::vector<bool> found(expected.size(), false);
+  for (size_t i = 0; i < names.size(); ++i) {
+    size_t match = expected.size();
+    for (size_t j = 0; j < expected.size(); ++j) {
+      if (expected[j].first == names[i]) match = j;
+    }
+    if (match == expected.size()) {
+      throw CheckpointError("'" + path + "': " + key + " has " + names[i] +
+                            ", which the model does not have: the "
+                            "checkpoint belongs to another model");
+    }
+    torch::Tensor value;
+    archive.read("t" + std::to_string(i), value);
+    const torch::Tensor& target = expected[match].second;
+    if (!value.defined() || value.sizes() != target.sizes() ||
+        value.scalar_type() != target.scalar_type()) {
+      throw CheckpointError(
+          "'" + path + "': " + key + " " + names[i] + " is " +
+          (value.defined() ? ShapeText(value) : std::string("missing")) +
+          " in the checkpoint but " + ShapeText(target) + " in the model");
+    }
+    values[match] = value;
+    found[match] = true;
+  }
+  for (size_t j = 0; j < expected.size(); ++j) {
+    if (!found[j]) {
+      throw CheckpointError("'" + path + "': " + key + " lacks " +
+                            expected[j].first + " of the model");
+    }
+  }
+  return values;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, torch::Tensor>> ReadCheckpointWeights(
+    const std::string& dir, int64_t index) {
+  const std::string path = Join(dir, kStateFile);
+  if (!Exists(path)) {
+    throw CheckpointError("'" + path + "' is missing: '" + dir +
+                          "' is not a complete accel checkpoint");
+  }
+  CheckpointFileContents file = ReadCheckpointFile(path, "accelerator_state");
+  const int64_t models = ReadInt(*file.archive, "num_models", path);
+  if (index < 0 || index >= models) {
+    throw CheckpointError("'" + path + "' holds " + std::to_string(models) +
+                          " model(s); there is no model " +
+                          std::to_string(index));
+  }
+  const std::string key = "model_" + std::to_string(index);
+  torch::serialize::InputArchive archive;
+  if (!file.archive->try_read(key, archive)) {
+    throw CheckpointError("'" + path + "' has no " + key);
+  }
+  const c10::IValue names = ReadValue(archive, "names", path);
+  if (!names.isList()) {
+    throw CheckpointError("'" + path + "': " + key + " has no name list");
+  }
+  std::vector<std::pair<std::string, torch::Tensor>> weights;
+  int64_t i = 0;
+  for (const auto& name : names.toListRef()) {
+    std::string text = name.toStringRef();
+    text = text.substr(text.find(' ') + 1);  // "parameter fc.weight"
+    torch::Tensor value;
+    archive.read("t" + std::to_string(i++), value);
+    weights.emplace_back(text, value);
+  }
+  return weights;
+}
+
+namespace {
+
+void Note(const std::string& message) { ACCEL_LOG(INFO) << message; }
+
+// LibTorch's Optimizer::load restores each parameter's state (moments,
+// step counts) but leaves every param group's options as the optimizer was
+// built, though save() wrote them: betas, momentum, weight decay, eps and
+// whatever a schedule or the program changed would come back wrong. Read
+// each group's options into a copy of its own (so any optimizer's options
+// type reads its own fields) and put them in place.
+void LoadOptimizer(torch::optim::Optimizer& optimizer,
+                   torch::serialize::InputArchive& archive) {
+  optimizer.load(archive);
+  torch::serialize::InputArchive groups;
+  if (!archive.try_read("param_groups", groups)) return;
+  auto& param_groups = optimizer.param_groups();
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> restored;
+  for (size_t i = 0; i < param_groups.size(); ++i) {
+    torch::serialize::InputArchive group;
+    torch::serialize::InputArchive options;
+    groups.read("param_groups/" + std::to_string(i), group);
+    group.read("options", options);
+    restored.push_back(param_groups[i].options().clone());
+    restored.back()->serialize(options);
+  }
+  for (size_t i = 0; i < param_groups.size(); ++i) {
+    param_groups[i].set_options(std::move(restored[i]));
+  }
+}
+
+// A part of the training state with a save/load pair.
+struct Stateful {
+  std::string name;
+  std::function<void(torch::serialize::OutputArchive&)> save;
+  std::function<void(torch::serialize::InputArchive&)> load;
+};
+
+struct StatefulKind {
+  std::string singular;  // "optimizer": entries optimizer_0, optimizer_1...
+  std::string plural;    // "optimizers": the count is num_optimizers.
+  std::vector<Stateful> parts;
+};
+
+std::vector<StatefulKind> StatefulKinds(const CheckpointContents& contents) {
+  std::vector<StatefulKind> kinds = {{"optimizer", "optimizers", {}},
+                                     {"scheduler", "schedulers", {}},
+                                     {"scaler", "scalers", {}},
+                                     {"object", "objects", {}}};
+  for (torch::optim::Optimizer* optimizer : contents.optimizers) {
+    kinds[0].parts.push_back({"", [=](auto& a) { optimizer->save(a); },
+                              [=](auto& a) { LoadOptimizer(*optimizer, a); }});
+  }
+  for (const auto& scheduler : contents.schedulers) {
+    LRScheduler* s = scheduler.get();
+    kinds[1].parts.push_back(
+        {"", [=](auto& a) { s->save(a); }, [=](auto& a) { s->load(a); }});
+  }
+  if (GradScaler* scaler = contents.scaler.get()) {
+    kinds[2].parts.push_back({"", [=](auto& a) { scaler->save(a); },
+                              [=](auto& a) { scaler->load(a); }});
+  }
+  for (const CheckpointObject& object : contents.objects) {
+    kinds[3].parts.push_back({"", object.save, object.load});
+  }
+  return kinds;
+}
+
+// Loads every part from its archive; if one fails, the parts loaded before
+// it get their previous state back and CheckpointError names the part.
+void LoadAllOrNothing(const std::vector<Stateful>& parts,
+                      std::vector<torch::serialize::InputArchive>& archives,
+                      const std::string& path) {
+  std::vector<std::string> backups;
+  for (const Stateful& part : parts) backups.push_back(SaveStateToBytes(part));
+  for (size_t i = 0; i < parts.size(); ++i) {
+    try {
+      parts[i].load(archives[i]);
+    } catch (const std::exception&) {
+      const std::string reason = DescribeException(std::current_exception());
+      for (size_t j = 0; j <= i; ++j) {
+        Stateful part = parts[j];
+        LoadStateFromBytes(part, backups[j]);
+      }
+      throw CheckpointError("'" + path + "': " + parts[i].name +
+                            " does not match this program's (" + reason + ")");
+    }
+  }
+}
+
+bool IsSharded(const CheckpointContents& contents, int world_size) {
+  return contents.zero_stage > 0 && world_size > 1 &&
+         !contents.optimizers.empty();
+}
+
+// What this rank reads of a checkpoint, checked: the shared state and, when
+// it is there, this rank's random state.
+struct CheckedFiles {
+  CheckpointFileContents state;
+  std::optional<CheckpointFileContents> random;
+  std::string state_path;
+  std::string random_path;
+};
+
+CheckedFiles ReadFiles(const std::string& dir, int rank, int world_size) {
+  struct stat info;
+  if (stat(dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
+    throw CheckpointError("checkpoint folder '" + dir + "' does not exist");
+  }
+  CheckedFiles files;
+  files.state_path = Join(dir, kStateFile);
+  if (!Exists(files.state_path)) {
+    throw CheckpointError("'" + files.state_path + "' is missing: '" + dir +
+                          "' is not a complete accel checkpoint");
+  }
+  files.state = ReadCheckpointFile(files.state_path, "accelerator_state");
+  files.random_path = Join(dir, RandomStatesFile(rank));
+  if (Exists(files.random_path)) {
+    files.random =
+        ReadCheckpointFile(files.random_path, RandomStatesRole(rank));
+    const CheckpointIdentity& mine = files.random->identity;
+    const CheckpointIdentity& shared = files.state.identity;
+    if (mine.run != shared.run || mine.step != shared.step) {
+      throw CheckpointError("'" + files.random_path + "' was saved by run " +
+                            mine.run + " at step " + std::to_string(mine.step) +
+                            ", but '" + files.state_path + "' by run " +
+                            shared.run + " at step " +
+                            std::to_string(shared.step) +
+                            ": the files come from different saves");
+    }
+  }
+  (void)world_size;
+  return files;
+}
+
+// Whether the checkpoint holds sharded optimizer state that this job can
+// load (then in this rank's file); CheckpointError when the sharding does
+// not match this job's, naming both.
+bool CheckShardedOptimizers(torch::serialize::InputArchive& state,
+                            int64_t saved_world,
+                            const CheckpointContents& contents, int world_size,
+                            const CheckedFiles& files) {
+  c10::IValue stage_value;
+  const int64_t saved_stage =
+      state.try_read("zero_stage", stage_value) && stage_value.isInt()
+          ? stage_value.toInt()
+          : 0;
+  const bool saved = saved_stage > 0;
+  const bool wanted = IsSharded(contents, world_size);
+  const std::string here = std::to_string(world_size) + " process(es)";
+  const std::string there = std::to_string(saved_world) + " process(es)";
+  if (saved && !wanted) {
+    throw CheckpointError(
+        "'" + files.state_path +
+        "' holds optimizer state sharded by ZeRO "
+        "stage " +
+        std::to_string(saved_stage) + " over " + there +
+        ", but this job does not shard it (" +
+        (world_size == 1 ? std::string("one process shards nothing, "
+                                       "whatever its zero_stage")
+                         : "zero_stage " + std::to_string(contents.zero_stage) +
+                               " at " + here) +
+        "); resume with --zero_stage=" + std::to_string(saved_stage) + " at " +
+        there);
+  }
+  if (!saved && wanted) {
+    throw CheckpointError(
+        "'" + files.state_path +
+        "' holds whole optimizer state (saved "
+        "without ZeRO at " +
+        there + "), but this job shards it (ZeRO stage " +
+        std::to_string(contents.zero_stage) + " at " + here +
+        "); resume without --zero_stage, or start the sharded run afresh");
+  }
+  if (!saved) return false;
+  if (saved_world != world_size) {
+    throw CheckpointError(
+        "'" + files.state_path + "' holds optimizer state sharded over " +
+        there + " (ZeRO stage " + std::to_string(saved_stage) +
+        "), but this job runs " + here +
+        "; accel does not re-shard it yet: resume at " + there);
+  }
+  // Stages 1 and 2 cut the optimizer state into the same shares; stage 3
+  // cuts each unit on its own.
+  if ((saved_stage == 3) != (contents.zero_stage == 3)) {
+    throw CheckpointError(
+        "'" + files.state_path +
+        "' holds optimizer state sharded by ZeRO stage " +
+        std::to_string(saved_stage) + " over " + there +
+        ", but this job shards it by stage " +
+        std::to_string(contents.zero_stage) +
+        (saved_stage == 3 ? " (stage 3 cuts each unit on its own)"
+                          : " (stage 3 cuts each unit on its own, stages 1-2 "
+                            "all parameters together)") +
+        "; resume with --zero_stage=" + std::to_string(saved_stage));
+  }
+  if (!files.random) {
+    throw CheckpointError("'" + files.random_path +
+                          "' is missing: it holds "
+                          "this rank's shard of the optimizer state (ZeRO "
+                          "stage " +
+                          std::to_string(saved_stage) + ")");
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string RandomStatesFile(int rank) {
+  return "random_states_" + std::to_string(rank) + ".pt";
+}
+
+bool IsRandomStatesFile(const std::string& name) {
+  const std::string prefix = "random_states_";
+  const std::string suffix = ".pt";
+  if (name.size() <= prefix.size() + suffix.size() ||
+      name.compare(0, prefix.size(), prefix) != 0 ||
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+    return false;
+  }
+  const std::string digits =
+      name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  return digits.find_first_not_of("0123456789") == std::string::npos;
+}
+
+namespace {
+
+// The number r of random_states_<r>.pt (IsRandomStatesFile), or -1 when it
+// does not fit an int.
+int RandomStatesRank(const std::string& name) {
+  const std::string digits = name.substr(14, name.size() - 14 - 3);
+  if (digits.size() > 9) return -1;
+  return std::stoi(digits);
+}
+
+// The main process's file (kStateFile), written last: it marks the
+// checkpoint complete. `written` and `last_complete` tell the caller what
+// to remove if this fails.
+void WriteSharedFile(const std::string& dir, int world_size, bool sharded,
+                     const CheckpointContents& contents,
+                     const CheckpointIdentity& base,
+                     std::vector<std::string>* written, bool* last_complete) {
+  // A save at fewer processes than an earlier one into the same folder:
+  // the extra ranks' files are of that save, and a later load at the
+  // larger count would refuse them. Gone before the shared file makes the
+  // checkpoint complete.
+  for (const std::string& name : ListFolder(dir)) {
+    if (!IsRandomStatesFile(name)) continue;
+    const int other = RandomStatesRank(name);
+    if (other < 0 || other >= world_size) {
+      std::remove(Join(dir, name).c_str());
+    }
+  }
+  torch::serialize::OutputArchive state;
+  state.write("num_processes", c10::IValue(int64_t{world_size}));
+  state.write("zero_stage",
+              c10::IValue(int64_t{sharded ? contents.zero_stage : 0}));
+  state.write("num_models", c10::IValue(int64_t(contents.models.size())));
+  for (size_t i = 0; i < contents.models.size(); ++i) {
+    auto model = SaveModel(*contents.models[i]);
+    state.write("model_" + std::to_string(i), model);
+  }
+  for (const StatefulKind& kind : StatefulKinds(contents)) {
+    state.write("num_" + kind.plural, c10::IValue(int64_t(kind.parts.size())));
+    // Sharded optimizer state is in each rank's file.
+    if (sharded && kind.singular == "optimizer") continue;
+    for (size_t i = 0; i < kind.parts.size(); ++i) {
+      torch::serialize::OutputArchive archive;
+      kind.parts[i].save(archive);
+      state.write(kind.singular + "_" + std::to_string(i), archive);
+    }
+  }
+  // Per loader: the epoch to run next and the samples of it done (over
+  // all ranks, so that any number of processes can resume there).
+  c10::List<int64_t> positions;
+  for (const auto& loader : contents.loaders) {
+    const auto [epoch, done] = loader->Checkpoint();
+    positions.push_back(epoch);
+    positions.push_back(done);
+  }
+  state.write(kLoaderSamplesKey, c10::IValue(positions));
+  CheckpointIdentity id = base;
+  id.role = "accelerator_state";
+  *last_complete = false;
+  written->push_back(Join(dir, kStateFile));
+  WriteCheckpointFile(written->back(), id, state);
+  *last_complete = true;
+}
+
+}  // namespace
+
+void SaveCheckpoint(const std::string& dir, int rank, int world_size,
+                    bool write_shared, const CheckpointContents& contents) {
+  const bool existed = Exists(dir);
+  MakeDirectories(dir);
+  const CheckpointIdentity base{contents.run_id, contents.step, ""};
+  std::vector<std::string> written;
+  bool last_complete = false;  // Whether written.back() was fully written.
+  // With several processes the ranks agree twice (all_ranks_wrote): once
+  // every rank wrote its own file, so that the shared file, which marks the
+  // checkpoint complete, comes last; and once the main process wrote that,
+  // so that no rank returns before the checkpoint is complete (a load right
+  // after the save found another save's files on 3 of 3 tries).
+  const bool several = world_size > 1 && contents.all_ranks_wrote;
+  int agreements = 0;    // Those this rank took part in.
+  bool refused = false;  // One of them said that some rank failed.
+  const auto agree = [&](bool wrote) {
+    ++agreements;
+    refused = !contents.all_ranks_wrote(wrote);
+    return !refused;
+  };
+  try {
+    // This rank's file first: the shared file, written last, marks the
+    // checkpoint complete.
+    torch::serialize::OutputArchive random;
+    {
+      at::Generator generator = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      random.write("cpu_rng", generator.get_state());
+    }
+    const bool sharded = IsSharded(contents, world_size);
+    if (sharded) {
+      for (size_t i = 0; i < contents.optimizers.size(); ++i) {
+        torch::serialize::OutputArchive archive;
+        contents.optimizers[i]->save(archive);
+        random.write("optimizer_" + std::to_string(i), archive);
+      }
+    }
+    CheckpointIdentity id = base;
+    id.role = RandomStatesRole(rank);
+    written.push_back(Join(dir, RandomStatesFile(rank)));
+    WriteCheckpointFile(written.back(), id, random);
+    last_complete = true;
+    if (several && !agree(true)) {
+      throw CheckpointError(
+          "save_state: another rank could not write its " +
+          std::string(sharded ? "optimizer shard" : "random states") +
+          " into '" + dir +
+          "' (see its error); the checkpoint is not complete");
+    }
+    if (write_shared) {
+      WriteSharedFile(dir, world_size, sharded, contents, base, &written,
+                      &last_complete);
+      // Complete: nothing after this may remove it.
+      written.clear();
+    }
+    if (several && !agree(true)) {
+      throw CheckpointError("save_state: the main process could not write '" +
+                            Join(dir, kStateFile) +
+                            "' (see its error); the checkpoint is not "
+                            "complete");
+    }
+  } catch (...) {
+    // What this rank wrote goes (the file that failed is already gone): a
+    // failed save must not keep a full disk full. The folder goes only when
+    // no other rank may be writing into it; otherwise their files of this
+    // save stay in an incomplete checkpoint, which loading passes over and
+    // pruning removes. The others learn of a failure here in the agreement
+    // they wait in; after one that failed, nobody waits in another.
+    if (several && !refused && agreements < 2) contents.all_ranks_wrote(false);
+    // A collective error in the last agreement (the main process died)
+    // leaves it unknown whether the shared file was written: this rank's
+    // file stays, and loading tells whether the checkpoint is complete.
+    if (agreements == 2 && !refused) written.clear();
+    if (!written.empty() && !last_complete) written.pop_back();
+    for (const std::string& path : written) std::remove(path.c_str());
+    if (!existed && world_size == 1) rmdir(dir.c_str());
+    throw;
+  }
+}
+
+std::string CheckpointProblem::Encode() const {
+  return std::to_string(static_cast<int>(kind)) + "\t" + detail;
+}
+
+CheckpointProblem CheckpointProblem::Decode(const std::string& text) {
+  const size_t tab = text.find('\t');
+  const int kind = tab == std::string::npos ? -1 : std::atoi(text.c_str());
+  if (kind < 0 || kind > static_cast<int>(Kind::kMixedSaves)) {
+    return {Kind::kDamaged, "an unreadable verdict: " + text};
+  }
+  return {static_cast<Kind>(kind), text.substr(tab + 1)};
+}
+
+CheckpointProblem CheckCheckpoint(const std::string& dir, int rank,
+                                  int world_size, bool sharded) {
+  using Kind = CheckpointProblem::Kind;
+  try {
+    const std::string state = Join(dir, kStateFile);
+    if (!Exists(state)) return {Kind::kMissing, "'" + state + "' is missing"};
+    const CheckpointIdentity shared =
+        VerifyCheckpointFile(state, "accelerator_state");
+    const std::string random = Join(dir, RandomStatesFile(rank));
+    if (sharded && !Exists(random)) {
+      // A job larger than the one that saved finds no file for its new
+      // ranks: say how many the folder holds.
+      int saved_files = 0;
+      for (const std::string& name : ListFolder(dir)) {
+        if (IsRandomStatesFile(name)) ++saved_files;
+      }
+      return {Kind::kMissing,
+              "'" + random +
+                  "' is missing: under ZeRO it holds this rank's shard of "
+                  "the optimizer state (the folder holds the files of " +
+                  std::to_string(saved_files) + " rank(s); this job runs " +
+                  std::to_string(world_size) + " process(es))"};
+    }
+    if (Exists(random)) {
+      const CheckpointIdentity mine =
+          VerifyCheckpointFile(random, RandomStatesRole(rank));
+      if (mine.run != shared.run || mine.step != shared.step) {
+        return {
+            Kind::kMixedSaves,
+            "'" + random + "' comes from another save than '" + state + "'"};
+      }
+    }
+    return {};
+  } catch (const Error& e) {
+    return {Kind::kDamaged, e.what()};
+  }
+}
+
+void LoadCheckpoint(const std::string& dir, int rank, int world_size,
+                    CheckpointContents& contents) {
+  CheckedFiles files = ReadFiles(dir, rank, world_size);
+  const std::string& path = files.state_path;
+  torch::serialize::InputArchive& state = *files.state.archive;
+  try {
+    const int64_t num_models = ReadInt(state, "num_models", path);
+    if (num_models != static_cast<int64_t>(contents.models.size())) {
+      throw CheckpointError("'" + path + "' holds " +
+                            std::to_string(num_models) +
+                            " model(s), but this program prepared " +
+                            std::to_string(contents.models.size()));
+    }
+    // Check everything before changing anything.
+    std::vector<std::vector<torch::Tensor>> model_values;
+    for (int64_t i = 0; i < num_models; ++i) {
+      model_values.push_back(ReadModel(state, i, *contents.models[i], path));
+    }
+    const int64_t saved_world = ReadInt(state, "num_processes", path);
+    const bool sharded =
+        CheckShardedOptimizers(state, saved_world, contents, world_size, files);
+    std::vector<Stateful> parts;
+    std::vector<torch::serialize::InputArchive> archives;
+    for (const StatefulKind& kind : StatefulKinds(contents)) {
+      const int64_t count = ReadInt(state, "num_" + kind.plural, path);
+      if (count != static_cast<int64_t>(kind.parts.size())) {
+        throw CheckpointError("'" + path + "' holds " + std::to_string(count) +
+                              " " + kind.plural + ", but this program has " +
+                              std::to_string(kind.parts.size()));
+      }
+      for (size_t i = 0; i < kind.parts.size(); ++i) {
+        const std::string key = kind.singular + "_" + std::to_string(i);
+        archives.emplace_back();
+        const bool in_rank_file = sharded && kind.singular == "optimizer";
+        torch::serialize::InputArchive& source =
+            in_rank_file ? *files.random->archive : state;
+        if (!source.try_read(key, archives.back())) {
+          throw CheckpointError("'" +
+                                (in_rank_file ? files.random_path : path) +
+                                "' has no " + key);
+        }
+        parts.push_back(kind.parts[i]);
+        parts.back().name = key;
+      }
+    }
+    // An older accel recorded batches per rank ("loader_positions").
+    c10::IValue positions_value;
+    const bool in_samples = state.try_read(kLoaderSamplesKey, positions_value);
+    if (!in_samples) {
+      positions_value = ReadValue(state, "loader_positions", path);
+    }
+    std::vector<int64_t> positions;
+    if (positions_value.isIntList()) positions = positions_value.toIntVector();
+    if (positions.size() != 2 * contents.loaders.size()) {
+      throw CheckpointError(
+          "'" + path + "' holds " + std::to_string(positions.size() / 2) +
+          " data loader position(s), but this program "
+          "prepared " +
+          std::to_string(contents.loaders.size()) + " data loader(s)");
+    }
+    torch::Tensor rng_state;
+    if (files.random) {
+      if (!files.random->archive->try_read("cpu_rng", rng_state)) {
+        throw CheckpointError("'" + files.random_path +
+                              "' has no cpu_rng entry");
+      }
+    } else if (saved_world == world_size) {
+      Note("'" + files.random_path + "' is missing (rank " +
+           std::to_string(rank) +
+           " wrote none: a checkpoint of an older accel, or a removed file); "
+           "its RNG state is not restored");
+    }
+
+    // Optimizers, schedulers, the scaler and registered objects can only be
+    // checked by loading them: all of them load, or none stays changed.
+    LoadAllOrNothing(parts, archives, path);
+    torch::NoGradGuard no_grad;
+    for (int64_t i = 0; i < num_models; ++i) {
+      const auto targets = NamedState(*contents.models[i]);
+      for (size_t j = 0; j < targets.size(); ++j) {
+        torch::Tensor target = targets[j].second;
+        target.copy_(model_values[i][j]);
+      }
+    }
+    for (size_t i = 0; i < contents.loaders.size(); ++i) {
+      if (in_samples) {
+        contents.loaders[i]->Restore(positions[2 * i], positions[2 * i + 1]);
+      } else {
+        contents.loaders[i]->RestoreBatches(positions[2 * i],
+                                            positions[2 * i + 1], saved_world);
+      }
+    }
+    contents.step = files.state.identity.step;
+    if (rng_state.defined()) {
+      // A Generator is a handle: the copy shares torch's default generator.
+      at::Generator generator = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(rng_state);
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception&) {
+    // A file that verified but does not read as this accel wrote it.
+    throw CheckpointError("'" + path + "' cannot be read: " +
+                          DescribeException(std::current_exception()));
+  }
+}
+
+bool IsCheckpointFileName(const std::string& name) {
+  // A temporary of AtomicFile: "<final name>.partial.<pid>.<n>".
+  const size_t partial = name.find(".partial.");
+  const std::string base =
+      partial == std::string::npos ? name : name.substr(0, partial);
+  if (base == kStateFile || IsRandomStatesFile(base)) return true;
+  return IsModelWeightsFileName(base);
+}
+
+}  // namespace accel

@@ -1,0 +1,396 @@
+#include "accel/parallel/zero.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include "accel/core/tensor_ops.h"
+#include "accel/parallel/zero_group.h"
+#include "accel/parallel/zero_units.h"
+#include "accel/runtime/base/errors.h"
+
+namespace accel {
+namespace {
+
+using zero_internal::Flatten;
+using zero_internal::FreeStorage;
+using zero_internal::Key;
+using zero_internal::Shape;
+
+}  // namespace
+
+namespace {
+
+// Stages 2-3 reduce a model's gradients in the optimizer's flat layout:
+// the optimizer must hold exactly that model's trainable parameters.
+void CheckShardsWholeModel(const std::vector<torch::Tensor>& sharded,
+                           const std::vector<torch::Tensor>& model_parameters) {
+  std::vector<const void*> mine;
+  for (const auto& p : sharded) mine.push_back(Key(p));
+  std::sort(mine.begin(), mine.end());
+  size_t in_model = 0;
+  for (size_t i = 0; i < model_parameters.size(); ++i) {
+    const torch::Tensor& p = model_parameters[i];
+    if (!p.requires_grad()) continue;
+    if (!std::binary_search(mine.begin(), mine.end(), Key(p))) {
+      throw UsageError(
+          "prepare: under ZeRO stages 2-3 the prepared optimizer must hold "
+          "every trainable parameter of its model, but parameter " +
+          std::to_string(i) + " (shape " + Shape(p) +
+          ") is not in it; give the optimizer model->parameters() (frozen "
+          "ones may stay out), or use stage 1");
+    }
+    ++in_model;
+  }
+  if (in_model != sharded.size()) {
+    throw UsageError(
+        "prepare: under ZeRO stages 2-3 one optimizer shards the parameters of "
+        "one model, but this one holds " +
+        std::to_string(sharded.size()) +
+        " trainable parameters and its "
+        "model " +
+        std::to_string(in_model) + "; use one optimizer per model, or stage 1");
+  }
+}
+
+}  // namespace
+
+ZeroOptimizer::ZeroOptimizer(
+    Communicator& comm, int stage, torch::optim::Optimizer& optimizer,
+    const std::vector<torch::Tensor>& model_parameters,
+    const std::vector<std::vector<torch::Tensor>>& units)
+    : comm_(comm), stage_(stage), optimizer_(optimizer) {
+  if (stage < 1 || stage > 3) {
+    throw UsageError("ZeRO stage " + std::to_string(stage) +
+                     " is not one that shards training state (1, 2 or 3)");
+  }
+  if (stage == 3 && units.empty()) {
+    throw UsageError(
+        "prepare: ZeRO stage 3 shards parameters unit by unit, but the "
+        "model has no units (children of a Sequential with trainable "
+        "parameters); see accel/parallel/sharded_units.h");
+  }
+  std::map<const void*, int> unit_of;
+  for (size_t u = 0; u < units.size() && stage == 3; ++u) {
+    for (const torch::Tensor& p : units[u]) {
+      unit_of.emplace(Key(p), static_cast<int>(u));
+    }
+  }
+  if (!optimizer.state().empty()) {
+    throw UsageError(
+        "prepare: under ZeRO stage " + std::to_string(stage) +
+        " the optimizer must be prepared before its first step, but it "
+        "already holds state for " +
+        std::to_string(optimizer.state().size()) +
+        " parameter(s); build it over the model's parameters and prepare "
+        "it at once");
+  }
+  // The trainable parameters, grouped by unit, dtype and device in the
+  // order the optimizer holds them (the same on every rank).
+  std::map<const void*, std::pair<size_t, size_t>> where;  // group, index
+  std::vector<std::tuple<int, c10::ScalarType, c10::Device>> kinds;
+  for (auto& param_group : optimizer.param_groups()) {
+    for (const torch::Tensor& p : param_group.params()) {
+      if (!p.requires_grad()) continue;
+      if (where.count(Key(p)) != 0) {
+        throw UsageError("prepare: the optimizer holds a parameter of shape " +
+                         Shape(p) +
+                         " twice; under ZeRO each must be in one "
+                         "param group once");
+      }
+      ToDType(p.scalar_type());  // Rejects unsupported dtypes early.
+      const auto unit = unit_of.find(Key(p));
+      const int unit_index = unit == unit_of.end() ? -1 : unit->second;
+      const auto kind =
+          std::make_tuple(unit_index, p.scalar_type(), p.device());
+      auto found = std::find(kinds.begin(), kinds.end(), kind);
+      const size_t index = found - kinds.begin();
+      if (found == kinds.end()) kinds.push_back(kind);
+      if (groups_.size() <= index) {
+        groups_.push_back(std::make_shared<ZeroGroup>());
+        groups_.back()->unit = unit_index;
+      }
+      where[Key(p)] = {index, groups_[index]->params.size()};
+      groups_[index]->params.push_back(p);
+      parameters_.push_back(p);
+    }
+  }
+  if (stage >= 2) CheckShardsWholeModel(parameters_, model_parameters);
+  const int rank = comm.rank();
+  for (auto& group : groups_) {
+    std::vector<int64_t> numels;
+    for (const auto& p : group->params) numels.push_back(p.numel());
+    group->layout = ShardLayout(numels, comm.size());
+    Flatten(*group);
+    // The pieces are views of what this rank keeps: the flat buffer, or
+    // under stage 3 its share (starting at element `base` of the flat).
+    torch::Tensor kept = group->flat;
+    int64_t base = 0;
+    if (group->unit >= 0) {
+      base = rank * group->layout.shard_size();
+      group->shard =
+          group->flat.narrow(0, base, group->layout.shard_size()).clone();
+      kept = group->shard;
+      FreeStorage(group->flat);
+      group->gathered = false;
+    }
+    group->pieces = group->layout.Pieces(rank);
+    for (const auto& piece : group->pieces) {
+      torch::Tensor view =
+          kept.narrow(0,
+                      group->layout.offset(piece.tensor) + piece.begin - base,
+                      piece.length)
+              .detach();
+      view.requires_grad_(true);
+      group->piece_params.push_back(view);
+    }
+    group->own_begin = group->layout.begin(rank);
+    if (stage >= 2) {
+      const int64_t own = group->layout.end(rank) - group->own_begin;
+      group->shard_grad =
+          torch::zeros({own + 1}, group->flat.options()).narrow(0, 0, own);
+    }
+  }
+  // The optimizer now steps this rank's pieces in place of the parameters.
+  for (auto& param_group : optimizer.param_groups()) {
+    std::vector<torch::Tensor> stepped;
+    for (const torch::Tensor& p : param_group.params()) {
+      auto found = where.find(Key(p));
+      if (found == where.end()) {
+        stepped.push_back(p);  // Frozen: it has no gradient to step.
+        continue;
+      }
+      const ZeroGroup& group = *groups_[found->second.first];
+      for (size_t i = 0; i < group.pieces.size(); ++i) {
+        if (group.pieces[i].tensor == found->second.second) {
+          stepped.push_back(group.piece_params[i]);
+        }
+      }
+    }
+    param_group.params() = std::move(stepped);
+  }
+  if (stage == 3) {
+    units_ = std::make_shared<UnitSchedule>(comm, groups_, units.size());
+  }
+}
+
+ZeroOptimizer::~ZeroOptimizer() = default;
+
+void ZeroOptimizer::AttachGradients() {
+  for (auto& group : groups_) {
+    for (size_t i = 0; i < group->pieces.size(); ++i) {
+      const ShardLayout::Piece& piece = group->pieces[i];
+      torch::Tensor grad;
+      if (stage_ >= 2) {
+        grad = group->shard_grad.narrow(
+            0,
+            group->layout.offset(piece.tensor) + piece.begin - group->own_begin,
+            piece.length);
+      } else {
+        const torch::Tensor& full = group->params[piece.tensor].grad();
+        if (full.defined()) {
+          grad = full.reshape({-1}).narrow(0, piece.begin, piece.length);
+        }
+      }
+      // detach(): a plain tensor to autograd, which zero_grad may detach.
+      group->piece_params[i].mutable_grad() =
+          grad.defined() ? grad.detach() : grad;
+    }
+  }
+}
+
+void ZeroOptimizer::AllGatherParameters(CallSite site) {
+  // A unit gathered now would hold its parameters from before the step.
+  if (units_ != nullptr) units_->ReleaseAll();
+  CollectiveOptions options;
+  options.api = "optimizer.step (ZeRO all-gather of the updated parameters)";
+  options.site = site;
+  for (auto& group : groups_) {
+    if (group->unit >= 0) continue;
+    const int64_t share = group->layout.shard_size();
+    char* flat = static_cast<char*>(group->flat.data_ptr());
+    comm_.allgather(flat + comm_.rank() * share * group->flat.element_size(),
+                    flat, static_cast<size_t>(share),
+                    ToDType(group->flat.scalar_type()), options);
+  }
+}
+
+std::shared_ptr<UnitRunner> ZeroOptimizer::unit_runner() const {
+  return units_;
+}
+
+void ZeroOptimizer::GatherEveryUnit() {
+  if (units_ == nullptr) return;
+  for (size_t u = 0; u < units_->size(); ++u) {
+    units_->GatherUnit(u, "save_state / load_state (ZeRO-3 all-gather)");
+  }
+}
+
+void ZeroOptimizer::ReshardEveryUnit(bool adopt) {
+  if (units_ == nullptr) return;
+  if (adopt) {
+    units_->AdoptAndReleaseAll();
+  } else {
+    units_->ReleaseAll();
+  }
+}
+
+void ZeroOptimizer::ForEachGathered(const std::vector<torch::Tensor>& tensors,
+                                    const std::function<void(size_t)>& visit) {
+  std::map<const void*, int> unit_of;
+  for (const auto& group : groups_) {
+    for (const auto& p : group->params) unit_of[Key(p)] = group->unit;
+  }
+  int current = -1;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto found = unit_of.find(Key(tensors[i]));
+    const int unit = found == unit_of.end() ? -1 : found->second;
+    if (units_ != nullptr && unit >= 0 && unit != current) {
+      if (current >= 0) units_->ReleaseUnit(current);
+      units_->GatherUnit(unit, "get_state_dict (ZeRO-3 all-gather)");
+      current = unit;
+    }
+    visit(i);
+  }
+  if (current >= 0) units_->ReleaseUnit(current);
+}
+
+void ZeroOptimizer::ZeroGrad() {
+  optimizer_.zero_grad();
+  torch::NoGradGuard no_grad;
+  for (torch::Tensor& p : parameters_) {
+    // In place: under stage 1 the gradients are views of DDP's buckets.
+    if (p.grad().defined()) p.mutable_grad().zero_();
+  }
+  for (auto& group : groups_) {
+    if (!group->shard_grad.defined()) continue;
+    group->shard_grad.zero_();
+    group->shard_grad_held = false;
+  }
+}
+
+std::vector<torch::Tensor> ZeroOptimizer::GradientPieces(
+    const std::vector<torch::Tensor>& of,
+    std::vector<const void*>* covered) const {
+  std::vector<const void*> wanted;
+  for (const auto& p : of) wanted.push_back(Key(p));
+  std::sort(wanted.begin(), wanted.end());
+  std::vector<torch::Tensor> grads;
+  for (const auto& group : groups_) {
+    for (const auto& p : group->params) {
+      if (std::binary_search(wanted.begin(), wanted.end(), Key(p))) {
+        covered->push_back(Key(p));
+      }
+    }
+    for (size_t i = 0; i < group->pieces.size(); ++i) {
+      const torch::Tensor& p = group->params[group->pieces[i].tensor];
+      const torch::Tensor& grad = group->piece_params[i].grad();
+      if (grad.defined() &&
+          std::binary_search(wanted.begin(), wanted.end(), Key(p))) {
+        grads.push_back(grad);
+      }
+    }
+  }
+  return grads;
+}
+
+namespace {
+
+// The gradients of `parameters`: this rank's pieces of those sharded here,
+// and the whole (replicated) gradients of the others.
+struct ShardedGradients {
+  std::vector<torch::Tensor> pieces;
+  std::vector<torch::Tensor> replicated;
+};
+
+ShardedGradients CollectGradients(
+    const std::vector<ZeroOptimizer*>& sharded,
+    const std::vector<torch::Tensor>& parameters) {
+  ShardedGradients result;
+  std::vector<const void*> covered;
+  for (const ZeroOptimizer* zero : sharded) {
+    for (auto& grad : zero->GradientPieces(parameters, &covered)) {
+      result.pieces.push_back(grad);
+    }
+  }
+  std::sort(covered.begin(), covered.end());
+  for (const auto& p : parameters) {
+    if (p.grad().defined() &&
+        !std::binary_search(covered.begin(), covered.end(), Key(p))) {
+      result.replicated.push_back(p.grad());
+    }
+  }
+  return result;
+}
+
+}  // namespace
+
+std::vector<torch::Tensor> GradientsToClip(
+    const std::vector<ZeroOptimizer*>& sharded,
+    const std::vector<torch::Tensor>& parameters) {
+  ShardedGradients grads = CollectGradients(sharded, parameters);
+  grads.pieces.insert(grads.pieces.end(), grads.replicated.begin(),
+                      grads.replicated.end());
+  return grads.pieces;
+}
+
+double ClipGradNormAcrossShards(Communicator& comm,
+                                const std::vector<ZeroOptimizer*>& sharded,
+                                const std::vector<torch::Tensor>& parameters,
+                                double max_norm, double norm_type,
+                                CallSite site) {
+  const bool infinity = norm_type == std::numeric_limits<double>::infinity();
+  if (!infinity && norm_type <= 0) {
+    throw UsageError(
+        "clip_grad_norm_ under ZeRO takes a positive norm_type "
+        "or infinity, found " +
+        std::to_string(norm_type));
+  }
+  ShardedGradients grads = CollectGradients(sharded, parameters);
+  // This rank's part: the sum of |g|^p (or the largest |g|) over its
+  // pieces, and over the replicated gradients on rank 0 only.
+  double local = 0;
+  const auto add = [&](const torch::Tensor& grad) {
+    if (grad.numel() == 0) return;
+    if (infinity) {
+      const double largest = grad.abs().max().item<double>();
+      // NaN wins, as in torch's norm (std::max would drop it).
+      local = std::isnan(largest) || std::isnan(local)
+                  ? std::numeric_limits<double>::quiet_NaN()
+                  : std::max(local, largest);
+    } else {
+      local += std::pow(grad.norm(norm_type).item<double>(), norm_type);
+    }
+  };
+  for (const auto& grad : grads.pieces) add(grad);
+  if (comm.rank() == 0) {
+    for (const auto& grad : grads.replicated) add(grad);
+  }
+  CollectiveOptions options;
+  options.api = "clip_grad_norm_ (across ZeRO shards)";
+  options.site = site;
+  // With a NaN flag beside the value: a maximum over ranks may drop NaN.
+  double values[2] = {std::isnan(local) ? 0.0 : local,
+                      std::isnan(local) ? 1.0 : 0.0};
+  AllreduceHostValues(comm, values, 2, torch::kFloat64,
+                      infinity ? ReduceOp::kMax : ReduceOp::kSum, options);
+  const double total = values[1] > 0 ? std::numeric_limits<double>::quiet_NaN()
+                       : infinity    ? values[0]
+                                     : std::pow(values[0], 1.0 / norm_type);
+  // As torch's clip_grad_norm_: the coefficient in the gradients' dtype,
+  // clamped to 1, multiplied into every gradient.
+  torch::NoGradGuard no_grad;
+  for (auto* list : {&grads.pieces, &grads.replicated}) {
+    for (auto& grad : *list) {
+      const torch::Tensor norm = torch::full({}, total, grad.options());
+      grad.mul_(torch::clamp(max_norm / (norm + 1e-6), c10::nullopt, 1.0));
+    }
+  }
+  return total;
+}
+
+}  // namespace accel

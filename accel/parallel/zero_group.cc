@@ -1,0 +1,91 @@
+#include "accel/parallel/zero_group.h"
+
+#include <algorithm>
+
+#include "accel/memory/released_memory.h"
+
+namespace accel {
+
+ShardLayout::ShardLayout(const std::vector<int64_t>& numels, int world_size)
+    : world_size_(world_size) {
+  for (int64_t numel : numels) {
+    offsets_.push_back(total_);
+    total_ += numel;
+  }
+  shard_size_ = (total_ + world_size - 1) / world_size;
+}
+
+int64_t ShardLayout::begin(int rank) const {
+  return std::min(total_, rank * shard_size_);
+}
+
+int64_t ShardLayout::end(int rank) const {
+  return std::min(total_, (rank + 1) * shard_size_);
+}
+
+std::vector<size_t> ShardLayout::Counts(int64_t lo, int64_t hi) const {
+  std::vector<size_t> counts;
+  for (int rank = 0; rank < world_size_; ++rank) {
+    const int64_t from = std::max(lo, begin(rank));
+    const int64_t to = std::min(hi, end(rank));
+    counts.push_back(static_cast<size_t>(std::max<int64_t>(0, to - from)));
+  }
+  return counts;
+}
+
+std::vector<ShardLayout::Piece> ShardLayout::Pieces(int rank) const {
+  std::vector<Piece> pieces;
+  for (size_t tensor = 0; tensor < offsets_.size(); ++tensor) {
+    const int64_t start = offsets_[tensor];
+    const int64_t stop =
+        tensor + 1 < offsets_.size() ? offsets_[tensor + 1] : total_;
+    const int64_t from = std::max(start, begin(rank));
+    const int64_t to = std::min(stop, end(rank));
+    if (from < to) pieces.push_back({tensor, from - start, to - from});
+  }
+  return pieces;
+}
+
+namespace zero_internal {
+
+const void* Key(const torch::Tensor& t) { return t.unsafeGetTensorImpl(); }
+
+std::string Shape(const torch::Tensor& t) {
+  std::string text = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) {
+    text += (i ? ", " : "") + std::to_string(t.size(i));
+  }
+  return text + "]";
+}
+
+void Flatten(ZeroGroup& group) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor& first = group.params.front();
+  group.flat = torch::zeros({group.layout.padded()},
+                            first.options().requires_grad(false));
+  for (size_t i = 0; i < group.params.size(); ++i) {
+    torch::Tensor& param = group.params[i];
+    torch::Tensor place =
+        group.flat.narrow(0, group.layout.offset(i), param.numel());
+    place.copy_(param.reshape({-1}));
+    param.set_data(place.view(param.sizes()));
+  }
+}
+
+void AllocateStorage(const torch::Tensor& flat) {
+  c10::StorageImpl* storage = flat.storage().unsafeGetStorageImpl();
+  const size_t bytes = flat.numel() * flat.element_size();
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
+}
+
+void FreeStorage(const torch::Tensor& flat) {
+  c10::StorageImpl* storage = flat.storage().unsafeGetStorageImpl();
+  const size_t bytes = flat.numel() * flat.element_size();
+  void* released = flat.device().is_cpu() ? ReleasedMemory(bytes) : nullptr;
+  storage->set_data_ptr_noswap(c10::DataPtr(released, flat.device()));
+  storage->set_nbytes(released != nullptr ? bytes : 0);
+}
+
+}  // namespace zero_internal
+}  // namespace accel

@@ -1,0 +1,71 @@
+// ZeRO's flat buffers: the parameters of one unit, dtype and device packed
+// into one buffer they are views of, with this rank's share of it, and the
+// storage stage 3 gives back between uses. Private to //accel:zero.
+//
+//   ZeroGroup group;
+//   group.params = {weight, bias};
+//   group.layout = ShardLayout({weight.numel(), bias.numel()}, world_size);
+//   zero_internal::Flatten(group);        // weight, bias: views of group.flat
+//   zero_internal::FreeStorage(group.flat);      // stage 3, between uses
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "accel/parallel/zero.h"
+#include "accel/runtime/comm/communicator.h"
+
+namespace accel {
+
+// The parameters of one dtype and device, packed into one flat buffer that
+// they are views of.
+struct ZeroGroup {
+  ShardLayout layout;
+  torch::Tensor flat;                       // layout.padded() elements.
+  std::vector<torch::Tensor> params;        // Views of flat.
+  std::vector<ShardLayout::Piece> pieces;   // This rank's.
+  std::vector<torch::Tensor> piece_params;  // What the optimizer steps.
+  // Stage 2: this rank's share of the reduced gradients (its own size;
+  // one element more so that its pointer is valid when the share is empty).
+  torch::Tensor shard_grad;
+  // Whether shard_grad holds a reduced gradient that zero_grad has not
+  // cleared: the next sync then reduces into `incoming` and adds, so that
+  // two backwards before a step sum as under DDP.
+  bool shard_grad_held = false;
+  torch::Tensor incoming;
+  int64_t own_begin = 0;
+  // Stage 3: the unit these parameters belong to, or -1 (the flat buffer
+  // then stays, as under stages 1-2). A unit's group keeps this rank's
+  // share of it in `shard` (shard_size elements, the pieces are views of
+  // it); `flat` has storage only while gathered.
+  int unit = -1;
+  torch::Tensor shard;
+  bool gathered = true;
+  std::shared_ptr<Work> gathering;  // The all-gather filling flat.
+};
+
+namespace zero_internal {
+
+// A tensor's identity (its TensorImpl), shared by its handles.
+const void* Key(const torch::Tensor& t);
+
+// "[4, 2]".
+std::string Shape(const torch::Tensor& t);
+
+// Makes every parameter a view of its place in group.flat, holding its
+// values.
+void Flatten(ZeroGroup& group);
+
+// Stage 3's storage resizing: the flat buffer's storage (which its
+// parameters, their views and autograd's saved tensors share) gets memory
+// again, or gives it back. Released on the CPU it points at a range that
+// faults with a message (released_memory.h) and keeps its size, so that any
+// use of a parameter meets that message; elsewhere it is null and empty.
+void AllocateStorage(const torch::Tensor& flat);
+void FreeStorage(const torch::Tensor& flat);
+
+}  // namespace zero_internal
+}  // namespace accel

@@ -1,0 +1,307 @@
+// ZeRO stages 2-3: the gradient reducer ZeroOptimizer::MakeGradientReducer
+// gives (see zero.h).
+#include <algorithm>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <utility>
+
+#include "accel/core/tensor_ops.h"
+#include "accel/parallel/gradient_hooks.h"
+#include "accel/parallel/zero.h"
+#include "accel/parallel/zero_group.h"
+#include "accel/parallel/zero_units.h"
+#include "accel/runtime/base/errors.h"
+
+namespace accel {
+
+namespace {
+
+// Stage 2's reduction: gradients reduce-scattered bucket by bucket during
+// backward into each group's shard_grad (see zero.h).
+class ShardedGradientReducer : public GradientReducer {
+ public:
+  ShardedGradientReducer(Communicator& comm,
+                         std::vector<std::shared_ptr<ZeroGroup>> groups,
+                         std::shared_ptr<UnitSchedule> units,
+                         const GradientSyncOptions& options,
+                         const std::vector<torch::Tensor>& buffers)
+      : state_(std::make_shared<State>(comm, std::move(groups))),
+        buffers_(comm, {}, options, buffers) {
+    State& s = *state_;
+    s.units = std::move(units);
+    std::vector<torch::Tensor> params;
+    // Buckets in the order backward fills them (launches go strictly in
+    // bucket order): the last parameters first, so under stage 3 the last
+    // unit's groups first.
+    for (size_t g = s.groups.size(); g-- > 0;) {
+      const ZeroGroup& group = *s.groups[g];
+      size_t bucket_bytes = 0;
+      for (size_t t = group.params.size(); t-- > 0;) {
+        const torch::Tensor& p = group.params[t];
+        const size_t bytes = p.numel() * p.element_size();
+        // Every bucket of DDP's first size (1 MiB by default): a bucket's
+        // buffer is gradient memory beyond this rank's share, and a larger
+        // parameter is a bucket of its own, reduced where autograd left it.
+        const size_t cap = options.first_bucket_bytes;
+        const bool fits = !s.buckets.empty() && s.buckets.back().group == g &&
+                          bucket_bytes + bytes <= cap;
+        if (!fits) {
+          s.buckets.push_back({g, group.layout.offset(t) + p.numel(), {}});
+          bucket_bytes = 0;
+        }
+        Bucket& bucket = s.buckets.back();
+        bucket.lo = group.layout.offset(t);
+        bucket.members.push_back(s.slots.size());
+        s.slots.push_back({g, t, s.buckets.size() - 1, false});
+        params.push_back(p);
+        bucket_bytes += bytes;
+      }
+    }
+    s.ResetStep();
+    s.hooks = std::make_unique<GradientReadyHooks>(
+        params, [weak = std::weak_ptr<State>(state_)](size_t index) {
+          if (auto state = weak.lock()) state->OnGradientReady(index);
+        });
+  }
+
+  ~ShardedGradientReducer() override { state_->hooks.reset(); }
+
+  void begin_backward() override { buffers_.begin_backward(); }
+
+  void finish() override {
+    buffers_.finish();
+    State& s = *state_;
+    {
+      std::lock_guard<std::mutex> lock(s.mutex);
+      if (!s.enabled) {
+        // Under no_sync the gradients stay in .grad; the units' parameters
+        // go until the next forward or backward gathers them.
+        if (s.units != nullptr) s.units->ReleaseAll();
+        s.ResetStep();
+        return;
+      }
+      // Parameters without a gradient this backward contribute what they
+      // accumulated before (no_sync), or zeros.
+      for (size_t i = 0; i < s.slots.size(); ++i) {
+        if (!s.slots[i].arrived) s.Arrive(i);
+      }
+    }
+    s.WaitAll();
+    if (s.units != nullptr) s.units->ReleaseAll();  // Units without grads.
+    std::exception_ptr failure;
+    {
+      std::lock_guard<std::mutex> lock(s.mutex);
+      failure = s.failure;
+      s.ResetStep();
+    }
+    if (failure) std::rethrow_exception(failure);
+    torch::NoGradGuard no_grad;
+    for (auto& group : s.groups) {
+      if (group->shard_grad_held) {
+        group->shard_grad.add_(group->incoming.div_(s.comm.size()));
+        group->incoming = torch::Tensor();
+      } else {
+        group->shard_grad.div_(s.comm.size());
+      }
+      group->shard_grad_held = true;
+    }
+  }
+
+  void set_enabled(bool enabled) override {
+    buffers_.set_enabled(enabled);
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->enabled = enabled;
+  }
+  bool enabled() const override { return state_->enabled; }
+  void set_call_site(CallSite site) override {
+    buffers_.set_call_site(site);
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->site = site;
+  }
+
+ private:
+  struct Bucket {
+    size_t group;
+    int64_t hi;                   // [lo, hi) of the group's flat buffer.
+    std::vector<size_t> members;  // Indices into slots.
+    int64_t lo = 0;
+    size_t pending = 0;
+    torch::Tensor buffer;  // The gradients, while the bucket is reduced.
+    std::shared_ptr<Work> work;
+  };
+  struct Slot {
+    size_t group;
+    size_t tensor;
+    size_t bucket;
+    bool arrived;
+  };
+  // Buckets whose reduction may be in flight while the next fills: their
+  // buffers are the gradient memory beyond this rank's share. One keeps
+  // communication beside backward (bucket k is reduced while autograd
+  // computes bucket k + 1's gradients) at the least memory.
+  static constexpr size_t kInFlight = 1;
+
+  struct State {
+    State(Communicator& c, std::vector<std::shared_ptr<ZeroGroup>> g)
+        : comm(c), groups(std::move(g)) {}
+    Communicator& comm;
+    std::vector<std::shared_ptr<ZeroGroup>> groups;
+    std::shared_ptr<UnitSchedule> units;  // Stage 3.
+    std::vector<size_t> group_pending;    // Gradients not in, per group.
+    std::vector<Bucket> buckets;
+    std::vector<Slot> slots;
+    std::unique_ptr<GradientReadyHooks> hooks;
+    std::mutex mutex;
+    std::deque<size_t> in_flight;
+    size_t next_to_launch = 0;
+    bool enabled = true;
+    std::exception_ptr failure;
+    CallSite site;
+
+    void ResetStep() {
+      group_pending.assign(groups.size(), 0);
+      for (auto& slot : slots) {
+        slot.arrived = false;
+        ++group_pending[slot.group];
+      }
+      for (auto& bucket : buckets) {
+        bucket.pending = bucket.members.size();
+        bucket.buffer = torch::Tensor();
+        bucket.work.reset();
+      }
+      in_flight.clear();
+      next_to_launch = 0;
+      failure = nullptr;
+    }
+
+    // Moves slot i's gradient (zeros if none) into its bucket and frees it.
+    void Arrive(size_t i) {
+      Slot& slot = slots[i];
+      slot.arrived = true;
+      Bucket& bucket = buckets[slot.bucket];
+      ZeroGroup& group = *groups[slot.group];
+      torch::Tensor& param = group.params[slot.tensor];
+      torch::NoGradGuard no_grad;
+      const torch::Tensor& grad = param.grad();
+      if (bucket.members.size() == 1 && grad.defined() &&
+          grad.is_contiguous() && grad.dtype() == group.flat.dtype()) {
+        // A bucket of one gradient reduces it where autograd left it: no
+        // copy, and no second gradient-sized buffer alive.
+        bucket.buffer = grad.reshape({-1});
+        param.mutable_grad() = torch::Tensor();
+        Done(slot);
+        return;
+      }
+      if (!bucket.buffer.defined()) {
+        bucket.buffer =
+            torch::empty({bucket.hi - bucket.lo}, group.flat.options());
+      }
+      torch::Tensor place = bucket.buffer.narrow(
+          0, group.layout.offset(slot.tensor) - bucket.lo, param.numel());
+      if (grad.defined()) {
+        place.copy_(grad.reshape({-1}));
+      } else {
+        place.zero_();
+      }
+      param.mutable_grad() = torch::Tensor();
+      Done(slot);
+    }
+
+    // Slot's gradient is in its bucket: under stage 3 the last of a
+    // unit's frees its parameters (its backward no longer needs them).
+    void Done(const Slot& slot) {
+      if (--group_pending[slot.group] == 0 && units != nullptr) {
+        units->ReleaseGroup(*groups[slot.group]);
+      }
+      if (--buckets[slot.bucket].pending == 0) LaunchReady();
+    }
+
+    static torch::Tensor& Incoming(ZeroGroup& group) {
+      if (!group.incoming.defined()) {
+        const int64_t own = group.shard_grad.numel();
+        group.incoming = torch::empty({own + 1}, group.shard_grad.options())
+                             .narrow(0, 0, own);
+      }
+      return group.incoming;
+    }
+
+    // Launches complete buckets strictly in index order (every rank issues
+    // the same reduce-scatters in the same order), keeping at most
+    // kInFlight in flight.
+    void LaunchReady() {
+      while (next_to_launch < buckets.size() &&
+             buckets[next_to_launch].pending == 0) {
+        Bucket& bucket = buckets[next_to_launch];
+        ZeroGroup& group = *groups[bucket.group];
+        const std::vector<size_t> counts =
+            group.layout.Counts(bucket.lo, bucket.hi);
+        const int64_t into =
+            std::max(bucket.lo, group.own_begin) - group.own_begin;
+        torch::Tensor& into_tensor =
+            group.shard_grad_held ? Incoming(group) : group.shard_grad;
+        char* output =
+            static_cast<char*>(into_tensor.data_ptr()) +
+            (counts[comm.rank()] > 0 ? into : 0) * into_tensor.element_size();
+        CollectiveOptions options;
+        options.api = "backward (ZeRO reduce-scatter)";
+        options.site = site;
+        bucket.work = comm.reduce_scatter_async(
+            bucket.buffer.data_ptr(), output, counts,
+            ToDType(bucket.buffer.scalar_type()), ReduceOp::kSum, options);
+        in_flight.push_back(next_to_launch++);
+        while (in_flight.size() > kInFlight) WaitOldest();
+      }
+    }
+
+    void WaitOldest() {
+      Bucket& bucket = buckets[in_flight.front()];
+      in_flight.pop_front();
+      try {
+        bucket.work->wait();
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
+      bucket.buffer = torch::Tensor();
+    }
+
+    void WaitAll() {
+      std::lock_guard<std::mutex> lock(mutex);
+      while (!in_flight.empty()) WaitOldest();
+    }
+
+    void OnGradientReady(size_t i) {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (slots[i].arrived) return;
+      if (enabled) {
+        Arrive(i);
+      } else {
+        KeepLocal(i);
+      }
+    }
+
+    // Under no_sync the gradient stays in .grad, but the last of a stage-3
+    // unit's still frees its parameters, as when syncing: otherwise every
+    // unit stayed whole to the end of backward, 4 more bytes a parameter.
+    void KeepLocal(size_t i) {
+      slots[i].arrived = true;
+      if (--group_pending[slots[i].group] == 0 && units != nullptr) {
+        units->ReleaseGroup(*groups[slots[i].group]);
+      }
+    }
+  };
+
+  std::shared_ptr<State> state_;
+  GradientSynchronizer buffers_;  // broadcast_buffers, as under DDP.
+};
+
+}  // namespace
+
+std::unique_ptr<GradientReducer> ZeroOptimizer::MakeGradientReducer(
+    const std::vector<torch::Tensor>& model_buffers,
+    const GradientSyncOptions& options) {
+  return std::make_unique<ShardedGradientReducer>(comm_, groups_, units_,
+                                                  options, model_buffers);
+}
+
+}  // namespace accel

@@ -1,0 +1,139 @@
+// ZeRO stage 3's unit schedule: when each unit's flat buffers are gathered
+// (with the next unit's prefetched) and freed again, around the model's
+// forward and backward. Private to //accel:zero.
+//
+//   auto units = std::make_shared<UnitSchedule>(comm, groups, 4);
+//   units->BeforeForward(0);   // gathers unit 0, starts unit 1's gather
+//   units->AfterForward(0);    // frees unit 0
+#pragma once
+
+#include <array>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "accel/core/tensor_ops.h"
+#include "accel/parallel/sharded_units.h"
+#include "accel/parallel/zero_group.h"
+
+namespace accel {
+
+// Stage 3: when each unit's parameters are gathered and freed (zero.h).
+// Every rank runs the same units in the same order, so the all-gathers
+// match; the mutex covers autograd's threads.
+class UnitSchedule : public UnitRunner {
+ public:
+  UnitSchedule(Communicator& comm,
+               const std::vector<std::shared_ptr<ZeroGroup>>& groups,
+               size_t units)
+      : comm_(comm), units_(units), names_(units) {
+    for (const auto& group : groups) {
+      if (group->unit >= 0) units_[group->unit].push_back(group);
+    }
+    // What diagnostics call each gather: these run inside the model's
+    // forward and backward, where no line of the program is known, so the
+    // unit is named instead ("(unknown)" before).
+    const std::string of = " of " + std::to_string(units);
+    for (size_t u = 0; u < units; ++u) {
+      const std::string unit = "unit " + std::to_string(u) + of;
+      names_[u] = {"forward (ZeRO-3 all-gather of " + unit + ")",
+                   "forward (ZeRO-3 prefetch of " + unit + ")",
+                   "backward (ZeRO-3 all-gather of " + unit + ")",
+                   "backward (ZeRO-3 prefetch of " + unit + ")"};
+    }
+  }
+
+  void BeforeForward(size_t unit) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Gather(unit, names_[unit][0].c_str());
+    if (unit + 1 < units_.size()) Start(unit + 1, names_[unit + 1][1].c_str());
+  }
+  void AfterForward(size_t unit) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& group : units_[unit]) Release(*group);
+  }
+  void BeforeBackward(size_t unit) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Gather(unit, names_[unit][2].c_str());
+    if (unit > 0) Start(unit - 1, names_[unit - 1][3].c_str());
+  }
+
+  // Frees one group (its gradients are in) or all of them.
+  void ReleaseGroup(ZeroGroup& group) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Release(group);
+  }
+  void ReleaseAll() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& unit : units_) {
+      for (auto& group : unit) Release(*group);
+    }
+  }
+  void GatherUnit(size_t unit, const char* api) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Gather(unit, api);
+  }
+  void ReleaseUnit(size_t unit) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& group : units_[unit]) Release(*group);
+  }
+  // Each gathered group's share becomes what its flat buffer holds.
+  void AdoptAndReleaseAll() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    torch::NoGradGuard no_grad;
+    for (auto& unit : units_) {
+      for (auto& group : unit) {
+        Finish(*group);
+        if (!group->gathered) continue;
+        const int64_t share = group->layout.shard_size();
+        group->shard.copy_(group->flat.narrow(0, comm_.rank() * share, share));
+        Release(*group);
+      }
+    }
+  }
+  size_t size() const { return units_.size(); }
+
+ private:
+  void Start(size_t unit, const char* api) {
+    for (auto& group : units_[unit]) {
+      if (group->gathered || group->gathering) continue;
+      zero_internal::AllocateStorage(group->flat);
+      CollectiveOptions options;
+      options.api = api;
+      // Called from inside the model's forward or backward: no line of the
+      // program's is known (not this one's either).
+      options.site = CallSite{};
+      group->gathering =
+          comm_.allgather_async(group->shard.data_ptr(), group->flat.data_ptr(),
+                                static_cast<size_t>(group->layout.shard_size()),
+                                ToDType(group->flat.scalar_type()), options);
+    }
+  }
+  void Finish(ZeroGroup& group) {
+    if (!group.gathering) return;
+    std::shared_ptr<Work> work = std::move(group.gathering);
+    group.gathering.reset();
+    work->wait();
+    group.gathered = true;
+  }
+  void Gather(size_t unit, const char* api) {
+    Start(unit, api);
+    for (auto& group : units_[unit]) Finish(*group);
+  }
+  void Release(ZeroGroup& group) {
+    if (group.unit < 0) return;
+    Finish(group);  // Its all-gather writes into the storage.
+    if (!group.gathered) return;
+    zero_internal::FreeStorage(group.flat);
+    group.gathered = false;
+  }
+
+  Communicator& comm_;
+  std::vector<std::vector<std::shared_ptr<ZeroGroup>>> units_;
+  // Per unit: forward gather and prefetch, backward gather and prefetch.
+  std::vector<std::array<std::string, 4>> names_;
+  std::mutex mutex_;
+};
+
+}  // namespace accel
