@@ -39,13 +39,10 @@
 
 #include <array>
 #include <functional>
-#include <iostream>
 #include <map>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <string>
-#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -57,6 +54,7 @@
 #include "accel/checkpoint/model_weights.h"
 #include "accel/checkpoint/state_dict.h"
 #include "accel/data/data_loader.h"
+#include "accel/join_scope.h"
 #include "accel/memory/tensor_census.h"
 #include "accel/optim/autocast.h"
 #include "accel/optim/grad_scaler.h"
@@ -89,37 +87,6 @@ enum class DistributedType { kNo, kMultiCpu, kMultiGpu, kFsdp, kDeepSpeed };
 // "NO", "MULTI_CPU", "MULTI_GPU", "FSDP", "DEEPSPEED", as Accelerate prints
 // them.
 const char* DistributedTypeName(DistributedType type);
-
-// A prepared model named in join_uneven_inputs' joinables (any model type
-// prepare() takes), so that `{model}` ports Python's `[model]`.
-struct Joinable {
-  template <typename Model>
-  Joinable(const Model& model)  // NOLINT: implicit, for braced lists.
-      : module(detail::ModulePointer(model)) {}
-  const torch::nn::Module* module;
-};
-
-// What join_uneven_inputs returns: while it lives, the prepared models'
-// gradient syncs may see ranks run out of batches; its end waits for the
-// others (see join_uneven_inputs).
-class [[nodiscard]] JoinScope {
- public:
-  JoinScope() = default;
-  JoinScope(JoinScope&& other) noexcept;
-  JoinScope& operator=(JoinScope&&) = delete;
-  // The join, unless the scope is left by an exception (the other
-  // processes then learn of the failure from this one).
-  ~JoinScope() noexcept(false);
-  // Whether ranks may run out of batches at different steps (even_batches
-  // off, several processes).
-  bool enabled() const { return joining_; }
-
- private:
-  friend class Accelerator;
-  Accelerator* accelerator_ = nullptr;
-  bool joining_ = false;
-  int exceptions_ = 0;
-};
 
 class Accelerator {
  public:
@@ -179,15 +146,7 @@ class Accelerator {
   // that prepare(optimizer, data, model) shards the optimizer over the
   // model under ZeRO as prepare(model, optimizer, data) does.
   template <typename... Objects>
-  auto prepare(Objects&&... objects) {
-    (PrepareIfModel(objects), ...);
-    if constexpr (sizeof...(Objects) == 1) {
-      return PrepareOne(std::forward<Objects>(objects)...);
-    } else {
-      return std::tuple<decltype(PrepareOne(std::forward<Objects>(
-          objects)))...>{PrepareOne(std::forward<Objects>(objects))...};
-    }
-  }
+  auto prepare(Objects&&... objects);
   // prepare() for one object of a known kind, as in Accelerate.
   template <typename Model>
   auto prepare_model(Model&& model) {
@@ -224,58 +183,20 @@ class Accelerator {
   // one and on the data loader's last batch; on the others the models'
   // gradient sync is off for the scope.
   template <typename... Models>
-  NoSyncScope accumulate(Models&... models) {
-    state_->gradients.Advance(/*at_loader_end=*/!joining_);
-    NoSyncScope scope;
-    if (!state_->gradients.sync_gradients()) {
-      (scope.Add(SynchronizerOf(detail::ModulePointer(models), "accumulate")),
-       ...);
-    }
-    return scope;
-  }
+  NoSyncScope accumulate(Models&... models);
   // Turns off the gradient sync of `model` for the scope: backward keeps
   // gradients local (accumulate them, then sync in one backward outside).
   template <typename Model>
-  NoSyncScope no_sync(Model& model) {
-    NoSyncScope scope;
-    scope.Add(SynchronizerOf(detail::ModulePointer(model), "no_sync"));
-    return scope;
-  }
+  NoSyncScope no_sync(Model& model);
   // Accelerate's join_uneven_inputs (torch's Join over DDP): inside the
-  // scope, prepared loaders run with `even_batches` (default: the
-  // Accelerator's); with it off, ranks may get different numbers of
-  // batches. Each syncing backward then first counts the ranks still
-  // training (one small allreduce); a rank whose loop has ended waits at
-  // the scope's end, taking part in the others' gradient syncs with zero
-  // gradients (so each average is the sum over the ranks that trained,
-  // divided by num_processes, as DDP's default), until every rank is done;
-  // then every prepared model gets the parameters and buffers of a rank
-  // that trained to the end. Under gradient accumulation the end of a
-  // rank's loader does not force a sync (the ranks' loaders end at
-  // different steps): a rank that ran out in the middle of a cycle gives
-  // its unsynced gradients to the others' next sync; micro-steps left once
-  // every rank is done are not applied (a warning counts them), as under
-  // DDP's Join. Inside the scope the buckets are reduced after backward,
-  // model by model (the order a finishing rank can follow), so backward
-  // does not overlap communication there. Only backward's collectives are
-  // shadowed:
-  // other collectives inside the loop would meet a finished rank's count
-  // (the collective checks name both). `joinables` must be prepared models.
-  // UsageError under ZeRO (zero_stage > 0). With one process it only sets
-  // even_batches (a warning, as Accelerate's, when one is given).
+  // scope ranks may get different numbers of batches; see
+  // accel/join_scope.h for what the scope does, and its limits.
   JoinScope join_uneven_inputs(const std::vector<Joinable>& joinables,
                                std::optional<bool> even_batches = {});
   // Syncs gradients in the scope's backward even inside no_sync (for a
   // model whose last micro-step must sync).
   template <typename... Models>
-  NoSyncScope trigger_sync_in_backward(Models&... models) {
-    NoSyncScope scope;
-    (scope.Add(SynchronizerOf(detail::ModulePointer(models),
-                              "trigger_sync_in_backward"),
-               /*enabled=*/true),
-     ...);
-    return scope;
-  }
+  NoSyncScope trigger_sync_in_backward(Models&... models);
   // invariant_micro_batches (accel/parallel/invariant_reduction.h): this
   // process's micro-batches of `batch` (its share of a global batch under
   // split_batches), invariant_micro_batches / num_processes equal slices
@@ -327,18 +248,10 @@ class Accelerator {
   // runs for each tensor, in order) and return the same kind; a braced list
   // comes back as a std::array: auto [a, b] = accelerator.gather({x, y});
   template <typename Tensors>
-  Tensors gather(const Tensors& tensors, CallSite site = CallSite::Here()) {
-    detail::RequireTensors<Tensors>();
-    return detail::MapTensors(tensors, [&](const torch::Tensor& t) {
-      return GatherOne(t, site, "gather", /*drop_duplicates=*/false);
-    });
-  }
+  Tensors gather(const Tensors& tensors, CallSite site = CallSite::Here());
   template <size_t N>
   std::array<torch::Tensor, N> gather(const torch::Tensor (&tensors)[N],
-                                      CallSite site = CallSite::Here()) {
-    return detail::MapTensorArray(
-        tensors, [&](const torch::Tensor& t) { return gather(t, site); });
-  }
+                                      CallSite site = CallSite::Here());
   // gather, but on the last batch of a prepared data loader the samples that
   // even_batches duplicated are dropped: over an epoch the result holds each
   // sample of the dataset exactly once. Also takes a std::vector of plain
@@ -347,59 +260,28 @@ class Accelerator {
   //       accelerator.gather_for_metrics({outputs.argmax(-1), batch.target});
   template <typename Values>
   Values gather_for_metrics(const Values& values,
-                            CallSite site = CallSite::Here()) {
-    if constexpr (detail::IsTensors<Values>::value) {
-      return detail::MapTensors(values, [&](const torch::Tensor& t) {
-        return GatherOne(t, site, "gather_for_metrics",
-                         /*drop_duplicates=*/true);
-      });
-    } else {
-      Values all = gather_object(values, site);
-      const int64_t keep = SamplesToKeep(static_cast<int64_t>(all.size()));
-      all.resize(static_cast<size_t>(keep));
-      return all;
-    }
-  }
+                            CallSite site = CallSite::Here());
   template <size_t N>
   std::array<torch::Tensor, N> gather_for_metrics(
-      const torch::Tensor (&tensors)[N], CallSite site = CallSite::Here()) {
-    return detail::MapTensorArray(tensors, [&](const torch::Tensor& t) {
-      return gather_for_metrics(t, site);
-    });
-  }
+      const torch::Tensor (&tensors)[N], CallSite site = CallSite::Here());
   // Strings and other plain values (see accel/runtime/comm/object_collectives.h
   // for the types and how to add yours): every rank passes a list and gets
   // the concatenation of all lists in rank order.
   template <typename T>
   std::vector<T> gather_object(const std::vector<T>& objects,
-                               CallSite site = CallSite::Here()) {
-    return GatherObject(communicator(), objects, At(site, "gather_object"));
-  }
+                               CallSite site = CallSite::Here());
   // In place: every rank's list becomes from_process's list.
   template <typename T>
   std::vector<T>& broadcast_object_list(std::vector<T>& objects,
                                         int from_process = 0,
-                                        CallSite site = CallSite::Here()) {
-    return BroadcastObjectList(communicator(), objects, from_process,
-                               At(site, "broadcast_object_list"));
-  }
+                                        CallSite site = CallSite::Here());
   // reduction: "sum", "mean", "max" or "min".
   template <typename Tensors>
   Tensors reduce(const Tensors& tensors, const std::string& reduction = "sum",
-                 CallSite site = CallSite::Here()) {
-    detail::RequireTensors<Tensors>();
-    return detail::MapTensors(tensors, [&](const torch::Tensor& t) {
-      return ReduceOne(t, reduction, site);
-    });
-  }
+                 CallSite site = CallSite::Here());
   template <typename Tensors>
   Tensors broadcast(const Tensors& tensors, int from_process = 0,
-                    CallSite site = CallSite::Here()) {
-    detail::RequireTensors<Tensors>();
-    return detail::MapTensors(tensors, [&](const torch::Tensor& t) {
-      return BroadcastOne(t, from_process, site);
-    });
-  }
+                    CallSite site = CallSite::Here());
   torch::Tensor pad_across_processes(const torch::Tensor& tensor,
                                      int64_t dim = 0, double pad_index = 0,
                                      bool pad_first = false,
@@ -428,13 +310,7 @@ class Accelerator {
   // --- Doing things on some processes ------------------------------------
   // Prints its arguments, separated by spaces, on the local main process.
   template <typename... Args>
-  void print(const Args&... args) const {
-    if (!is_local_main_process()) return;
-    std::ostringstream line;
-    const char* separator = "";
-    ((line << separator << args, separator = " "), ...);
-    std::cout << line.str() << std::endl;
-  }
+  void print(const Args&... args) const;
   // The scope runs on the main process (local: on each machine's) first,
   // then on the others: e.g. download and cache a data set once.
   ProcessOrderScope main_process_first(CallSite site = CallSite::Here());
@@ -453,27 +329,19 @@ class Accelerator {
     return detail::OnlyOn(is_last_process(), std::move(fn));
   }
   template <typename Fn>
-  auto on_process(Fn fn, int process_index) const {
-    return detail::OnlyOn(process_index == this->process_index(),
-                          std::move(fn));
-  }
+  auto on_process(Fn fn, int process_index) const;
   template <typename Fn>
-  auto on_local_process(Fn fn, int local_process_index) const {
-    return detail::OnlyOn(local_process_index == this->local_process_index(),
-                          std::move(fn));
-  }
+  auto on_local_process(Fn fn, int local_process_index) const;
   // This process's share of `items` (see process_control.h).
   template <typename Items>
   Items split_between_processes(const Items& items,
-                                bool apply_padding = false) const {
-    return split::Split(items, process_index(), num_processes(), apply_padding);
-  }
+                                bool apply_padding = false) const;
 
   // Seeds torch's generators; device_specific adds process_index().
   void set_seed(uint64_t seed, bool device_specific = false);
 
-  // --- Checkpoints (see accel/checkpoint/checkpoint.h for the layout)
-  // ---------------- Every rank calls save_state: the main process writes the
+  // --- Checkpoints (accel/checkpoint/checkpoint.h has the layout) ---------
+  // Every rank calls save_state: the main process writes the
   // shared file, each rank its RNG state.
   void save_state(const std::string& dir);
   // With AcceleratorOptions::project_dir: the next automatically named
@@ -497,18 +365,7 @@ class Accelerator {
   // load(InputArchive&), which must outlive the Accelerator) to what
   // save_state and load_state carry.
   template <typename T>
-  void register_for_checkpointing(T& object) {
-    static_assert(std::is_invocable_v<decltype(&T::save), const T&,
-                                      torch::serialize::OutputArchive&> &&
-                      std::is_invocable_v<decltype(&T::load), T&,
-                                          torch::serialize::InputArchive&>,
-                  "register_for_checkpointing needs an object with "
-                  "save(torch::serialize::OutputArchive&) const and "
-                  "load(torch::serialize::InputArchive&)");
-    state_->prepared.AddObject(
-        {[&object](torch::serialize::OutputArchive& a) { object.save(a); },
-         [&object](torch::serialize::InputArchive& a) { object.load(a); }});
-  }
+  void register_for_checkpointing(T& object);
   // The same loader, whose next pass starts after its first `batches`
   // batches (resuming in the middle of an epoch by hand; save_state and
   // load_state already do it).
@@ -551,12 +408,7 @@ class Accelerator {
   // torch::save(value, path) on the main process, written aside and renamed
   // into place.
   template <typename T>
-  void save(const T& value, const std::string& path) const {
-    if (!is_main_process()) return;
-    std::ostringstream bytes;
-    torch::save(value, bytes);
-    WriteFileAtomically(path, bytes.str());
-  }
+  void save(const T& value, const std::string& path) const;
 
   // Backward passes run so far (restored by load_state).
   int64_t step() const { return step_; }
@@ -610,77 +462,17 @@ class Accelerator {
   //   auto freed = accelerator.free_memory(model, optimizer, scheduler);
   //   // freed.models == 1, freed.handles == 3, freed.bytes: what went
   template <typename... Handles>
-  FreedMemory free_memory(Handles&... handles) {
-    TensorCensus census;
-    (CountHandle(census, handles), ...);
-    FreedMemory freed = ForgetPreparedObjects(census);
-    (ResetHandle(handles), ...);
-    freed.handles = static_cast<int>(sizeof...(Handles));
-    freed.bytes = census.FreedBytes();
-    return freed;
-  }
+  FreedMemory free_memory(Handles&... handles);
   void clear() { free_memory(); }
 
  private:
   // prepare()'s first pass: a model is prepared in place (its module is
   // shared with every copy of the handle).
   template <typename T>
-  void PrepareIfModel(const T& object) {
-    if constexpr (std::is_base_of_v<torch::detail::ModuleHolderIndicator, T>) {
-      PrepareModule(object.ptr());
-    } else if constexpr (detail::IsSharedModule<T>::value) {
-      PrepareModule(object);
-    }
-  }
+  void PrepareIfModel(const T& object);
   // prepare()'s second pass; models were prepared by the first.
   template <typename T>
-  auto PrepareOne(T&& object) {
-    using U = std::decay_t<T>;
-    if constexpr (detail::kIsModel<U>) {
-      U copy = object;
-      return copy;
-    } else if constexpr (std::is_base_of_v<torch::optim::Optimizer, U>) {
-      static_assert(std::is_lvalue_reference_v<T>,
-                    "accel: prepare() takes optimizers by reference; keep the "
-                    "optimizer in a variable that outlives the training loop");
-      return AcceleratedOptimizer<U>(state_, PrepareOptimizer(object));
-    } else if constexpr (detail::IsDataLoader<U>::value) {
-      U configured = object;
-      const DataLoaderConfiguration& config = options_.dataloader_config;
-      DataLoaderOptions& loader = configured.mutable_options();
-      if (config.split_batches) loader.split_batches = true;
-      if (!config.even_batches) loader.even_batches = false;
-      if (config.data_seed) loader.seed = *config.data_seed;
-      if (!config.non_blocking) loader.pin_memory = false;
-      U sharded = configured.Shard(
-          process_index(), num_processes(), device_,
-          std::shared_ptr<GradientState>(state_, &state_->gradients));
-      if (config.dispatch_batches && use_distributed()) {
-        if (!sharded.options().even_batches) {
-          throw UsageError(
-              "prepare: dataloader_config.dispatch_batches needs "
-              "even_batches: every process takes each batch the main "
-              "process sends");
-        }
-        sharded.DispatchFromMainProcess([this](const torch::Tensor& t) {
-          return FromMainProcessTensor(t);
-        });
-      }
-      PrepareLoader(sharded.state(), sharded.options().split_batches);
-      return sharded;
-    } else if constexpr (detail::IsScheduler<U>::value) {
-      std::shared_ptr<LRScheduler> shared =
-          detail::SharedScheduler(std::forward<T>(object));
-      state_->prepared.AddScheduler(shared);
-      return AcceleratedScheduler(state_, std::move(shared));
-    } else {
-      static_assert(detail::kAlwaysFalse<T>,
-                    "accel: prepare() takes models (torch::nn::ModuleHolder "
-                    "or std::shared_ptr<Module>), optimizers, "
-                    "accel::DataLoader and accel::LRScheduler");
-      return 0;  // Keeps the compiler from adding errors after this one.
-    }
-  }
+  auto PrepareOne(T&& object);
 
   // The dtype autocast computes in under mixed_precision, if any here.
   std::optional<c10::ScalarType> AutocastDtype() const;
@@ -748,26 +540,9 @@ class Accelerator {
   // An optimizer given to free_memory (its state); models are counted as
   // prepared.
   template <typename Handle>
-  static void CountHandle(TensorCensus& census, Handle& handle) {
-    if constexpr (std::is_base_of_v<AcceleratedOptimizerBase, Handle>) {
-      if (handle.torch_optimizer() != nullptr) {
-        census.AddOptimizer(*handle.torch_optimizer());
-      }
-    } else if constexpr (detail::IsOptimizerPointer<Handle>::value) {
-      if (handle != nullptr) census.AddOptimizer(*handle);
-    }
-  }
+  static void CountHandle(TensorCensus& census, Handle& handle);
   template <typename Handle>
-  static void ResetHandle(Handle& handle) {
-    if constexpr (std::is_base_of_v<torch::detail::ModuleHolderIndicator,
-                                    Handle>) {
-      handle = nullptr;
-    } else {
-      // std::shared_ptr, std::unique_ptr, AcceleratedOptimizer,
-      // AcceleratedScheduler.
-      handle.reset();
-    }
-  }
+  static void ResetHandle(Handle& handle);
   // A plateau scheduler's metric, one value on every rank: the same
   // everywhere as it is, else the mean summed in rank order.
   double AgreeOnMetric(double metric);
@@ -827,3 +602,6 @@ class Accelerator {
 };
 
 }  // namespace accel
+
+// The member templates' definitions.
+#include "accel/accelerator_inl.h"  // IWYU pragma: export

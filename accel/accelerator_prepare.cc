@@ -1,0 +1,148 @@
+// prepare()'s work on each kind of object (accel/accelerator.h): a model
+// gets rank 0's weights and its gradient reducer (DDP buckets, the invariant
+// reduction, or ZeRO stage 3's units), an optimizer is registered or sharded
+// under ZeRO, a loader is recorded.
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "accel/accelerator.h"
+#include "accel/checkpoint/state_dict.h"
+#include "accel/core/tensor_ops.h"
+#include "accel/parallel/invariant_reduction.h"
+#include "accel/parallel/sharded_units.h"
+#include "accel/parallel/zero.h"
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/base/logging.h"
+
+namespace accel {
+
+void Accelerator::PrepareModule(
+    const std::shared_ptr<torch::nn::Module>& module) {
+  if (module == nullptr) throw UsageError("prepare: the model is null");
+  module->to(device_);
+  AutocastThisThread();
+  const int micro_batches = options_.invariant_micro_batches;
+  if (num_processes() == 1) {
+    state_->prepared.AddModel(
+        module, micro_batches == 0
+                    ? nullptr
+                    : std::make_unique<InvariantGradientReducer>(
+                          nullptr, module->parameters(), micro_batches,
+                          module->buffers(), false));
+    return;
+  }
+  // Every rank starts from rank 0's weights, as DDP does at wrap time: in
+  // buckets, so that a model of many tensors costs a few collectives.
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> tensors;
+  for (const StateEntry& entry : StateDict(*module)) {
+    names.push_back(entry.name);
+    tensors.push_back(entry.tensor);
+  }
+  BroadcastCoalesced(communicator(), names, tensors, 0,
+                     At(CallSite::Here(), "prepare"));
+  std::vector<std::shared_ptr<ShardedUnitImpl>> units;
+  if (options_.zero_stage == 3) {
+    units = WrapUnits(*module, options_.fsdp_layer_to_wrap);
+    if (units.empty()) {
+      throw UsageError(
+          "prepare: ZeRO stage 3 shards parameters unit by unit, but the "
+          "model has no " +
+          (options_.fsdp_layer_to_wrap.empty()
+               ? std::string("Sequential child with trainable parameters")
+               : "child of a Sequential of type '" +
+                     options_.fsdp_layer_to_wrap + "'") +
+          " to make a unit of (see accel/parallel/sharded_units.h)");
+    }
+  }
+  std::unique_ptr<GradientReducer> reducer;
+  if (micro_batches != 0) {
+    reducer = std::make_unique<InvariantGradientReducer>(
+        &communicator(), module->parameters(), micro_batches, module->buffers(),
+        options_.gradient_sync.broadcast_buffers);
+  } else {
+    reducer = std::make_unique<GradientSynchronizer>(
+        communicator(), module->parameters(), options_.gradient_sync,
+        module->buffers());
+  }
+  state_->prepared.AddModel(module, std::move(reducer), std::move(units));
+}
+
+std::shared_ptr<PreparedOptimizer> Accelerator::PrepareOptimizer(
+    torch::optim::Optimizer& optimizer) {
+  const int stage = options_.zero_stage;
+  if (stage != 0 && num_processes() == 1 && is_main_process()) {
+    ACCEL_LOG(INFO) << "zero_stage " << stage
+                    << " with one process: nothing to shard, the optimizer "
+                       "runs as it is";
+  }
+  if (stage == 0 || num_processes() == 1) {
+    return state_->prepared.AddOptimizer(optimizer);
+  }
+  // Every check before anything changes, the same on every rank.
+  std::shared_ptr<torch::nn::Module> model;
+  size_t index = 0;
+  const auto refuse = [&](const std::string& why) {
+    throw UsageError("prepare: under ZeRO stage " + std::to_string(stage) +
+                     " the optimizer's parameter " + std::to_string(index) +
+                     " " + why);
+  };
+  for (const auto& group : optimizer.param_groups()) {
+    for (const torch::Tensor& p : group.params()) {
+      std::shared_ptr<torch::nn::Module> holder =
+          state_->prepared.ModelHolding(p);
+      if (holder == nullptr) {
+        refuse(
+            "is not a parameter of a prepared model; prepare the model first "
+            "(prepare(model, optimizer)) and build the optimizer over the "
+            "model's own parameters");
+      }
+      for (const ZeroOptimizer* other : state_->prepared.sharded_optimizers()) {
+        for (const torch::Tensor& sharded : other->parameters()) {
+          if (!sharded.is_same(p)) continue;
+          refuse(
+              "is already sharded by another prepared optimizer; each "
+              "parameter belongs to one optimizer (give each optimizer its "
+              "own parameters)");
+        }
+      }
+      if (model == nullptr) model = holder;
+      ++index;
+    }
+  }
+  if (model == nullptr) return state_->prepared.AddOptimizer(optimizer);
+  const auto& units = state_->prepared.UnitsOf(model.get());
+  std::vector<std::vector<torch::Tensor>> unit_parameters;
+  for (const auto& unit : units) {
+    unit_parameters.push_back(unit->layer()->parameters());
+  }
+  auto zero = std::make_shared<ZeroOptimizer>(
+      communicator(), stage, optimizer, model->parameters(), unit_parameters);
+  for (size_t u = 0; u < units.size(); ++u) {
+    units[u]->Attach(zero->unit_runner(), u);
+  }
+  if (stage >= 2) {
+    state_->prepared.ReplaceSynchronizer(
+        model.get(),
+        zero->MakeGradientReducer(model->buffers(), options_.gradient_sync));
+  }
+  std::shared_ptr<PreparedOptimizer> prepared =
+      state_->prepared.AddOptimizer(optimizer);
+  prepared->zero = std::move(zero);
+  return prepared;
+}
+
+void Accelerator::PrepareLoader(std::shared_ptr<DataLoaderState> state,
+                                bool split_batches) {
+  state_->prepared.AddLoader(std::move(state));
+  if (split_batches) state_->split_batches = true;
+}
+
+GradientReducer* Accelerator::SynchronizerOf(const torch::nn::Module* model,
+                                             const char* operation) {
+  return state_->prepared.SynchronizerOf(model, operation);
+}
+
+}  // namespace accel
