@@ -17,6 +17,7 @@
 #include <optional>
 #include <sstream>
 
+#include "accel/checkpoint/checkpoint_archive.h"
 #include "accel/checkpoint/checkpoint_file.h"
 #include "accel/checkpoint/model_weights.h"
 #include "accel/checkpoint/state_dict.h"
@@ -30,167 +31,19 @@
 namespace accel {
 namespace {
 
-constexpr const char* kLoaderSamplesKey = "loader_samples";
+using checkpoint_internal::Exists;
+using checkpoint_internal::Join;
+using checkpoint_internal::NamedState;
+using checkpoint_internal::ReadInt;
+using checkpoint_internal::ReadModelArchive;
+using checkpoint_internal::ReadValue;
+using checkpoint_internal::SaveModelArchive;
 
-std::string Join(const std::string& dir, const std::string& file) {
-  return dir + "/" + file;
-}
+constexpr const char* kLoaderSamplesKey = "loader_samples";
 
 std::string RandomStatesRole(int rank) {
   return "random_states_" + std::to_string(rank);
 }
-
-bool Exists(const std::string& path) {
-  struct stat info;
-  return stat(path.c_str(), &info) == 0;
-}
-
-c10::IValue ReadValue(torch::serialize::InputArchive& archive,
-                      const std::string& key, const std::string& path) {
-  c10::IValue value;
-  if (!archive.try_read(key, value)) {
-    throw CheckpointError("'" + path + "' has no entry '" + key +
-                          "': it is not a complete accel checkpoint");
-  }
-  return value;
-}
-
-int64_t ReadInt(torch::serialize::InputArchive& archive, const std::string& key,
-                const std::string& path) {
-  c10::IValue value = ReadValue(archive, key, path);
-  if (!value.isInt()) {
-    throw CheckpointError("'" + path + "': entry '" + key +
-                          "' is not an integer");
-  }
-  return value.toInt();
-}
-
-// The model's state (state_dict.h) under the names checkpoints have always
-// used: "parameter fc.weight", "buffer bn.running_mean".
-std::vector<std::pair<std::string, torch::Tensor>> NamedState(
-    torch::nn::Module& module) {
-  std::vector<std::pair<std::string, torch::Tensor>> state;
-  for (const StateEntry& entry : StateDict(module)) {
-    state.emplace_back(
-        (entry.is_buffer ? "buffer " : "parameter ") + entry.name,
-        entry.tensor);
-  }
-  return state;
-}
-
-std::string ShapeText(const torch::Tensor& t) {
-  std::ostringstream out;
-  out << t.sizes() << " ";
-  try {
-    out << DTypeName(ToDType(t.scalar_type()));
-  } catch (const UsageError&) {
-    out << c10::toString(t.scalar_type());
-  }
-  return out.str();
-}
-
-torch::serialize::OutputArchive SaveModel(torch::nn::Module& module) {
-  torch::serialize::OutputArchive archive;
-  c10::List<std::string> names;
-  int64_t index = 0;
-  for (const auto& [name, tensor] : NamedState(module)) {
-    names.push_back(name);
-    archive.write("t" + std::to_string(index++), tensor.detach().cpu());
-  }
-  archive.write("names", c10::IValue(names));
-  return archive;
-}
-
-// Reads and checks model `index` fully, returning the tensors to copy in.
-std::vector<torch::Tensor> ReadModel(torch::serialize::InputArchive& state,
-                                     int64_t index, torch::nn::Module& module,
-                                     const std::string& path) {
-  const std::string key = "model_" + std::to_string(index);
-  torch::serialize::InputArchive archive;
-  if (!state.try_read(key, archive)) {
-    throw CheckpointError("'" + path + "' has no " + key);
-  }
-  c10::IValue names_value = ReadValue(archive, "names", path);
-  if (!names_value.isList()) {
-    throw CheckpointError("'" + path + "': " + key + " has no name list");
-  }
-  std::vector<std::string> names;
-  for (const auto& name : names_value.toListRef()) {
-    names.push_back(name.toStringRef());
-  }
-  const auto expected = NamedState(module);
-  std::vector<torch::Tensor> values(expected.size());
-  std::vector<bool> found(expected.size(), false);
-  for (size_t i = 0; i < names.size(); ++i) {
-    size_t match = expected.size();
-    for (size_t j = 0; j < expected.size(); ++j) {
-      if (expected[j].first == names[i]) match = j;
-    }
-    if (match == expected.size()) {
-      throw CheckpointError("'" + path + "': " + key + " has " + names[i] +
-                            ", which the model does not have: the "
-                            "checkpoint belongs to another model");
-    }
-    torch::Tensor value;
-    archive.read("t" + std::to_string(i), value);
-    const torch::Tensor& target = expected[match].second;
-    if (!value.defined() || value.sizes() != target.sizes() ||
-        value.scalar_type() != target.scalar_type()) {
-      throw CheckpointError(
-          "'" + path + "': " + key + " " + names[i] + " is " +
-          (value.defined() ? ShapeText(value) : std::string("missing")) +
-          " in the checkpoint but " + ShapeText(target) + " in the model");
-    }
-    values[match] = value;
-    found[match] = true;
-  }
-  for (size_t j = 0; j < expected.size(); ++j) {
-    if (!found[j]) {
-      throw CheckpointError("'" + path + "': " + key + " lacks " +
-                            expected[j].first + " of the model");
-    }
-  }
-  return values;
-}
-
-}  // namespace
-
-std::vector<std::pair<std::string, torch::Tensor>> ReadCheckpointWeights(
-    const std::string& dir, int64_t index) {
-  const std::string path = Join(dir, kStateFile);
-  if (!Exists(path)) {
-    throw CheckpointError("'" + path + "' is missing: '" + dir +
-                          "' is not a complete accel checkpoint");
-  }
-  CheckpointFileContents file = ReadCheckpointFile(path, "accelerator_state");
-  const int64_t models = ReadInt(*file.archive, "num_models", path);
-  if (index < 0 || index >= models) {
-    throw CheckpointError("'" + path + "' holds " + std::to_string(models) +
-                          " model(s); there is no model " +
-                          std::to_string(index));
-  }
-  const std::string key = "model_" + std::to_string(index);
-  torch::serialize::InputArchive archive;
-  if (!file.archive->try_read(key, archive)) {
-    throw CheckpointError("'" + path + "' has no " + key);
-  }
-  const c10::IValue names = ReadValue(archive, "names", path);
-  if (!names.isList()) {
-    throw CheckpointError("'" + path + "': " + key + " has no name list");
-  }
-  std::vector<std::pair<std::string, torch::Tensor>> weights;
-  int64_t i = 0;
-  for (const auto& name : names.toListRef()) {
-    std::string text = name.toStringRef();
-    text = text.substr(text.find(' ') + 1);  // "parameter fc.weight"
-    torch::Tensor value;
-    archive.read("t" + std::to_string(i++), value);
-    weights.emplace_back(text, value);
-  }
-  return weights;
-}
-
-namespace {
 
 void Note(const std::string& message) { ACCEL_LOG(INFO) << message; }
 
@@ -448,7 +301,7 @@ void WriteSharedFile(const std::string& dir, int world_size, bool sharded,
               c10::IValue(int64_t{sharded ? contents.zero_stage : 0}));
   state.write("num_models", c10::IValue(int64_t(contents.models.size())));
   for (size_t i = 0; i < contents.models.size(); ++i) {
-    auto model = SaveModel(*contents.models[i]);
+    auto model = SaveModelArchive(*contents.models[i]);
     state.write("model_" + std::to_string(i), model);
   }
   for (const StatefulKind& kind : StatefulKinds(contents)) {
@@ -627,7 +480,8 @@ void LoadCheckpoint(const std::string& dir, int rank, int world_size,
     // Check everything before changing anything.
     std::vector<std::vector<torch::Tensor>> model_values;
     for (int64_t i = 0; i < num_models; ++i) {
-      model_values.push_back(ReadModel(state, i, *contents.models[i], path));
+      model_values.push_back(
+          ReadModelArchive(state, i, *contents.models[i], path));
     }
     const int64_t saved_world = ReadInt(state, "num_processes", path);
     const bool sharded =
