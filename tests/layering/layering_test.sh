@@ -23,6 +23,9 @@
 #      never the Accelerator's top package (//accel, accel/*.h), which is the
 #      one place that ties them together. Each package under accel/ declares
 #      accel_package() and has its line in ACCEL_LAYERS.
+#   5. Nothing in the repository includes a deprecated path that
+#      accel/forwarding/ forwards (accel 0.1's flat accel/*.h), except the
+#      workspace that checks the forwarding (tests/forwarding_workspace).
 #
 # Usage (from the BUILD rule):
 #   layering_test.sh GENQUERY_OUTPUT... [--layer=PACKAGE=USES...]
@@ -197,6 +200,18 @@ while IFS= read -r file; do
   done < <(grep -E '^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"]' "$file")
 done < <(find "$root/accel/runtime" "$root/backends" \( -name '*.h' -o \
            -name '*.hpp' -o -name '*.cc' -o -name '*.cpp' \) | sort)
+
+# 5. Deprecated paths.
+forwarded=$(cd "$root/accel/forwarding" && ls accel/*.h | sed 's/\./\\./g' | paste -sd'|')
+if [[ -n "$forwarded" ]]; then
+  while IFS= read -r hit; do
+    fail "${hit#"$root"/}: includes a deprecated path; include the new one" \
+         "(accel/forwarding/ names it)"
+  done < <(grep -rnE --include='*.h' --include='*.cc' --include='*.cpp' \
+             "^[[:space:]]*#[[:space:]]*include[[:space:]]*\"($forwarded)\"" \
+             "$root/accel" "$root/backends" "$root/examples" "$root/tests" "$root/tools" |
+           grep -v -e "^$root/accel/forwarding/" -e "^$root/tests/forwarding_workspace/")
+fi
 
 if ((failures > 0)); then
   echo "$failures layering problem(s)"
