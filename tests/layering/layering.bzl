@@ -11,33 +11,31 @@ that are not tests (in accel/runtime/ those must not reach a backend; its
 tests may run over one). New rules are covered without a list to keep.
 """
 
-def torch_free_package():
+def _cc_rules(libraries_only):
+    """The labels of this package's C++ rules (only its libraries: no tests,
+    nothing testonly), sorted."""
     package = "//" + native.package_name() + ":"
-    cc_rules = [
-        rule
-        for rule in native.existing_rules().values()
-        if rule["kind"].startswith("cc_")
-    ]
-    rules = sorted([package + rule["name"] for rule in cc_rules])
-    libraries = sorted([
+    return sorted([
         package + rule["name"]
-        for rule in cc_rules
-        if rule["kind"] != "cc_test" and not rule.get("testonly", False)
+        for rule in native.existing_rules().values()
+        if rule["kind"].startswith("cc_") and (not libraries_only or (
+            rule["kind"] != "cc_test" and not rule.get("testonly", False)))
     ])
+
+def _deps_query(name, rules, scope):
     native.genquery(
-        name = "torch_free_deps",
+        name = name,
         testonly = True,
         expression = "deps(set(%s))" % " ".join(rules),
-        scope = rules,
+        scope = scope,
         visibility = ["//tests/layering:__pkg__"],
     )
-    native.genquery(
-        name = "library_deps",
-        testonly = True,
-        expression = "deps(set(%s))" % " ".join(libraries),
-        scope = libraries if libraries else rules,
-        visibility = ["//tests/layering:__pkg__"],
-    )
+
+def torch_free_package():
+    rules = _cc_rules(libraries_only = False)
+    libraries = _cc_rules(libraries_only = True)
+    _deps_query("torch_free_deps", rules, rules)
+    _deps_query("library_deps", libraries, libraries if libraries else rules)
 
 def accel_package():
     """Marks a package of accel's LibTorch layer (accel/core, accel/parallel,
@@ -51,17 +49,5 @@ def accel_package():
     Adds `accel_deps`, a genquery of the transitive dependencies of the
     package's libraries (its tests may reach further, through //tests).
     """
-    package = "//" + native.package_name() + ":"
-    libraries = sorted([
-        package + rule["name"]
-        for rule in native.existing_rules().values()
-        if rule["kind"].startswith("cc_") and rule["kind"] != "cc_test" and
-           not rule.get("testonly", False)
-    ])
-    native.genquery(
-        name = "accel_deps",
-        testonly = True,
-        expression = "deps(set(%s))" % " ".join(libraries),
-        scope = libraries,
-        visibility = ["//tests/layering:__pkg__"],
-    )
+    libraries = _cc_rules(libraries_only = True)
+    _deps_query("accel_deps", libraries, libraries)
