@@ -1,7 +1,7 @@
 // Accelerate's by_feature/fsdp_with_peak_mem_tracking.py in C++: a training
 // loop with sharded training state (--zero_stage, accel's ZeRO stages 1-3;
-// see the README's "Sharded training") that prints, on the main process,
-// the host memory of each epoch as that script prints its GPU memory:
+// see docs/parallelism.md, "Sharded training") that prints, on the main
+// process, the host memory of each epoch as that script prints its GPU memory:
 // before the epoch, at its end, and its peak, for the largest rank (counted
 // by accel::HostMemoryTracker, every byte LibTorch allocates on the CPU).
 //

@@ -275,7 +275,7 @@ int Main(int argc, char** argv) {
   accelerator.wait_for_everyone();
   // Every rank: each saves its own random state, so that --resume_from can
   // continue at any number of processes (under --zero_stage >= 1 only at
-  // this one: the optimizer state is sharded; see the README).
+  // this one: the optimizer state is sharded; see docs/parallelism.md).
   accelerator.save_state(FLAGS_output_dir);
   // On every rank: under --zero_stage=3 it gathers the sharded parameters
   // unit by unit, and the main process gets them.

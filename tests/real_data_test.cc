@@ -99,7 +99,7 @@ std::vector<EpochMetrics> ExpectSameRunsAtOneTwoAndFour(
 }
 
 // One epoch (151 steps at 1 process): the bits agree or not from the first
-// step on, and the README's table shows the two-epoch runs.
+// step on, and docs/benchmarks.md's table shows the two-epoch runs.
 TEST(RealDataTest, NlpRunsAgreeToTheBitAtOneTwoAndFourProcesses) {
   for (const std::string precision : {"no", "bf16"}) {
     const std::vector<EpochMetrics> epochs = ExpectSameRunsAtOneTwoAndFour(

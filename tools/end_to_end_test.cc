@@ -1,6 +1,7 @@
 // accel-estimate-memory and accel-test run as a user runs them: the
-// figures of the README's table for a size and for a weights file, accel-test
-// passing at 2 processes in seconds, and a clear error for bad input to each.
+// figures of docs/parallelism.md's table for a size and for a weights file,
+// accel-test passing at 2 processes in seconds, and a clear error for bad input
+// to each.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>

@@ -1,7 +1,8 @@
 // accel estimate-memory: how much memory a process needs for a model's
 // training state at each ZeRO stage, process count and mixed precision, as
 // `accelerate estimate-memory` tells it for Hugging Face models, from the
-// README's table of bytes per parameter (arithmetic in memory_estimate.h).
+// docs/parallelism.md's table of bytes per parameter (arithmetic in
+// memory_estimate.h).
 //
 //   $ bazel run //tools:estimate_memory -- --parameters=1.3B
 //   $ accel-estimate-memory --model=trained_model --num_processes=2,4

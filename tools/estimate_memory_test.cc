@@ -1,6 +1,6 @@
 // accel-estimate-memory's arithmetic and parsing (tools/memory_estimate.h):
-// the README's bytes per parameter at every stage, the flags' values and
-// their errors, the report's figures, and counting a weights file.
+// docs/parallelism.md's bytes per parameter at every stage, the flags' values
+// and their errors, the report's figures, and counting a weights file.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -87,7 +87,7 @@ TEST(ParsePrecisionsTest, NamesOrAll) {
                             "fp16, all; found 'fp8'")));
 }
 
-// The README's table "model-state bytes per parameter (fp32 AdamW, N
+// docs/parallelism.md's table "model-state bytes per parameter (fp32 AdamW, N
 // ranks)", term by term.
 TEST(BytesPerParameterTest, FollowsTheReadmeTable) {
   for (const int n : {1, 2, 3, 4, 8, 64}) {

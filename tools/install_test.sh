@@ -50,7 +50,7 @@ grep -q "usage: accel-merge-weights CHECKPOINT OUT" "$TEST_TMPDIR/err" ||
 "$prefix/bin/accel-plot-metrics" --help | grep -q "metrics.jsonl" ||
   { echo "FAIL: accel-plot-metrics --help"; exit 1; }
 
-# accel-estimate-memory prints the README's table: DDP's 16 bytes per
+# accel-estimate-memory prints docs/parallelism.md's table: DDP's 16 bytes per
 # parameter are 14.9 GiB for 1B, stage 3's 2 at 8 processes 1.9 GiB.
 table=$(env -i HOME="$TEST_TMPDIR" PATH=/usr/bin:/bin \
           "$prefix/bin/accel-estimate-memory" --parameters=1B)

@@ -304,7 +304,8 @@ std::string Report(const Model& model, const EstimateOptions& options) {
   if (!model.details.empty()) out += ":\n  " + model.details;
   out +=
       "\nModel state per process for AdamW with fp32 master state: bytes per "
-      "parameter\n(the README's table, N processes) and their total.\n";
+      "parameter\n(docs/parallelism.md's table, N processes) and their "
+      "total.\n";
 
   // Each process count's cell: a gap, bytes per parameter, the total.
   constexpr size_t kLabel = 14;

@@ -1,6 +1,6 @@
 // The arithmetic of accel-estimate-memory (tools/estimate_memory.cc): the
 // memory a process holds for a model's training state at each ZeRO stage,
-// process count and mixed precision, from the README's table
+// process count and mixed precision, from docs/parallelism.md's table
 // "model-state bytes per parameter (fp32 AdamW, N ranks)", as `accelerate
 // estimate-memory` gives it for Hugging Face models.
 //

@@ -1,6 +1,6 @@
 // One reader per engine that can start the ranks of a job, tried in order
 // by DistributedEnvironment::Parse (the order is documented in
-// environment.h and the README).
+// environment.h and docs/launching.md).
 //
 //   for (const auto& reader : accel::launch_env::Readers()) {
 //     if (reader.read(lookup, &env)) break;
