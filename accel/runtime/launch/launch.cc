@@ -27,20 +27,29 @@
 #include "accel/runtime/base/process_setup.h"
 #include "accel/runtime/base/random_hex.h"
 #include "accel/runtime/env/env_value.h"
+#include "accel/runtime/launch/launch_rank_set.h"
 #include "accel/runtime/launch/mpirun.h"
 #include "accel/runtime/launch/rank_output.h"
 #include "accel/runtime/launch/rank_processes.h"
 #include "accel/runtime/launch/zygote.h"
 
 namespace accel {
-namespace {
+
+namespace launch_internal {
 
 std::atomic<int> g_forwarded_signal{0};
 
-void RecordSignal(int signal) { g_forwarded_signal = signal; }
+}  // namespace launch_internal
 
-// The rank number of the one child when mpirun starts the ranks.
-constexpr int kMpirun = -1;
+namespace {
+
+using launch_internal::Attempt;
+using launch_internal::g_forwarded_signal;
+using launch_internal::kMpirun;
+using launch_internal::RankSet;
+using launch_internal::Reporter;
+
+void RecordSignal(int signal) { g_forwarded_signal = signal; }
 
 // The signals the launcher passes on to the ranks, and as what: SIGTERM for
 // those whose sender means "stop" (SIGHUP: the console went away; SIGQUIT),
@@ -48,11 +57,6 @@ constexpr int kMpirun = -1;
 // with them; programs may give them a meaning of their own).
 constexpr int kStopSignals[] = {SIGINT,  SIGTERM, SIGHUP,
                                 SIGQUIT, SIGUSR1, SIGUSR2};
-
-int ForwardedAs(int signal_number) {
-  return signal_number == SIGHUP || signal_number == SIGQUIT ? SIGTERM
-                                                             : signal_number;
-}
 
 // FNV-1a: the same on every machine, unlike std::hash.
 std::string StableHash(const std::string& text) {
@@ -144,54 +148,6 @@ int CoresAvailable() {
   return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
 }
 
-// Where launcher messages go: through the output relay when there is one
-// (it knows whether the console's line is finished), else straight to
-// stderr, on a fresh line since a rank's progress bar may not have ended
-// its own.
-class Reporter {
- public:
-  void set_output(RankOutput* output) { output_ = output; }
-  void operator()(const std::string& text) const {
-    if (output_ != nullptr) {
-      output_->Message("accel launch: " + text);
-      return;
-    }
-    std::fflush(stderr);
-    const std::string line = (AtLineStart(STDERR_FILENO) ? "" : "\n") +
-                             ("accel launch: " + text) + "\n";
-    std::fwrite(line.data(), 1, line.size(), stderr);
-    std::fflush(stderr);
-  }
-
- private:
-  RankOutput* output_ = nullptr;
-
-  // Whether what the ranks wrote to `fd` ends a line. Known for a file (its
-  // last byte); a terminal or a pipe cannot tell, and a rank's unfinished
-  // progress bar may be there: a line break then starts a fresh line (a
-  // blank line at worst). In a log file the launcher added a blank line
-  // before each message.
-  static bool AtLineStart(int fd) {
-    struct stat info;
-    if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) return false;
-    if (info.st_size == 0) return true;
-    // A shell's 2>file opens it write-only: read it through a second open.
-    const int reader =
-        open(("/proc/self/fd/" + std::to_string(fd)).c_str(), O_RDONLY);
-    if (reader < 0) return false;
-    char last = 0;
-    const bool ended =
-        pread(reader, &last, 1, info.st_size - 1) == 1 && last == '\n';
-    close(reader);
-    return ended;
-  }
-};
-
-struct Attempt {
-  int exit_code = 0;
-  bool interrupted = false;  // Stopped by a signal to the launcher.
-};
-
 // The socket rank 0 will serve its store on, listening from now on.
 struct HeldPort {
   int fd = -1;
@@ -199,172 +155,6 @@ struct HeldPort {
   ~HeldPort() {
     if (fd >= 0) close(fd);
   }
-};
-
-class RankSet {
- public:
-  RankSet(const LaunchOptions& options, const Reporter& report)
-      : options_(options), report_(report) {}
-
-  // Reaps ranks that exited; returns the first failure's status, if any.
-  bool ReapExited(const RankProcess** failed, int* status) {
-    while (true) {
-      int s = 0;
-      const pid_t pid = waitpid(-1, &s, WNOHANG);
-      if (pid <= 0) return false;
-      for (auto& r : ranks_) {
-        if (r.pid != pid || !r.running) continue;
-        r.running = false;
-        r.status = s;
-        --running_;
-        ACCEL_VLOG(1) << "launch: rank " << r.rank << " (pid " << r.pid << ") "
-                      << DescribeStatus(s);
-        // Whatever the rank left in its group goes with it.
-        kill(-r.pid, SIGKILL);
-        if (ExitCodeOf(s) != 0) {
-          *failed = &r;
-          *status = s;
-          return true;
-        }
-      }
-    }
-  }
-
-  // After a failure: lets the others report it, then stops them. A rank
-  // that ended because another failed (kPeerFailedExitCode) is not the
-  // cause: the launcher waits (report_grace) for the rank whose failure it
-  // followed, and names that one, as torchrun's root cause (the first to
-  // exit was often the consequence).
-  Attempt FailWith(const RankProcess& failed, int status, const char* when) {
-    if (WIFEXITED(status) && WEXITSTATUS(status) == kPreemptedExitCode) {
-      return Preempted(failed);
-    }
-    const RankProcess* cause = &failed;
-    if (IsConsequence(status)) {
-      WaitForExit(ranks_, options_.report_grace,
-                  [&] { return Cause() != nullptr; });
-      if (Cause() != nullptr) cause = Cause();
-    }
-    const int cause_status = cause == &failed ? status : cause->status;
-    size_t running = 0;
-    for (const RankProcess& r : ranks_) running += r.running ? 1 : 0;
-    report_(Name(*cause) + " (pid " + std::to_string(cause->pid) + ") " +
-            DescribeStatus(cause_status) + when +
-            (cause != &failed
-                 ? "; " + Name(failed) + " stopped because of it (exit code " +
-                       std::to_string(kPeerFailedExitCode) + ")"
-                 : std::string()) +
-            (running > 0 ? "; stopping the other " + std::to_string(running) +
-                               " rank(s)"
-                         : std::string()));
-    if (WaitForExit(ranks_, options_.report_grace)) {
-      report_("stopping the ranks still running");
-    }
-    StopAll(ranks_, options_.grace, SIGTERM);
-    running_ = 0;
-    return {ExitCodeOf(cause_status), false};
-  }
-
-  static bool IsConsequence(int status) {
-    return WIFEXITED(status) && WEXITSTATUS(status) == kPeerFailedExitCode;
-  }
-  static std::string Name(const RankProcess& r) {
-    return r.rank == kMpirun ? std::string("mpirun")
-                             : "rank " + std::to_string(r.rank);
-  }
-  // The first rank that exited with an error of its own, if any has yet.
-  const RankProcess* Cause() const {
-    for (const RankProcess& r : ranks_) {
-      if (!r.running && ExitCodeOf(r.status) != 0 && !IsConsequence(r.status)) {
-        return &r;
-      }
-    }
-    return nullptr;
-  }
-
-  // After a stop signal: passes it on and gives the ranks the grace period
-  // to save and leave (a second signal ends it), then stops what is left.
-  std::optional<Attempt> CheckSignal() {
-    const int sig = g_forwarded_signal.exchange(0);
-    if (sig == 0) return std::nullopt;
-    const int forwarded = ForwardedAs(sig);
-    const auto grace =
-        std::chrono::duration_cast<std::chrono::seconds>(options_.signal_grace);
-    report_("got " + std::string(SignalName(sig)) + " (" + strsignal(sig) +
-            "); passing " + SignalName(forwarded) + " to the " +
-            std::to_string(running_) + " running rank(s), which get " +
-            std::to_string(grace.count()) +
-            " s to save and leave (--signal_grace_s; another signal stops "
-            "them at once)");
-    SignalAll(ranks_, forwarded);
-    int second = 0;
-    if (WaitForExit(ranks_, options_.signal_grace, [&] {
-          second = g_forwarded_signal.exchange(0);
-          return second != 0;
-        })) {
-      report_(second != 0
-                  ? "got " + std::string(SignalName(second)) +
-                        " again: stopping the ranks now"
-                  : "ranks still running after " +
-                        std::to_string(grace.count()) + " s: stopping them");
-      StopAll(ranks_, std::chrono::milliseconds(0), SIGKILL);
-    }
-    return Stopped(128 + sig);
-  }
-
-  // A rank saved and left after a stop signal that reached the ranks
-  // directly (srun --signal, torchrun's agent, kill): the others are doing
-  // the same, so they get the grace period rather than SIGTERM.
-  Attempt Preempted(const RankProcess& first) {
-    report_("rank " + std::to_string(first.rank) + " exited with code " +
-            std::to_string(kPreemptedExitCode) +
-            ", accel's code for a rank that saved and left after a stop "
-            "signal" +
-            (running_ > 0
-                 ? "; the other " + std::to_string(running_) + " rank(s) get " +
-                       std::to_string(options_.signal_grace.count() / 1000) +
-                       " s to do the same"
-                 : std::string()));
-    if (WaitForExit(ranks_, options_.signal_grace,
-                    [] { return g_forwarded_signal.load() != 0; })) {
-      report_("stopping the ranks still running");
-      StopAll(ranks_, std::chrono::milliseconds(0), SIGKILL);
-    }
-    return Stopped(kPreemptedExitCode);
-  }
-
-  // Once every rank has exited after a stop: kPreemptedExitCode when each
-  // saved and left, else `otherwise`. Never restarted.
-  Attempt Stopped(int otherwise) {
-    running_ = 0;
-    size_t saved = 0;
-    for (const RankProcess& r : ranks_) {
-      saved +=
-          WIFEXITED(r.status) && WEXITSTATUS(r.status) == kPreemptedExitCode;
-    }
-    if (!ranks_.empty() && saved == ranks_.size()) {
-      report_("all " + std::to_string(saved) +
-              " rank(s) saved and left (exit code " +
-              std::to_string(kPreemptedExitCode) +
-              "); a run with --resume continues from their checkpoint");
-      return Attempt{kPreemptedExitCode, true};
-    }
-    return Attempt{otherwise == kPreemptedExitCode ? 1 : otherwise, true};
-  }
-
-  void Add(int rank, pid_t pid) {
-    ranks_.push_back({rank, pid});
-    ++running_;
-  }
-  void StopAllNow() { StopAll(ranks_, options_.grace, SIGTERM); }
-  size_t running() const { return running_; }
-  size_t started() const { return ranks_.size(); }
-
- private:
-  const LaunchOptions& options_;
-  const Reporter& report_;
-  std::vector<RankProcess> ranks_;
-  size_t running_ = 0;
 };
 
 // The zygote that forks the ranks (zygote.h); ended however Launch returns.

@@ -2,7 +2,9 @@
 // (see tcp_store.h). Each request costs O(log N) in the number of
 // connections, keys and waiters, so that thousands of ranks joining at once
 // cost the server O(N log N) in all: waiters are filed under the first key
-// they miss, deadlines and silent connections kept in order.
+// they miss, deadlines and silent connections kept in order. This file holds
+// the connections and the serving loop; the requests are
+// tcp_store_server_requests.cc's.
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -13,16 +15,15 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <condition_variable>
+#include <chrono>
 #include <cstring>
-#include <deque>
 #include <set>
-#include <unordered_map>
 
 #include "accel/runtime/base/errors.h"
 #include "accel/runtime/base/logging.h"
 #include "accel/runtime/base/net.h"
 #include "accel/runtime/store/tcp_store.h"
+#include "accel/runtime/store/tcp_store_server_state.h"
 #include "accel/runtime/store/wire.h"
 
 namespace accel {
@@ -30,18 +31,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
-using store_wire::DecodeLength;
-using store_wire::Framed;
-using store_wire::kMaxLeavingText;
-using store_wire::kMaxUnauthenticatedMessage;
-using store_wire::kProtocolVersion;
-using store_wire::Op;
-using store_wire::Reader;
-using store_wire::SecretsEqual;
-using store_wire::Status;
-using store_wire::Writer;
 
-constexpr size_t kMaxRejectedKept = 16;
 // How long the server stops accepting after running out of descriptors.
 constexpr auto kAcceptPause = milliseconds(100);
 
@@ -60,444 +50,146 @@ std::string OpenFileLimit() {
 
 }  // namespace
 
-struct TcpStoreServer::State {
-  struct Connection {
-    std::string address;
-    Clock::time_point accepted_at;
-    bool authenticated = false;
-    int rank = -1;
-    bool said_goodbye = false;
-    bool left = false;  // Its departure was recorded by kLeaving.
-    bool close_after_flush = false;
-    bool flush_queued = false;   // In `to_flush`.
-    bool output_polled = false;  // Registered for EPOLLOUT.
-    std::string in;
-    std::string out;
-    std::set<uint64_t> waiters;  // Its waits, by serial number.
-  };
-  struct Waiter {
-    int fd;
-    uint64_t id;
-    std::vector<std::string> keys;
-    size_t missing = 0;  // keys[missing] is the first key not yet set.
-    Clock::time_point deadline;
-  };
-
-  explicit State(const TcpStoreServerOptions& options) : options(options) {}
-
-  const TcpStoreServerOptions& options;
-  std::map<std::string, std::string> values;
-  std::map<int, std::string> departures;
-  std::unordered_map<int, Connection> connections;  // By file descriptor.
-  std::map<int, int> rank_fds;                      // Connected ranks.
-  std::map<uint64_t, Waiter> waiters;               // By serial number.
-  uint64_t next_waiter = 0;
-  // Each waiter under the first key it misses.
-  std::unordered_map<std::string, std::set<uint64_t>> waiting_on;
-  std::set<std::pair<Clock::time_point, uint64_t>> deadlines;
-  // Connections that have not said hello, oldest first.
-  std::set<std::pair<Clock::time_point, int>> unauthenticated;
-  // Connections with output to send at the end of this round.
-  std::vector<int> to_flush;
-  Clock::time_point accept_paused_until;
-  int epoll_fd = -1;
-
-  // Read by other threads.
-  mutable std::mutex shared_mutex;
-  std::deque<RejectedClient> rejected;
-  std::map<int, std::string> rank_addresses;
-
-  void Reply(int fd, const Writer& response) {
-    Connection& conn = connections[fd];
-    conn.out += Framed(response.bytes());
-    if (!conn.flush_queued) {
-      conn.flush_queued = true;
-      to_flush.push_back(fd);
+void TcpStoreServer::State::Drop(int fd, bool unreachable) {
+  auto it = connections.find(fd);
+  if (it == connections.end()) return;
+  const Connection& conn = it->second;
+  if (conn.authenticated && conn.rank >= 0) {
+    auto owner = rank_fds.find(conn.rank);
+    if (owner != rank_fds.end() && owner->second == fd) {
+      rank_fds.erase(owner);
+      if (!conn.left) {
+        departures[conn.rank] =
+            (conn.said_goodbye ? Departure{Departure::Kind::kExited, ""}
+             : unreachable
+                 ? Departure{Departure::Kind::kUnreachable, conn.address}
+                 : Departure{Departure::Kind::kCrashed, ""})
+                .ToString();
+      }
+      ACCEL_VLOG(1) << "store: rank " << conn.rank << " disconnected ("
+                    << departures[conn.rank] << ")";
     }
   }
+  const std::set<uint64_t> its_waiters = conn.waiters;
+  for (uint64_t serial : its_waiters) RemoveWaiter(serial);
+  if (!conn.authenticated) unauthenticated.erase({conn.accepted_at, fd});
+  connections.erase(it);
+  // Before the close: a copy of the socket in a forked child of this
+  // process would keep it registered, reporting events for an fd that is
+  // no longer ours (or is a new connection's).
+  epoll_ctl(epoll_fd, EPOLL_CTL_DEL, fd, nullptr);
+  close(fd);
+}
 
-  static Writer Response(uint64_t id, Status status) {
-    Writer writer;
-    writer.U64(id).U8(static_cast<uint8_t>(status));
-    return writer;
-  }
-
-  void Reject(int fd, uint64_t id, Status status, int rank,
-              const std::string& reason) {
-    Connection& conn = connections[fd];
-    ACCEL_VLOG(1) << "store: refused a connection from " << conn.address
-                  << " claiming rank " << rank << ": " << reason;
-    Reply(fd, Response(id, status));
-    conn.close_after_flush = true;
-    // Closed once its answer is sent: not a silent stranger to evict (and
-    // lose the answer with) before then.
-    unauthenticated.erase({conn.accepted_at, fd});
-    std::lock_guard<std::mutex> lock(shared_mutex);
-    rejected.push_back({conn.address, rank, reason});
-    if (rejected.size() > kMaxRejectedKept) rejected.pop_front();
-  }
-
-  // Files a waiter under its first missing key from keys[w.missing] on,
-  // or answers it when it misses none; returns whether it still waits.
-  bool FileOrAnswer(uint64_t serial, Waiter& w) {
-    while (w.missing < w.keys.size() && values.count(w.keys[w.missing]) != 0) {
-      ++w.missing;
-    }
-    if (w.missing == w.keys.size()) {
-      Reply(w.fd, Response(w.id, Status::kOk));
-      return false;
-    }
-    waiting_on[w.keys[w.missing]].insert(serial);
-    return true;
-  }
-
-  void AddWaiter(Waiter waiter) {
-    const uint64_t serial = next_waiter++;
-    Waiter& w = waiters.emplace(serial, std::move(waiter)).first->second;
-    if (!FileOrAnswer(serial, w)) {
-      waiters.erase(serial);
-      return;
-    }
-    deadlines.insert({w.deadline, serial});
-    connections[w.fd].waiters.insert(serial);
-  }
-
-  // Forgets a waiter (answered, expired or its connection gone).
-  void RemoveWaiter(uint64_t serial) {
-    auto it = waiters.find(serial);
-    if (it == waiters.end()) return;
-    const Waiter& w = it->second;
-    if (w.missing < w.keys.size()) {
-      auto filed = waiting_on.find(w.keys[w.missing]);
-      if (filed != waiting_on.end()) {
-        filed->second.erase(serial);
-        if (filed->second.empty()) waiting_on.erase(filed);
-      }
-    }
-    deadlines.erase({w.deadline, serial});
-    auto conn = connections.find(w.fd);
-    if (conn != connections.end()) conn->second.waiters.erase(serial);
-    waiters.erase(it);
-  }
-
-  // `key` was set: the waiters filed under it move on to their next missing
-  // key, or are answered.
-  void WakeWaiters(const std::string& key) {
-    auto filed = waiting_on.find(key);
-    if (filed == waiting_on.end()) return;
-    const std::set<uint64_t> serials = std::move(filed->second);
-    waiting_on.erase(filed);
-    for (uint64_t serial : serials) {
-      auto it = waiters.find(serial);
-      if (it == waiters.end()) continue;
-      Waiter& w = it->second;
-      ++w.missing;  // keys[missing] == key, now set.
-      if (!FileOrAnswer(serial, w)) {
-        w.missing = w.keys.size();  // Filed nowhere.
-        RemoveWaiter(serial);
-      }
-    }
-  }
-
-  void ExpireWaiters(Clock::time_point now) {
-    while (!deadlines.empty() && deadlines.begin()->first <= now) {
-      const uint64_t serial = deadlines.begin()->second;
-      const Waiter& w = waiters.at(serial);
-      Writer response = Response(w.id, Status::kTimeout);
-      std::vector<std::string> missing;
-      for (const auto& key : w.keys) {
-        if (values.count(key) == 0) missing.push_back(key);
-      }
-      response.U64(missing.size());
-      for (const auto& key : missing) response.Str(key);
-      Reply(w.fd, response);
-      RemoveWaiter(serial);
-    }
-  }
-
-  void Hello(int fd, uint64_t id, Reader& reader) {
-    Connection& conn = connections[fd];
-    const std::string presented = reader.Str();
-    const int rank = static_cast<int>(static_cast<int64_t>(reader.U64()));
-    const std::string job_id = reader.Str();
-    // Before version 2 the hello ended here.
-    const uint64_t version = reader.remaining() >= 8 ? reader.U64() : 1;
-    if (version != kProtocolVersion) {
-      Reject(fd, id, Status::kOtherVersion, rank,
-             "another accel (store protocol version " +
-                 std::to_string(version) + ", this one speaks " +
-                 std::to_string(kProtocolVersion) + ")");
-      return;
-    }
-    if (!SecretsEqual(presented, options.secret)) {
-      Reject(fd, id, Status::kDenied, rank, "another run secret");
-      return;
-    }
-    if (job_id != options.job_id) {
-      Reject(fd, id, Status::kOtherJob, rank,
-             "another job (the same run secret, another job id)");
-      return;
-    }
-    if (rank >= 0 && rank_fds.count(rank) != 0) {
-      Reject(fd, id, Status::kRankTaken, rank,
-             "rank " + std::to_string(rank) + " is already connected from " +
-                 connections[rank_fds[rank]].address);
-      return;
-    }
-    conn.authenticated = true;
-    unauthenticated.erase({conn.accepted_at, fd});
-    conn.rank = rank;
-    if (rank >= 0) {
-      rank_fds[rank] = fd;
-      std::lock_guard<std::mutex> lock(shared_mutex);
-      rank_addresses[rank] = conn.address;
-    }
-    ACCEL_VLOG(1) << "store: "
-                  << (rank >= 0 ? "rank " + std::to_string(rank)
-                                : std::string("a client"))
-                  << " connected from " << conn.address;
-    Reply(fd, Response(id, Status::kOk));
-  }
-
-  // Handles one request; throws on a malformed one.
-  void Handle(int fd, const std::string& message) {
-    Reader reader(message);
-    const uint64_t id = reader.U64();
-    const auto op = static_cast<Op>(reader.U8());
-    if (!connections[fd].authenticated && op != Op::kHello) {
-      throw std::runtime_error("request before hello");
-    }
-    switch (op) {
-      case Op::kHello:
-        if (connections[fd].authenticated) {
-          throw std::runtime_error("second hello");
-        }
-        Hello(fd, id, reader);
-        return;
-      case Op::kSet: {
-        const std::string key = reader.Str();
-        values[key] = reader.Str();
-        Reply(fd, Response(id, Status::kOk));
-        WakeWaiters(key);
-        return;
-      }
-      case Op::kGet: {
-        auto it = values.find(reader.Str());
-        if (it == values.end()) {
-          Reply(fd, Response(id, Status::kMissing));
-        } else {
-          Reply(fd, Response(id, Status::kOk).Str(it->second));
-        }
-        return;
-      }
-      case Op::kWait: {
-        const uint64_t count = reader.U64();
-        if (count > message.size()) throw std::length_error("bad key count");
-        Waiter waiter{fd, id, {}, 0, {}};
-        for (uint64_t i = 0; i < count; ++i)
-          waiter.keys.push_back(reader.Str());
-        const auto timeout =
-            milliseconds(std::min<uint64_t>(reader.U64(), uint64_t{1} << 40));
-        waiter.deadline = Clock::now() + timeout;
-        AddWaiter(std::move(waiter));
-        return;
-      }
-      case Op::kAdd: {
-        const std::string key = reader.Str();
-        const auto delta = static_cast<int64_t>(reader.U64());
-        int64_t current = 0;
-        auto it = values.find(key);
-        if (it != values.end()) {
-          try {
-            current = std::stoll(it->second);
-          } catch (const std::exception&) {
-            current = 0;
-          }
-        }
-        const int64_t result = static_cast<int64_t>(
-            static_cast<uint64_t>(current) + static_cast<uint64_t>(delta));
-        values[key] = std::to_string(result);
-        Reply(fd, Response(id, Status::kOk).U64(static_cast<uint64_t>(result)));
-        WakeWaiters(key);
-        return;
-      }
-      case Op::kDepartures: {
-        Writer response = Response(id, Status::kOk);
-        response.U64(departures.size());
-        for (const auto& [rank, how] : departures) {
-          response.U64(static_cast<uint64_t>(static_cast<int64_t>(rank)))
-              .Str(how);
-        }
-        Reply(fd, response);
-        return;
-      }
-      case Op::kGoodbye:
-        connections[fd].said_goodbye = true;
-        return;
-      case Op::kLeaving: {
-        std::string how = reader.Str();
-        if (how.size() > kMaxLeavingText) how.resize(kMaxLeavingText);
-        Connection& conn = connections[fd];
-        if (conn.rank >= 0) {
-          departures[conn.rank] = how;
-          conn.left = true;
-        }
-        Reply(fd, Response(id, Status::kOk));
-        return;
-      }
-    }
-    throw std::runtime_error("unknown request");
-  }
-
-  // `unreachable`: the connection failed because the peer's machine stopped
-  // answering (rather than closing it).
-  void Drop(int fd, bool unreachable) {
-    auto it = connections.find(fd);
-    if (it == connections.end()) return;
-    const Connection& conn = it->second;
-    if (conn.authenticated && conn.rank >= 0) {
-      auto owner = rank_fds.find(conn.rank);
-      if (owner != rank_fds.end() && owner->second == fd) {
-        rank_fds.erase(owner);
-        if (!conn.left) {
-          departures[conn.rank] =
-              (conn.said_goodbye ? Departure{Departure::Kind::kExited, ""}
-               : unreachable
-                   ? Departure{Departure::Kind::kUnreachable, conn.address}
-                   : Departure{Departure::Kind::kCrashed, ""})
-                  .ToString();
-        }
-        ACCEL_VLOG(1) << "store: rank " << conn.rank << " disconnected ("
-                      << departures[conn.rank] << ")";
-      }
-    }
-    const std::set<uint64_t> its_waiters = conn.waiters;
-    for (uint64_t serial : its_waiters) RemoveWaiter(serial);
-    if (!conn.authenticated) unauthenticated.erase({conn.accepted_at, fd});
-    connections.erase(it);
-    // Before the close: a copy of the socket in a forked child of this
-    // process would keep it registered, reporting events for an fd that is
-    // no longer ours (or is a new connection's).
-    epoll_ctl(epoll_fd, EPOLL_CTL_DEL, fd, nullptr);
-    close(fd);
-  }
-
-  // Sends what each connection in `to_flush` has to send, as far as its
-  // socket takes it; asks epoll to say when the rest can go. Returns the
-  // connections to drop (fd, unreachable).
-  void Flush(std::vector<std::pair<int, bool>>& to_drop) {
-    std::vector<int> fds;
-    fds.swap(to_flush);
-    for (int fd : fds) {
-      auto found = connections.find(fd);
-      if (found == connections.end()) continue;
-      Connection& conn = found->second;
-      conn.flush_queued = false;
-      if (!conn.out.empty()) {
-        const ssize_t n =
-            send(fd, conn.out.data(), conn.out.size(), MSG_NOSIGNAL);
-        if (n > 0) {
-          conn.out.erase(0, static_cast<size_t>(n));
-        } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
-          to_drop.push_back({fd, net::IsUnreachableError(errno)});
-          continue;
-        }
-      }
-      if (conn.close_after_flush && conn.out.empty()) {
-        to_drop.push_back({fd, false});
+void TcpStoreServer::State::Flush(std::vector<std::pair<int, bool>>& to_drop) {
+  std::vector<int> fds;
+  fds.swap(to_flush);
+  for (int fd : fds) {
+    auto found = connections.find(fd);
+    if (found == connections.end()) continue;
+    Connection& conn = found->second;
+    conn.flush_queued = false;
+    if (!conn.out.empty()) {
+      const ssize_t n =
+          send(fd, conn.out.data(), conn.out.size(), MSG_NOSIGNAL);
+      if (n > 0) {
+        conn.out.erase(0, static_cast<size_t>(n));
+      } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
+        to_drop.push_back({fd, net::IsUnreachableError(errno)});
         continue;
       }
-      const bool want_output = !conn.out.empty();
-      if (want_output != conn.output_polled || conn.close_after_flush) {
-        epoll_event event{};
-        event.events = (conn.close_after_flush ? 0u : uint32_t{EPOLLIN}) |
-                       (want_output ? uint32_t{EPOLLOUT} : 0u);
-        event.data.fd = fd;
-        if (epoll_ctl(epoll_fd, EPOLL_CTL_MOD, fd, &event) != 0) {
-          to_drop.push_back({fd, false});  // Its output would stall.
-          continue;
-        }
-        conn.output_polled = want_output;
-      }
     }
-  }
-
-  // The unauthenticated connection accepted first, or -1.
-  int OldestUnauthenticated() const {
-    return unauthenticated.empty() ? -1 : unauthenticated.begin()->second;
-  }
-
-  void Accept(int listen_fd) {
-    while (true) {
-      const int fd =
-          accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) {
-        if (errno == EMFILE || errno == ENFILE) {
-          // Make room by closing a stranger, else let the backlog wait a
-          // moment (polling the listener now would spin).
-          const int oldest = OldestUnauthenticated();
-          if (oldest >= 0) {
-            Drop(oldest, false);
-            continue;
-          }
-          accept_paused_until = Clock::now() + kAcceptPause;
-          const std::string reason =
-              "rank 0 ran out of file descriptors (ulimit -n " +
-              OpenFileLimit() + ") while accepting connections";
-          std::lock_guard<std::mutex> lock(shared_mutex);
-          if (rejected.empty() || rejected.back().reason != reason) {
-            rejected.push_back({"", -1, reason});
-            if (rejected.size() > kMaxRejectedKept) rejected.pop_front();
-          }
-        }
-        return;
-      }
-      const int one = 1;
-      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      net::SetNetworkTimeout(fd, options.network_timeout);
+    if (conn.close_after_flush && conn.out.empty()) {
+      to_drop.push_back({fd, false});
+      continue;
+    }
+    const bool want_output = !conn.out.empty();
+    if (want_output != conn.output_polled || conn.close_after_flush) {
       epoll_event event{};
-      event.events = EPOLLIN;
+      event.events = (conn.close_after_flush ? 0u : uint32_t{EPOLLIN}) |
+                     (want_output ? uint32_t{EPOLLOUT} : 0u);
       event.data.fd = fd;
-      if (epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &event) != 0) {
-        // Unserved, it would only wait for its auth timeout: refuse it now.
-        ACCEL_LOG(WARNING) << "store: cannot watch a new connection: "
-                           << std::strerror(errno);
-        close(fd);
+      if (epoll_ctl(epoll_fd, EPOLL_CTL_MOD, fd, &event) != 0) {
+        to_drop.push_back({fd, false});  // Its output would stall.
         continue;
       }
-      Connection& conn = connections[fd];
-      conn.address = net::PeerAddress(fd);
-      conn.accepted_at = Clock::now();
-      unauthenticated.insert({conn.accepted_at, fd});
-      if (unauthenticated.size() > options.max_unauthenticated) {
-        Drop(OldestUnauthenticated(), false);
+      conn.output_polled = want_output;
+    }
+  }
+}
+
+int TcpStoreServer::State::OldestUnauthenticated() const {
+  return unauthenticated.empty() ? -1 : unauthenticated.begin()->second;
+}
+
+void TcpStoreServer::State::Accept(int listen_fd) {
+  while (true) {
+    const int fd =
+        accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE) {
+        // Make room by closing a stranger, else let the backlog wait a
+        // moment (polling the listener now would spin).
+        const int oldest = OldestUnauthenticated();
+        if (oldest >= 0) {
+          Drop(oldest, false);
+          continue;
+        }
+        accept_paused_until = Clock::now() + kAcceptPause;
+        const std::string reason =
+            "rank 0 ran out of file descriptors (ulimit -n " + OpenFileLimit() +
+            ") while accepting connections";
+        std::lock_guard<std::mutex> lock(shared_mutex);
+        if (rejected.empty() || rejected.back().reason != reason) {
+          rejected.push_back({"", -1, reason});
+          if (rejected.size() > kMaxRejectedKept) rejected.pop_front();
+        }
       }
+      return;
+    }
+    const int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    net::SetNetworkTimeout(fd, options.network_timeout);
+    epoll_event event{};
+    event.events = EPOLLIN;
+    event.data.fd = fd;
+    if (epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &event) != 0) {
+      // Unserved, it would only wait for its auth timeout: refuse it now.
+      ACCEL_LOG(WARNING) << "store: cannot watch a new connection: "
+                         << std::strerror(errno);
+      close(fd);
+      continue;
+    }
+    Connection& conn = connections[fd];
+    conn.address = net::PeerAddress(fd);
+    conn.accepted_at = Clock::now();
+    unauthenticated.insert({conn.accepted_at, fd});
+    if (unauthenticated.size() > options.max_unauthenticated) {
+      Drop(OldestUnauthenticated(), false);
     }
   }
+}
 
-  void DropSilentStrangers(Clock::time_point now) {
-    while (!unauthenticated.empty() &&
-           now - unauthenticated.begin()->first >= options.auth_timeout) {
-      Drop(unauthenticated.begin()->second, false);
-    }
+void TcpStoreServer::State::DropSilentStrangers(Clock::time_point now) {
+  while (!unauthenticated.empty() &&
+         now - unauthenticated.begin()->first >= options.auth_timeout) {
+    Drop(unauthenticated.begin()->second, false);
   }
+}
 
-  // Milliseconds until the next deadline (waiters, silent strangers, the
-  // accept pause), or -1 for none.
-  int PollTimeout(Clock::time_point now) const {
-    Clock::time_point next = Clock::time_point::max();
-    if (!deadlines.empty()) next = deadlines.begin()->first;
-    if (!unauthenticated.empty()) {
-      next =
-          std::min(next, unauthenticated.begin()->first + options.auth_timeout);
-    }
-    if (accept_paused_until > now) next = std::min(next, accept_paused_until);
-    if (next == Clock::time_point::max()) return -1;
-    const auto left =
-        std::chrono::duration_cast<milliseconds>(next - now).count() + 1;
-    return static_cast<int>(std::clamp<int64_t>(left, 0, 1000000));
+int TcpStoreServer::State::PollTimeout(Clock::time_point now) const {
+  Clock::time_point next = Clock::time_point::max();
+  if (!deadlines.empty()) next = deadlines.begin()->first;
+  if (!unauthenticated.empty()) {
+    next =
+        std::min(next, unauthenticated.begin()->first + options.auth_timeout);
   }
-};
+  if (accept_paused_until > now) next = std::min(next, accept_paused_until);
+  if (next == Clock::time_point::max()) return -1;
+  const auto left =
+      std::chrono::duration_cast<milliseconds>(next - now).count() + 1;
+  return static_cast<int>(std::clamp<int64_t>(left, 0, 1000000));
+}
 
 TcpStoreServer::TcpStoreServer(TcpStoreServerOptions options)
     : options_(std::move(options)), state_(std::make_unique<State>(options_)) {
@@ -618,10 +310,10 @@ void TcpStoreServer::Serve() {
         if (revents & EPOLLERR && error == 0) error = SocketError(fd);
         try {
           while (conn.in.size() >= 4 && !conn.close_after_flush) {
-            const size_t length = DecodeLength(conn.in.data());
+            const size_t length = store_wire::DecodeLength(conn.in.data());
             const size_t limit = conn.authenticated
                                      ? state.options.max_message_bytes
-                                     : kMaxUnauthenticatedMessage;
+                                     : store_wire::kMaxUnauthenticatedMessage;
             if (length < 9 || length > limit) {
               throw std::length_error("bad message length");
             }
