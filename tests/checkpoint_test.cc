@@ -549,7 +549,7 @@ TEST(CheckpointTest, ASecondAcceleratorInTheSameProjectDirIsRefused) {
     ADD_FAILURE() << "two Accelerators share " << project;
   } catch (const UsageError& e) {
     // In this process: another Accelerator (another process is named by
-    // pid, host and command: examples_test).
+    // pid, host and command: examples_resume_test).
     EXPECT_THAT(e.what(),
                 HasSubstr("project_dir '" + project +
                           "' is in use by another Accelerator of this "

@@ -1,182 +1,35 @@
 // ZeRO stages 1 and 2 (accel/parallel/zero.h) against DDP (stage 0) in the same
 // job: the same parameters after 50 AdamW steps, the same clipped norms, each
 // rank holding 1/N of the optimizer state, fp16 overflow on one shard,
-// misuse, and checkpoints. Every rank is a process (1, 2 and 3 of them);
-// the gloo backend over shared memory, and over TCP in zero_tcp_test.
+// misuse, and checkpoints. Every rank is a process (1, 2 and 3 of them); the
+// gloo backend over shared memory, and over TCP in zero_tcp_test. Stage 3's
+// units are zero_stage3_test.cc's (in the same test targets, linked first:
+// gtest runs the tests in link order, and this file's checkpoint tests
+// last).
 #include "accel/parallel/zero.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/nn/functional/loss.h>
-#include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/optim/adamw.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <limits>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "accel/checkpoint/checkpoint.h"
-#include "accel/checkpoint/model_weights.h"
-#include "accel/memory/released_memory.h"
 #include "tests/multiprocess_main.h"
 #include "tests/usage_error.h"
+#include "tests/zero_training.h"
 
 namespace accel::testing {
 namespace {
 
 using ::testing::HasSubstr;
-
-constexpr int kSteps = 50;
-
-torch::nn::Sequential MakeModel(bool freeze_first = false) {
-  torch::manual_seed(11);
-  torch::nn::Sequential model(torch::nn::Linear(12, 40), torch::nn::Tanh(),
-                              torch::nn::Linear(40, 40), torch::nn::Tanh(),
-                              torch::nn::Linear(40, 3));
-  if (freeze_first) {
-    for (auto& p : model[0]->parameters()) p.requires_grad_(false);
-  }
-  return model;
-}
-
-// This rank's batch of a step: the same on every run.
-std::pair<torch::Tensor, torch::Tensor> Batch(int step, int rank) {
-  auto generator =
-      at::make_generator<at::CPUGeneratorImpl>(1000 * step + rank + 1);
-  return {torch::randn({8, 12}, generator),
-          torch::randint(0, 3, {8}, generator, torch::kLong)};
-}
-
-struct Run {
-  int stage = 0;
-  bool freeze_first = false;
-  double clip = 0;  // clip_grad_norm_'s max_norm; 0: none.
-  int accumulation = 1;
-  int steps = kSteps;
-  int first_step = 0;
-  std::string save_to = "";        // save_state here after the steps.
-  std::string load_from = "";      // load_state from here before them.
-  std::string save_model_to = "";  // save_model here after the steps.
-  std::string precision = "no";    // mixed_precision (under autocast).
-  bool schedule = false;           // A prepared linear warm-up schedule.
-  // Backwards per step outside accumulate(), each syncing, before one step
-  // (their gradients add up).
-  int backwards = 1;
-  bool optimizer_first = false;  // prepare(optimizer, model).
-  // AcceleratorOptions::gradient_clipping: the prepared optimizer clips
-  // (rather than clip_grad_norm_ with `clip`).
-  double auto_clip = 0;
-};
-
-struct Result {
-  torch::Tensor parameters;  // Flattened, in order.
-  // Parameters that still held a gradient after the last synced backward.
-  int parameters_with_grad = 0;
-  std::vector<double> norms;   // clip_grad_norm_'s, per step.
-  int64_t state_elements = 0;  // exp_avg elements this rank's AdamW holds.
-};
-
-AcceleratorOptions Options(const Run& run) {
-  AcceleratorOptions options = TestAcceleratorOptions();
-  options.zero_stage = run.stage;
-  options.mixed_precision = run.precision;
-  options.gradient_accumulation_steps = run.accumulation;
-  options.gradient_clipping = run.auto_clip;
-  // Several buckets, so that stage 2 reduce-scatters during backward.
-  options.gradient_sync.first_bucket_bytes = 512;
-  options.gradient_sync.bucket_cap_bytes = 2048;
-  return options;
-}
-
-Result Train(const Run& run) {
-  Accelerator accelerator(Options(run));
-  torch::nn::Sequential net = MakeModel(run.freeze_first);
-  torch::optim::AdamW adamw(net->parameters(),
-                            torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
-  auto [model, optimizer] = [&] {
-    if (!run.optimizer_first) return accelerator.prepare(net, adamw);
-    auto [o, m] = accelerator.prepare(adamw, net);
-    return std::make_tuple(m, o);
-  }();
-  std::optional<AcceleratedScheduler> scheduler;
-  if (run.schedule) {
-    scheduler = accelerator.prepare(
-        get_linear_schedule_with_warmup(adamw, 5, run.steps));
-  }
-  if (!run.load_from.empty()) accelerator.load_state(run.load_from);
-  Result result;
-  const int rank = accelerator.process_index();
-  for (int step = run.first_step; step < run.first_step + run.steps; ++step) {
-    for (int micro = 0; micro < run.accumulation; ++micro) {
-      auto scope = accelerator.accumulate(model);
-      for (int b = 0; b < run.backwards; ++b) {
-        auto [x, y] =
-            Batch((step * run.accumulation + micro) * run.backwards + b, rank);
-        torch::Tensor loss;
-        {
-          auto autocast = accelerator.autocast();
-          loss = torch::nn::functional::cross_entropy(model->forward(x), y);
-        }
-        accelerator.backward(loss);
-      }
-      if (accelerator.sync_gradients()) {
-        result.parameters_with_grad = 0;
-        for (const auto& p : model->parameters()) {
-          result.parameters_with_grad += p.grad().defined() ? 1 : 0;
-        }
-      }
-      if (run.clip > 0 && accelerator.sync_gradients()) {
-        result.norms.push_back(
-            accelerator.clip_grad_norm_(model->parameters(), run.clip));
-      }
-      optimizer.step();
-      if (scheduler) scheduler->step();
-      optimizer.zero_grad();
-    }
-  }
-  if (!run.save_model_to.empty()) {
-    accelerator.save_model(model, run.save_model_to);
-  }
-  if (!run.save_to.empty()) {
-    accelerator.save_state(run.save_to);
-    accelerator.wait_for_everyone();  // Rank 0's file is written last.
-  }
-  // By name, from get_state_dict: under stage 3 the units are gathered one
-  // at a time onto the main process, and the others get nothing.
-  std::vector<torch::Tensor> flat;
-  for (const auto& [name, tensor] : accelerator.get_state_dict(model)) {
-    flat.push_back(tensor.reshape({-1}));
-  }
-  if (!flat.empty()) result.parameters = torch::cat(flat).clone();
-  for (const auto& [key, state] : adamw.state()) {
-    result.state_elements +=
-        static_cast<torch::optim::AdamWParamState&>(*state).exp_avg().numel();
-  }
-  return result;
-}
-
-// Under stage 3 only the main process has the gathered parameters: the
-// others compare nothing.
-double MaxDifference(const torch::Tensor& a, const torch::Tensor& b) {
-  if (!a.defined() || !b.defined()) {
-    EXPECT_FALSE(SharedAccelerator().is_main_process())
-        << "the main process got no parameters";
-    return 0;
-  }
-  return (a - b).abs().max().item<double>();
-}
-
-std::string Folder(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  return std::string(tmp ? tmp : "/tmp") + "/" + name + "_" +
-         std::to_string(SharedAccelerator().num_processes());
-}
 
 int64_t TrainableElements(bool freeze_first) {
   int64_t total = 0;
@@ -184,6 +37,22 @@ int64_t TrainableElements(bool freeze_first) {
     if (p.requires_grad()) total += p.numel();
   }
   return total;
+}
+
+// Rank `rank`'s share of `total` elements cut into n.
+int64_t ShareOf(int64_t total, int n, int rank) {
+  const int64_t share = (total + n - 1) / n;
+  return std::min(total, (rank + 1) * share) - std::min(total, rank * share);
+}
+
+// The model's parameters by name, copied (get_state_dict: under stage 3
+// the main process gets them, the others nothing).
+torch::Tensor Snapshot(Accelerator& accelerator, torch::nn::Sequential& model) {
+  std::vector<torch::Tensor> flat;
+  for (const auto& [name, tensor] : accelerator.get_state_dict(model)) {
+    flat.push_back(tensor.reshape({-1}).clone());
+  }
+  return flat.empty() ? torch::Tensor() : torch::cat(flat);
 }
 
 TEST(ShardLayoutTest, SharesPartitionTheTensorsInRankOrder) {
@@ -219,51 +88,6 @@ TEST(ShardLayoutTest, SharesPartitionTheTensorsInRankOrder) {
   }
 }
 
-// A layer holding a Sequential (LibTorch cannot nest Sequentials directly).
-struct BlockImpl : torch::nn::Module {
-  BlockImpl() {
-    layers = register_module(
-        "layers",
-        torch::nn::Sequential(torch::nn::Linear(4, 4), torch::nn::Tanh(),
-                              torch::nn::Linear(4, 4)));
-  }
-  torch::Tensor forward(torch::Tensor x) { return layers->forward(x); }
-  torch::nn::Sequential layers{nullptr};
-};
-TORCH_MODULE(Block);
-
-std::vector<std::string> UnitPaths(const std::string& layer_type) {
-  torch::manual_seed(3);
-  torch::nn::Sequential outer(Block(), torch::nn::ReLU(),
-                              torch::nn::Linear(4, 2));
-  std::vector<std::string> names_before;
-  for (const auto& p : outer->named_parameters())
-    names_before.push_back(p.key());
-  const torch::Tensor x = torch::randn({3, 4});
-  const torch::Tensor before = outer->forward(x);
-  std::vector<std::string> paths;
-  for (const auto& unit : WrapUnits(*outer, layer_type)) {
-    paths.push_back(unit->path());
-  }
-  // Unattached units run their layers as they are; names do not change.
-  EXPECT_TRUE(torch::equal(outer->forward(x), before));
-  std::vector<std::string> names_after;
-  for (const auto& p : outer->named_parameters())
-    names_after.push_back(p.key());
-  EXPECT_EQ(names_after, names_before);
-  return paths;
-}
-
-TEST(WrapUnitsTest, PicksTheOutermostChildrenOrEveryLayerOfAType) {
-  using Paths = std::vector<std::string>;
-  EXPECT_EQ(UnitPaths(""), (Paths{"0", "2"}));
-  EXPECT_EQ(UnitPaths("Linear"), (Paths{"0.layers.0", "0.layers.2", "2"}));
-  EXPECT_EQ(UnitPaths("torch::nn::LinearImpl"),
-            (Paths{"0.layers.0", "0.layers.2", "2"}));
-  EXPECT_EQ(UnitPaths("Block"), (Paths{"0"}));
-  EXPECT_EQ(UnitPaths("Conv2d"), Paths{});
-}
-
 TEST(ZeroTest, Stage1GivesDdpsParametersBitForBit) {
   const Result ddp = Train({});
   const Result zero = Train({.stage = 1});
@@ -295,29 +119,6 @@ TEST(ZeroTest, Stage2GivesDdpsParameters) {
   } else {
     EXPECT_LE(difference, 1e-6);
   }
-}
-
-TEST(ZeroTest, Stage3GivesDdpsParameters) {
-  const Result ddp = Train({});
-  const Result zero = Train({.stage = 3});
-  const double difference = MaxDifference(zero.parameters, ddp.parameters);
-  EXPECT_EQ(zero.parameters_with_grad,
-            SharedAccelerator().num_processes() == 1 ? 6 : 0);
-  if (SharedAccelerator().is_main_process()) {
-    std::printf(
-        "stage 3 against DDP at %d process(es): max |difference| "
-        "%.3g after %d steps\n",
-        SharedAccelerator().num_processes(), difference, kSteps);
-  }
-  EXPECT_LE(difference, 1e-6);
-  EXPECT_GT(MaxDifference(ddp.parameters, Train({.steps = 0}).parameters),
-            1e-2);
-}
-
-// Rank `rank`'s share of `total` elements cut into n.
-int64_t ShareOf(int64_t total, int n, int rank) {
-  const int64_t share = (total + n - 1) / n;
-  return std::min(total, (rank + 1) * share) - std::min(total, rank * share);
 }
 
 // Accelerate prepares the models of a call first, so any order works:
@@ -437,16 +238,6 @@ TEST(ZeroTest, AccumulationAndFrozenParametersAsUnderDdp) {
   }
 }
 
-// The model's parameters by name, copied (get_state_dict: under stage 3
-// the main process gets them, the others nothing).
-torch::Tensor Snapshot(Accelerator& accelerator, torch::nn::Sequential& model) {
-  std::vector<torch::Tensor> flat;
-  for (const auto& [name, tensor] : accelerator.get_state_dict(model)) {
-    flat.push_back(tensor.reshape({-1}).clone());
-  }
-  return flat.empty() ? torch::Tensor() : torch::cat(flat);
-}
-
 TEST(ZeroTest, AnOverflowOnOneShardSkipsTheStepOnEveryRank) {
   for (int stage : {1, 2, 3}) {
     AcceleratorOptions options = Options({.stage = stage});
@@ -523,145 +314,6 @@ TEST(ZeroTest, MisuseIsOneClearErrorOnEveryRank) {
               HasSubstr("or 3 (also the parameters), found 4"));
 }
 
-TEST(ZeroTest, Stage3FreesEachUnitsParametersOutsideItsForwardAndBackward) {
-  if (SharedAccelerator().num_processes() == 1) {
-    GTEST_SKIP() << "one process shards nothing";
-  }
-  Accelerator accelerator(Options({.stage = 3}));
-  torch::nn::Sequential net = MakeModel();
-  std::shared_ptr<torch::nn::LinearImpl> first =
-      net->ptr<torch::nn::LinearImpl>(0);
-  torch::optim::AdamW adamw(net->parameters(),
-                            torch::optim::AdamWOptions(1e-2));
-  auto [model, optimizer] = accelerator.prepare(net, adamw);
-  // Released storage points at the guarded range (released_memory.h).
-  const auto all_freed = [&] {
-    for (const auto& p : model->parameters()) {
-      if (p.storage().data() != ReleasedMemory(0)) return false;
-    }
-    return true;
-  };
-  EXPECT_TRUE(all_freed());
-  for (int step = 0; step < 2; ++step) {
-    auto [x, y] = Batch(step, accelerator.process_index());
-    torch::Tensor loss =
-        torch::nn::functional::cross_entropy(model->forward(x), y);
-    EXPECT_TRUE(all_freed()) << "after forward";
-    accelerator.backward(loss);
-    EXPECT_TRUE(all_freed()) << "after backward";
-    optimizer.step();
-    optimizer.zero_grad();
-    EXPECT_TRUE(all_freed()) << "after the step";
-  }
-  // Under no_sync too, a unit's parameters go once its gradients are in:
-  // when the first layer's weight gets its gradient, the last layer's unit
-  // is freed (it stayed whole to the end of backward, 4 bytes a parameter
-  // more, before that was mended).
-  {
-    std::vector<torch::Tensor> params = model->parameters();
-    int calls = 0;
-    bool last_freed = false;
-    const unsigned hook = params[0].register_hook([&](const torch::Tensor&) {
-      ++calls;
-      last_freed = params[4].storage().data() == ReleasedMemory(0) &&
-                   params[5].storage().data() == ReleasedMemory(0);
-    });
-    for (bool sync : {false, true}) {
-      auto [x, y] = Batch(10 + sync, accelerator.process_index());
-      std::optional<NoSyncScope> no_sync;
-      if (!sync) no_sync.emplace(accelerator.no_sync(model));
-      accelerator.backward(
-          torch::nn::functional::cross_entropy(model->forward(x), y));
-      EXPECT_EQ(calls, sync ? 2 : 1);
-      EXPECT_TRUE(last_freed) << (sync ? "syncing" : "under no_sync");
-      EXPECT_TRUE(all_freed()) << "after backward";
-    }
-    params[0].remove_hook(hook);
-    optimizer.step();
-    optimizer.zero_grad();
-  }
-  // Through the model a layer gathers; outside it (or reading a parameter)
-  // the process ends, saying why, instead of reading freed memory. Under a
-  // sanitizer its own SIGSEGV handler reports instead.
-#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-  ::testing::FLAGS_gtest_death_test_style = "fast";
-  EXPECT_DEATH(first->forward(torch::ones({2, 12})),
-               "a parameter of a ZeRO stage-3 unit was read while its unit "
-               "was not running");
-  EXPECT_DEATH(std::printf("%f\n", first->weight.sum().item<double>()),
-               "accelerator.get_state_dict\\(model\\)");
-  // A write is said to be one (it was reported as a read).
-  EXPECT_DEATH(
-      {
-        torch::NoGradGuard no_grad;
-        first->weight.fill_(1.0);
-      },
-      "a parameter of a ZeRO stage-3 unit was written while its unit was not "
-      "running");
-#endif
-  {
-    torch::NoGradGuard no_grad;
-    EXPECT_TRUE(
-        model->forward(torch::ones({2, 12})).isfinite().all().item<bool>());
-  }
-  EXPECT_TRUE(all_freed());
-  // free_memory gives the model back whole on every rank.
-  const auto weights = accelerator.get_state_dict(model);
-  accelerator.free_memory();
-  EXPECT_FALSE(all_freed());
-  if (accelerator.is_main_process()) {
-    for (const auto& p : model->named_parameters()) {
-      EXPECT_TRUE(torch::equal(p.value(), weights.at(p.key()))) << p.key();
-    }
-  }
-}
-
-TEST(ZeroTest, Stage3MisuseIsOneClearErrorOnEveryRank) {
-  if (SharedAccelerator().num_processes() == 1) {
-    GTEST_SKIP() << "one process shards nothing";
-  }
-  Accelerator accelerator(Options({.stage = 3}));
-  auto alone = accelerator.prepare(MakeModel());
-  EXPECT_THAT(
-      UsageErrorOf([&] {
-        accelerator.backward(alone->forward(torch::ones({1, 12})).sum());
-      }),
-      HasSubstr("prepared without one"));
-  EXPECT_THAT(
-      UsageErrorOf([&] { accelerator.prepare(torch::nn::Linear(3, 3)); }),
-      HasSubstr("has no Sequential child with trainable parameters"));
-  AcceleratorOptions typed = Options({.stage = 3});
-  typed.fsdp_layer_to_wrap = "TransformerEncoderLayer";
-  Accelerator by_type(typed);
-  EXPECT_THAT(
-      UsageErrorOf([&] { by_type.prepare(MakeModel()); }),
-      HasSubstr("child of a Sequential of type 'TransformerEncoderLayer'"));
-}
-
-TEST(ZeroTest, Stage3SavesDdpsWeightsGatheredOnTheMainProcess) {
-  const std::string ddp_dir = Folder("weights_ddp");
-  const std::string zero_dir = Folder("weights_zero3");
-  const std::string checkpoint = Folder("checkpoint_zero3");
-  Train({.steps = 5, .save_model_to = ddp_dir});
-  Train({.stage = 3,
-         .steps = 5,
-         .save_to = checkpoint,
-         .save_model_to = zero_dir});
-  SharedAccelerator().wait_for_everyone();
-  if (!SharedAccelerator().is_main_process()) return;
-  const auto ddp = LoadModelWeights(ddp_dir);
-  const auto zero = LoadModelWeights(zero_dir);
-  // What accel-merge-weights writes: the checkpoint's gathered weights.
-  const auto merged = ReadCheckpointWeights(checkpoint);
-  ASSERT_EQ(zero.size(), ddp.size());
-  ASSERT_EQ(merged.size(), ddp.size());
-  for (const auto& [name, tensor] : merged) {
-    ASSERT_EQ(ddp.count(name), 1u) << name;
-    EXPECT_TRUE(torch::equal(tensor, ddp.at(name))) << name;
-    EXPECT_TRUE(torch::equal(zero.at(name), ddp.at(name))) << name;
-  }
-}
-
 TEST(ZeroTest, TwoBackwardsBeforeAStepAddUpAsUnderDdp) {
   const Result ddp = Train({.steps = 12, .backwards = 2});
   for (int stage : {1, 2, 3}) {
@@ -707,6 +359,9 @@ TEST(ZeroTest, AnInfinityNormWithANanIsNanOnEveryRank) {
   EXPECT_TRUE(std::isnan(norm)) << norm;
 }
 
+// The checkpoint tests last: the last one's failed load unwinds through an
+// Accelerator, which then leaves the job (accelerator.cc), and no
+// Accelerator can be made after that.
 TEST(ZeroTest, ACheckpointResumesBitExactlyAtTheSameProcessCount) {
   for (int stage : {1, 2, 3}) {
     const std::string dir = Folder("zero" + std::to_string(stage));

@@ -1,0 +1,235 @@
+// ZeRO stage 3 (accel/parallel/zero.h): the units it wraps, DDP's
+// parameters from them, each unit's parameters freed outside its forward
+// and backward (a read or a write of one is a clear death), misuse, and the
+// weights gathered on the main process when saved. Part of zero_test (and
+// zero_tcp_test, zero_mpi_test).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adamw.h>
+
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "accel/checkpoint/checkpoint.h"
+#include "accel/checkpoint/model_weights.h"
+#include "accel/memory/released_memory.h"
+#include "accel/parallel/zero.h"
+#include "tests/multiprocess_main.h"
+#include "tests/usage_error.h"
+#include "tests/zero_training.h"
+
+namespace accel::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A layer holding a Sequential (LibTorch cannot nest Sequentials directly).
+struct BlockImpl : torch::nn::Module {
+  BlockImpl() {
+    layers = register_module(
+        "layers",
+        torch::nn::Sequential(torch::nn::Linear(4, 4), torch::nn::Tanh(),
+                              torch::nn::Linear(4, 4)));
+  }
+  torch::Tensor forward(torch::Tensor x) { return layers->forward(x); }
+  torch::nn::Sequential layers{nullptr};
+};
+TORCH_MODULE(Block);
+
+std::vector<std::string> UnitPaths(const std::string& layer_type) {
+  torch::manual_seed(3);
+  torch::nn::Sequential outer(Block(), torch::nn::ReLU(),
+                              torch::nn::Linear(4, 2));
+  std::vector<std::string> names_before;
+  for (const auto& p : outer->named_parameters())
+    names_before.push_back(p.key());
+  const torch::Tensor x = torch::randn({3, 4});
+  const torch::Tensor before = outer->forward(x);
+  std::vector<std::string> paths;
+  for (const auto& unit : WrapUnits(*outer, layer_type)) {
+    paths.push_back(unit->path());
+  }
+  // Unattached units run their layers as they are; names do not change.
+  EXPECT_TRUE(torch::equal(outer->forward(x), before));
+  std::vector<std::string> names_after;
+  for (const auto& p : outer->named_parameters())
+    names_after.push_back(p.key());
+  EXPECT_EQ(names_after, names_before);
+  return paths;
+}
+
+TEST(WrapUnitsTest, PicksTheOutermostChildrenOrEveryLayerOfAType) {
+  using Paths = std::vector<std::string>;
+  EXPECT_EQ(UnitPaths(""), (Paths{"0", "2"}));
+  EXPECT_EQ(UnitPaths("Linear"), (Paths{"0.layers.0", "0.layers.2", "2"}));
+  EXPECT_EQ(UnitPaths("torch::nn::LinearImpl"),
+            (Paths{"0.layers.0", "0.layers.2", "2"}));
+  EXPECT_EQ(UnitPaths("Block"), (Paths{"0"}));
+  EXPECT_EQ(UnitPaths("Conv2d"), Paths{});
+}
+
+TEST(ZeroTest, Stage3GivesDdpsParameters) {
+  const Result ddp = Train({});
+  const Result zero = Train({.stage = 3});
+  const double difference = MaxDifference(zero.parameters, ddp.parameters);
+  EXPECT_EQ(zero.parameters_with_grad,
+            SharedAccelerator().num_processes() == 1 ? 6 : 0);
+  if (SharedAccelerator().is_main_process()) {
+    std::printf(
+        "stage 3 against DDP at %d process(es): max |difference| "
+        "%.3g after %d steps\n",
+        SharedAccelerator().num_processes(), difference, kSteps);
+  }
+  EXPECT_LE(difference, 1e-6);
+  EXPECT_GT(MaxDifference(ddp.parameters, Train({.steps = 0}).parameters),
+            1e-2);
+}
+
+TEST(ZeroTest, Stage3FreesEachUnitsParametersOutsideItsForwardAndBackward) {
+  if (SharedAccelerator().num_processes() == 1) {
+    GTEST_SKIP() << "one process shards nothing";
+  }
+  Accelerator accelerator(Options({.stage = 3}));
+  torch::nn::Sequential net = MakeModel();
+  std::shared_ptr<torch::nn::LinearImpl> first =
+      net->ptr<torch::nn::LinearImpl>(0);
+  torch::optim::AdamW adamw(net->parameters(),
+                            torch::optim::AdamWOptions(1e-2));
+  auto [model, optimizer] = accelerator.prepare(net, adamw);
+  // Released storage points at the guarded range (released_memory.h).
+  const auto all_freed = [&] {
+    for (const auto& p : model->parameters()) {
+      if (p.storage().data() != ReleasedMemory(0)) return false;
+    }
+    return true;
+  };
+  EXPECT_TRUE(all_freed());
+  for (int step = 0; step < 2; ++step) {
+    auto [x, y] = Batch(step, accelerator.process_index());
+    torch::Tensor loss =
+        torch::nn::functional::cross_entropy(model->forward(x), y);
+    EXPECT_TRUE(all_freed()) << "after forward";
+    accelerator.backward(loss);
+    EXPECT_TRUE(all_freed()) << "after backward";
+    optimizer.step();
+    optimizer.zero_grad();
+    EXPECT_TRUE(all_freed()) << "after the step";
+  }
+  // Under no_sync too, a unit's parameters go once its gradients are in:
+  // when the first layer's weight gets its gradient, the last layer's unit
+  // is freed (it stayed whole to the end of backward, 4 bytes a parameter
+  // more, before that was mended).
+  {
+    std::vector<torch::Tensor> params = model->parameters();
+    int calls = 0;
+    bool last_freed = false;
+    const unsigned hook = params[0].register_hook([&](const torch::Tensor&) {
+      ++calls;
+      last_freed = params[4].storage().data() == ReleasedMemory(0) &&
+                   params[5].storage().data() == ReleasedMemory(0);
+    });
+    for (bool sync : {false, true}) {
+      auto [x, y] = Batch(10 + sync, accelerator.process_index());
+      std::optional<NoSyncScope> no_sync;
+      if (!sync) no_sync.emplace(accelerator.no_sync(model));
+      accelerator.backward(
+          torch::nn::functional::cross_entropy(model->forward(x), y));
+      EXPECT_EQ(calls, sync ? 2 : 1);
+      EXPECT_TRUE(last_freed) << (sync ? "syncing" : "under no_sync");
+      EXPECT_TRUE(all_freed()) << "after backward";
+    }
+    params[0].remove_hook(hook);
+    optimizer.step();
+    optimizer.zero_grad();
+  }
+  // Through the model a layer gathers; outside it (or reading a parameter)
+  // the process ends, saying why, instead of reading freed memory. Under a
+  // sanitizer its own SIGSEGV handler reports instead.
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  ::testing::FLAGS_gtest_death_test_style = "fast";
+  EXPECT_DEATH(first->forward(torch::ones({2, 12})),
+               "a parameter of a ZeRO stage-3 unit was read while its unit "
+               "was not running");
+  EXPECT_DEATH(std::printf("%f\n", first->weight.sum().item<double>()),
+               "accelerator.get_state_dict\\(model\\)");
+  // A write is said to be one (it was reported as a read).
+  EXPECT_DEATH(
+      {
+        torch::NoGradGuard no_grad;
+        first->weight.fill_(1.0);
+      },
+      "a parameter of a ZeRO stage-3 unit was written while its unit was not "
+      "running");
+#endif
+  {
+    torch::NoGradGuard no_grad;
+    EXPECT_TRUE(
+        model->forward(torch::ones({2, 12})).isfinite().all().item<bool>());
+  }
+  EXPECT_TRUE(all_freed());
+  // free_memory gives the model back whole on every rank.
+  const auto weights = accelerator.get_state_dict(model);
+  accelerator.free_memory();
+  EXPECT_FALSE(all_freed());
+  if (accelerator.is_main_process()) {
+    for (const auto& p : model->named_parameters()) {
+      EXPECT_TRUE(torch::equal(p.value(), weights.at(p.key()))) << p.key();
+    }
+  }
+}
+
+TEST(ZeroTest, Stage3MisuseIsOneClearErrorOnEveryRank) {
+  if (SharedAccelerator().num_processes() == 1) {
+    GTEST_SKIP() << "one process shards nothing";
+  }
+  Accelerator accelerator(Options({.stage = 3}));
+  auto alone = accelerator.prepare(MakeModel());
+  EXPECT_THAT(
+      UsageErrorOf([&] {
+        accelerator.backward(alone->forward(torch::ones({1, 12})).sum());
+      }),
+      HasSubstr("prepared without one"));
+  EXPECT_THAT(
+      UsageErrorOf([&] { accelerator.prepare(torch::nn::Linear(3, 3)); }),
+      HasSubstr("has no Sequential child with trainable parameters"));
+  AcceleratorOptions typed = Options({.stage = 3});
+  typed.fsdp_layer_to_wrap = "TransformerEncoderLayer";
+  Accelerator by_type(typed);
+  EXPECT_THAT(
+      UsageErrorOf([&] { by_type.prepare(MakeModel()); }),
+      HasSubstr("child of a Sequential of type 'TransformerEncoderLayer'"));
+}
+
+TEST(ZeroTest, Stage3SavesDdpsWeightsGatheredOnTheMainProcess) {
+  const std::string ddp_dir = Folder("weights_ddp");
+  const std::string zero_dir = Folder("weights_zero3");
+  const std::string checkpoint = Folder("checkpoint_zero3");
+  Train({.steps = 5, .save_model_to = ddp_dir});
+  Train({.stage = 3,
+         .steps = 5,
+         .save_to = checkpoint,
+         .save_model_to = zero_dir});
+  SharedAccelerator().wait_for_everyone();
+  if (!SharedAccelerator().is_main_process()) return;
+  const auto ddp = LoadModelWeights(ddp_dir);
+  const auto zero = LoadModelWeights(zero_dir);
+  // What accel-merge-weights writes: the checkpoint's gathered weights.
+  const auto merged = ReadCheckpointWeights(checkpoint);
+  ASSERT_EQ(zero.size(), ddp.size());
+  ASSERT_EQ(merged.size(), ddp.size());
+  for (const auto& [name, tensor] : merged) {
+    ASSERT_EQ(ddp.count(name), 1u) << name;
+    EXPECT_TRUE(torch::equal(tensor, ddp.at(name))) << name;
+    EXPECT_TRUE(torch::equal(zero.at(name), ddp.at(name))) << name;
+  }
+}
+
+}  // namespace
+}  // namespace accel::testing
