@@ -23,9 +23,16 @@
 #      never the Accelerator's top package (//accel, accel/*.h), which is the
 #      one place that ties them together. Each package under accel/ declares
 #      accel_package() and has its line in ACCEL_LAYERS.
-#   5. Nothing in the repository includes a deprecated path that
-#      accel/forwarding/ forwards (accel 0.1's flat accel/*.h), except the
+#   5. Nothing in the repository (sources of any extension, README.md and
+#      docs/*.md) includes a deprecated path that accel/forwarding/ forwards
+#      (accel 0.1's flat accel/*.h) or accel/forwarding/ itself, except the
 #      workspace that checks the forwarding (tests/forwarding_workspace).
+#   0. First, so that the rest can read them: in accel/ and backends/ every
+#      #include writes its path from the repository root (no "..", no
+#      macro). Sources are .h/.hh/.hpp/.cc/.cpp/.cxx/.inc/.ipp/.tcc files;
+#      a marker (torch_free_package(), accel_package()) must be its BUILD
+#      file's last line, so that it sees every rule; a package nested in a
+#      subsystem belongs to it and needs its own line in ACCEL_LAYERS.
 #
 # Usage (from the BUILD rule):
 #   layering_test.sh GENQUERY_OUTPUT... [--layer=PACKAGE=USES...]
@@ -39,6 +46,41 @@ fail() {
 # The source tree: this script's runfile resolves into it.
 root=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../.." && pwd)
 [[ -f "$root/WORKSPACE" ]] || { echo "cannot find the source tree from $0"; exit 2; }
+
+# C++ sources of any extension (an .inc or .ipp file is included as well).
+sources() {
+  find "$@" \( -name '*.h' -o -name '*.hh' -o -name '*.hpp' -o -name '*.cc' \
+    -o -name '*.cpp' -o -name '*.cxx' -o -name '*.inc' -o -name '*.ipp' \
+    -o -name '*.tcc' \) | sort
+}
+# include_lines FILE: "LINE HEADER" for each #include "HEADER" or <HEADER>
+# of FILE (after spaces or a /* comment */ too).
+include_lines() {
+  grep -nE '^[[:space:]]*(/\*.*\*/[[:space:]]*)*#[[:space:]]*include[[:space:]]*[<"]' "$1" |
+    sed -E 's/^([0-9]+):[^#]*#[[:space:]]*include[[:space:]]*[<"]([^>"]+)[>"].*/\1 \2/'
+}
+# last_line_is FILE TEXT: whether TEXT is FILE's last non-blank line.
+last_line_is() {
+  [[ "$(grep -v '^[[:space:]]*$' "$1" | tail -n 1)" == "$2" ]]
+}
+
+# 0. Include forms the checks below can read: the path written out, from
+# the repository root (no computed #include MACRO, no path on the next
+# line, no "..").
+while IFS= read -r file; do
+  relative=${file#"$root"/}
+  while IFS= read -r hit; do
+    number=${hit%%:*}
+    text=${hit#*:}
+    if ! grep -qE '#[[:space:]]*include[[:space:]]*[<"][^>"]+[>"]' <<<"$text"; then
+      fail "$relative:$number: a computed #include (a macro, or the path on" \
+           "the next line): write the path, so that the layering can be checked"
+    elif grep -qE '#[[:space:]]*include[[:space:]]*[<"](\.\.?/|[^>"]*/\.\.?/)' <<<"$text"; then
+      fail "$relative:$number: a relative include path ($text): write it from" \
+           "the repository root (accel/...)"
+    fi
+  done < <(grep -nE '^[[:space:]]*(/\*.*\*/[[:space:]]*)*#[[:space:]]*include' "$file")
+done < <(sources "$root/accel" "$root/backends")
 
 # 1. Dependencies.
 # fail_if_reaches PACKAGE DEPS_FILE PATTERN WHAT WHERE: fails naming the first
@@ -84,7 +126,7 @@ declared=0
 while IFS= read -r build; do
   declared=$((declared + 1))
   relative=${build#"$root"/}
-  if ! grep -q '^torch_free_package()' "$build"; then
+  if ! last_line_is "$build" 'torch_free_package()'; then
     fail "$relative does not declare torch_free_package(): add" \
          "load(\"//tests/layering:layering.bzl\", \"torch_free_package\")" \
          "at its top and torch_free_package() as its last line"
@@ -101,64 +143,64 @@ done < <(find "$root/accel/runtime" "$root/backends" \
 # allowed_in ACCEL_PACKAGE HEADER_OR_LABEL_PACKAGE: whether a package of the
 # LibTorch layer may use accel/OTHER (OTHER: "runtime/...", a package, or ""
 # for the top package).
+# A package nested in a subsystem (accel/parallel/mesh) belongs to it.
 allowed_in() {
   local mine=$1 theirs=$2
-  [[ "$theirs" == runtime/* || "$theirs" == runtime ]] && return 0
-  [[ -n "$theirs" && "${may_use[$mine]}" == *" $theirs "* ]]
+  [[ "$theirs" == runtime || "$theirs" == "${mine%%/*}" ]] && return 0
+  [[ -n "$theirs" && "${may_use[$mine]:-}" == *" $theirs "* ]]
 }
 for output in "${accel_outputs[@]}"; do
-  mine=$(basename "$(dirname "$output")")
+  mine=$(dirname "${output#*accel/}")
   bad=()
+  # Rules and files alike: a rule may take another package's sources.
   while IFS= read -r label; do
-    theirs=$(sed -E 's|^//accel/?([^:]*):.*|\1|' <<<"$label")
+    theirs=$(sed -E 's|^//accel/?([^:/]*).*|\1|' <<<"$label")
     allowed_in "$mine" "$theirs" || bad+=("$label")
-  done < <(grep -E '^//accel(/[a-z_]+)?:' "$output" | grep -v '^//accel/runtime/' |
-           grep -vE '\.(h|cc|proto|py)$')
+  done < <(grep -E '^//accel(/[a-z_0-9/]+)?:' "$output")
   ((${#bad[@]} == 0)) && continue
   fail "//accel/$mine depends on ${bad[*]:0:5}: accel/$mine may use only" \
-       "accel/{${may_use[$mine]}} and accel/runtime (ACCEL_LAYERS in" \
+       "accel/{${may_use[$mine]:-}} and accel/runtime (ACCEL_LAYERS in" \
        "tests/layering/BUILD.bazel); only the Accelerator ties packages together"
   echo "  (bazel query 'somepath(//accel/$mine:all, ${bad[0]})' shows the path)"
 done
 accel_declared=0
 while IFS= read -r build; do
   relative=${build#"$root"/}
-  package=$(basename "$(dirname "$relative")")
-  [[ "$package" == forwarding ]] && continue
+  package=$(dirname "${relative#accel/}")
   accel_declared=$((accel_declared + 1))
-  grep -q '^accel_package()' "$build" ||
-    fail "$relative does not declare accel_package(): add" \
+  last_line_is "$build" 'accel_package()' ||
+    fail "$relative does not end with accel_package(): add" \
          "load(\"//tests/layering:layering.bzl\", \"accel_package\")" \
          "at its top and accel_package() as its last line"
   [[ -n "${may_use[$package]:-}" ]] ||
     fail "accel/$package is not in ACCEL_LAYERS (tests/layering/BUILD.bazel):" \
          "say which packages it may use"
-done < <(find "$root/accel" -mindepth 2 -maxdepth 2 -path "$root/accel/runtime" \
-           -prune -o \( -name BUILD.bazel -o -name BUILD \) -print | sort)
+done < <(find "$root/accel" \( -path "$root/accel/runtime" -o \
+           -path "$root/accel/forwarding" \) -prune -o \
+           \( -name BUILD.bazel -o -name BUILD \) -print |
+         grep -vE "^$root/accel/BUILD(\.bazel)?$" | sort)
 
 # 4b. The LibTorch layer's packages: includes.
 while IFS= read -r file; do
   relative=${file#"$root"/}
   mine=$(cut -d/ -f2 <<<"$relative")
   [[ "$mine" == runtime || "$mine" == forwarding ]] && continue
-  while IFS= read -r header; do
+  while read -r number header; do
     [[ "$header" == accel/* ]] || continue
-    theirs=$(dirname "${header#accel/}")
-    [[ "$theirs" == . ]] && theirs=""
-    [[ "$theirs" == runtime/* ]] && theirs=runtime
+    theirs=${header#accel/}
+    [[ "$theirs" == */* ]] && theirs=${theirs%%/*} || theirs=""
     allowed_in "$mine" "$theirs" && continue
     if [[ -z "$theirs" ]]; then
-      fail "$relative includes $header, the Accelerator's top package: only" \
-           "accel/*.h ties the packages together (accel/$mine may use" \
-           "accel/{${may_use[$mine]}} and accel/runtime)"
+      fail "$relative:$number includes $header, the Accelerator's top" \
+           "package: only accel/*.h ties the packages together (accel/$mine" \
+           "may use accel/{${may_use[$mine]:-}} and accel/runtime)"
     else
-      fail "$relative includes $header: accel/$mine may use only" \
-           "accel/{${may_use[$mine]}} and accel/runtime (ACCEL_LAYERS in" \
+      fail "$relative:$number includes $header: accel/$mine may use only" \
+           "accel/{${may_use[$mine]:-}} and accel/runtime (ACCEL_LAYERS in" \
            "tests/layering/BUILD.bazel)"
     fi
-  done < <(grep -E '^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"]' "$file" |
-           sed -E 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"]([^>"]+)[>"].*/\1/')
-done < <(find "$root/accel" -mindepth 2 \( -name '*.h' -o -name '*.cc' \) | sort)
+  done < <(include_lines "$file")
+done < <(sources "$root/accel" -mindepth 2)
 
 # 2. and 3. Includes.
 rank_of() {
@@ -169,9 +211,7 @@ rank_of() {
 }
 while IFS= read -r file; do
   relative=${file#"$root"/}
-  while IFS= read -r line; do
-    header=$(sed -E 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"]([^>"]+)[>"].*/\1/' \
-      <<<"$line")
+  while read -r number header; do
     case "$header" in
       torch/* | ATen/* | c10/* | caffe2/*)
         fail "$relative includes LibTorch's <$header> (accel/runtime/ and" \
@@ -197,21 +237,27 @@ while IFS= read -r file; do
            "below runtime/$mine (base < env < store < comm; launch beside" \
            "comm, above store)"
     fi
-  done < <(grep -E '^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"]' "$file")
-done < <(find "$root/accel/runtime" "$root/backends" \( -name '*.h' -o \
-           -name '*.hpp' -o -name '*.cc' -o -name '*.cpp' \) | sort)
+  done < <(include_lines "$file")
+done < <(sources "$root/accel/runtime" "$root/backends")
 
-# 5. Deprecated paths.
-forwarded=$(cd "$root/accel/forwarding" && ls accel/*.h | sed 's/\./\\./g' | paste -sd'|')
-if [[ -n "$forwarded" ]]; then
-  while IFS= read -r hit; do
-    fail "${hit#"$root"/}: includes a deprecated path; include the new one" \
-         "(accel/forwarding/ names it)"
-  done < <(grep -rnE --include='*.h' --include='*.cc' --include='*.cpp' \
-             "^[[:space:]]*#[[:space:]]*include[[:space:]]*\"($forwarded)\"" \
-             "$root/accel" "$root/backends" "$root/examples" "$root/tests" "$root/tools" |
-           grep -v -e "^$root/accel/forwarding/" -e "^$root/tests/forwarding_workspace/")
-fi
+# 5. Deprecated paths: the old flat paths accel/forwarding/ forwards, and
+# accel/forwarding/ itself, in any source or in the docs' samples.
+declare -A forwarded=()
+for header in "$root"/accel/forwarding/accel/*.h; do
+  forwarded[accel/${header##*/}]=1
+done
+while IFS= read -r file; do
+  relative=${file#"$root"/}
+  [[ "$relative" == accel/forwarding/* || "$relative" == tests/forwarding_workspace/* ]] &&
+    continue
+  while read -r number header; do
+    [[ -n "${forwarded[$header]:-}" || "$header" == accel/forwarding/* ]] || continue
+    fail "$relative:$number includes $header, a deprecated path: include" \
+         "$(sed -n 's/^#include "\(.*\)"$/\1/p' "$root/accel/forwarding/${header#accel/forwarding/}" 2>/dev/null |
+            grep . || echo "the new one (accel/forwarding/ names it)")"
+  done < <(include_lines "$file")
+done < <({ sources "$root/accel" "$root/backends" "$root/examples" "$root/tests" \
+             "$root/tools"; ls "$root"/README.md "$root"/docs/*.md; } )
 
 if ((failures > 0)); then
   echo "$failures layering problem(s)"
