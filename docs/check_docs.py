@@ -174,6 +174,15 @@ def check(root):
                 problems.append("%s:%d: link %s: an anchor #%s on a file that is not a page" % (
                     where, number, target, anchor))
 
+    # The README's C++ blocks are compiled only when fenced ```cpp (whole
+    # programs: tests/BUILD.bazel's README_SAMPLES); docs/ has its own rules
+    # (extract_samples.py).
+    for number, line in enumerate(texts[readme].splitlines(), 1):
+        info = re.match(r"\s*(```+|~~~+)\s*([A-Za-z0-9_+-]+)", line)
+        if info and info.group(2).lower() in ("c++", "cc", "cxx", "c", "h", "hpp", "cplusplus"):
+            problems.append("README.md:%d: ```%s: the README's C++ blocks are whole programs "
+                            "fenced ```cpp (tests/BUILD.bazel compiles those); put fragments in "
+                            "docs/" % (number, info.group(2)))
     lines = len(texts[readme].splitlines())
     if lines > MAX_README_LINES:
         problems.append("README.md: %d lines, more than %d: move sections into docs/" % (
@@ -192,7 +201,7 @@ def self_test():
         with open(os.path.join(root, "README.md"), "w") as f:
             f.write("# Top\n\n[ok](docs/a.md#a-b_c-d) [missing](docs/nope.md)\n"
                     "[bad anchor](docs/a.md#nope) [self](#top) `[code](docs/nope.md)`\n"
-                    "```\n[fenced](docs/nope.md)\n```\n")
+                    "```\n[fenced](docs/nope.md)\n```\n```c++\nint x = nope;\n```\n")
         with open(os.path.join(root, "docs", "a.md"), "w") as f:
             f.write("# A: b_c (d)\n\n## A: b_c (d)\n\n[up](../README.md#top) "
                     "[dup](#a-b_c-d-1) [out](../../x.md) [lost](#gone)\n")
@@ -205,6 +214,8 @@ def self_test():
             "docs/a.md:5: link ../../x.md leaves the repository",
             "docs/a.md:5: link #gone: docs/a.md has no heading with anchor #gone",
             "README.md: no link to docs/orphan.md (every docs page must be linked)",
+            "README.md:8: ```c++: the README's C++ blocks are whole programs fenced ```cpp "
+            "(tests/BUILD.bazel compiles those); put fragments in docs/",
         ]
         if sorted(problems) != sorted(expected):
             print("check_docs.py --self_test: expected problems:\n  %s\nfound:\n  %s" % (

@@ -12,7 +12,8 @@
 // A synthetic two-class task and an MLP (--hidden wide, --layers deep, fp32
 // AdamW), the global batch split across processes; accuracy through
 // gather_for_metrics. At 2 processes with --zero_stage=2 a rank holds about
-// 10 of DDP's 16 bytes per parameter (README), which the peaks show.
+// 10 of DDP's 16 bytes per parameter (docs/parallelism.md), which the peaks
+// show.
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
