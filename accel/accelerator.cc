@@ -180,7 +180,7 @@ void Accelerator::ClipBeforeEachStep() {
     for (const auto& group : prepared.optimizer->param_groups()) {
       for (const torch::Tensor& p : group.params()) parameters.push_back(p);
     }
-    torch::nn::utils::clip_grad_norm_(parameters, max_norm);
+    ClipGradNorm(parameters, max_norm, 2.0);
   };
 }
 
@@ -463,7 +463,7 @@ double Accelerator::clip_grad_norm_(
     return ClipGradNormAcrossShards(communicator(), sharded, parameters,
                                     max_norm, norm_type, site);
   }
-  return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
+  return ClipGradNorm(parameters, max_norm, norm_type);
 }
 
 void Accelerator::clip_grad_value_(const std::vector<torch::Tensor>& parameters,

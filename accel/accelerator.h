@@ -226,7 +226,9 @@ class Accelerator {
   // Clips the gradients' total norm (unscaling them first under fp16) and
   // returns the norm before clipping. Call on steps that sync gradients.
   // Under ZeRO the norm is over every rank's shards (the same on every
-  // rank), so every rank must call it.
+  // rank), so every rank must call it. The norm is summed in float64, so
+  // that DDP and every ZeRO stage clip by the same coefficient (it may
+  // differ from torch's float32 clip_grad_norm_ in the last bit).
   double clip_grad_norm_(const std::vector<torch::Tensor>& parameters,
                          double max_norm, double norm_type = 2.0,
                          CallSite site = CallSite::Here());

@@ -338,58 +338,114 @@ std::vector<torch::Tensor> GradientsToClip(
   return grads.pieces;
 }
 
+namespace {
+
+// The sum of |g|^p (or the largest |g|, NaN winning) over gradients, in
+// float64 and in chunks, so that it is the same (up to float64 rounding,
+// far below float32's) however the gradients are cut into pieces: DDP's
+// whole gradients and ZeRO's shards give the same clipping coefficient.
+class NormAccumulator {
+ public:
+  explicit NormAccumulator(double norm_type)
+      : norm_type_(norm_type),
+        infinity_(norm_type == std::numeric_limits<double>::infinity()) {
+    if (!infinity_ && !(norm_type > 0)) {
+      throw UsageError(
+          "clip_grad_norm_ takes a positive norm_type or infinity, found " +
+          std::to_string(norm_type));
+    }
+  }
+
+  void Add(const torch::Tensor& grad) {
+    if (grad.numel() == 0) return;
+    constexpr int64_t kChunk = int64_t{1} << 20;
+    const torch::Tensor flat = grad.detach().reshape({-1});
+    for (int64_t at = 0; at < flat.numel(); at += kChunk) {
+      const torch::Tensor chunk =
+          flat.narrow(0, at, std::min(kChunk, flat.numel() - at))
+              .to(torch::kFloat64)
+              .abs();
+      if (infinity_) {
+        const double largest = chunk.max().item<double>();
+        value_ = std::isnan(largest) || std::isnan(value_)
+                     ? std::numeric_limits<double>::quiet_NaN()
+                     : std::max(value_, largest);
+      } else {
+        value_ += (norm_type_ == 2 ? chunk.square() : chunk.pow(norm_type_))
+                      .sum()
+                      .item<double>();
+      }
+    }
+  }
+
+  bool infinity() const { return infinity_; }
+  double value() const { return value_; }
+  double Norm(double value) const {
+    return infinity_ || std::isnan(value) ? value
+                                          : std::pow(value, 1.0 / norm_type_);
+  }
+
+ private:
+  double norm_type_;
+  bool infinity_;
+  double value_ = 0;
+};
+
+// As torch's clip_grad_norm_: the coefficient in the gradients' dtype,
+// clamped to 1, multiplied into every gradient.
+void ScaleGradients(const std::vector<torch::Tensor>& grads, double total,
+                    double max_norm) {
+  torch::NoGradGuard no_grad;
+  for (const torch::Tensor& grad : grads) {
+    const torch::Tensor norm = torch::full({}, total, grad.options());
+    grad.mul_(torch::clamp(max_norm / (norm + 1e-6), c10::nullopt, 1.0));
+  }
+}
+
+}  // namespace
+
+double ClipGradNorm(const std::vector<torch::Tensor>& parameters,
+                    double max_norm, double norm_type) {
+  NormAccumulator norm(norm_type);
+  std::vector<torch::Tensor> grads;
+  for (const torch::Tensor& p : parameters) {
+    if (!p.grad().defined()) continue;
+    grads.push_back(p.grad());
+    norm.Add(p.grad());
+  }
+  const double total = norm.Norm(norm.value());
+  ScaleGradients(grads, total, max_norm);
+  return total;
+}
+
 double ClipGradNormAcrossShards(Communicator& comm,
                                 const std::vector<ZeroOptimizer*>& sharded,
                                 const std::vector<torch::Tensor>& parameters,
                                 double max_norm, double norm_type,
                                 CallSite site) {
-  const bool infinity = norm_type == std::numeric_limits<double>::infinity();
-  if (!infinity && norm_type <= 0) {
-    throw UsageError(
-        "clip_grad_norm_ under ZeRO takes a positive norm_type "
-        "or infinity, found " +
-        std::to_string(norm_type));
-  }
+  NormAccumulator norm(norm_type);
   ShardedGradients grads = CollectGradients(sharded, parameters);
-  // This rank's part: the sum of |g|^p (or the largest |g|) over its
-  // pieces, and over the replicated gradients on rank 0 only.
-  double local = 0;
-  const auto add = [&](const torch::Tensor& grad) {
-    if (grad.numel() == 0) return;
-    if (infinity) {
-      const double largest = grad.abs().max().item<double>();
-      // NaN wins, as in torch's norm (std::max would drop it).
-      local = std::isnan(largest) || std::isnan(local)
-                  ? std::numeric_limits<double>::quiet_NaN()
-                  : std::max(local, largest);
-    } else {
-      local += std::pow(grad.norm(norm_type).item<double>(), norm_type);
-    }
-  };
-  for (const auto& grad : grads.pieces) add(grad);
+  // This rank's part: its pieces, and the replicated gradients on rank 0
+  // only.
+  for (const auto& grad : grads.pieces) norm.Add(grad);
   if (comm.rank() == 0) {
-    for (const auto& grad : grads.replicated) add(grad);
+    for (const auto& grad : grads.replicated) norm.Add(grad);
   }
   CollectiveOptions options;
   options.api = "clip_grad_norm_ (across ZeRO shards)";
   options.site = site;
   // With a NaN flag beside the value: a maximum over ranks may drop NaN.
+  const double local = norm.value();
   double values[2] = {std::isnan(local) ? 0.0 : local,
                       std::isnan(local) ? 1.0 : 0.0};
   AllreduceHostValues(comm, values, 2, torch::kFloat64,
-                      infinity ? ReduceOp::kMax : ReduceOp::kSum, options);
+                      norm.infinity() ? ReduceOp::kMax : ReduceOp::kSum,
+                      options);
   const double total = values[1] > 0 ? std::numeric_limits<double>::quiet_NaN()
-                       : infinity    ? values[0]
-                                     : std::pow(values[0], 1.0 / norm_type);
-  // As torch's clip_grad_norm_: the coefficient in the gradients' dtype,
-  // clamped to 1, multiplied into every gradient.
-  torch::NoGradGuard no_grad;
-  for (auto* list : {&grads.pieces, &grads.replicated}) {
-    for (auto& grad : *list) {
-      const torch::Tensor norm = torch::full({}, total, grad.options());
-      grad.mul_(torch::clamp(max_norm / (norm + 1e-6), c10::nullopt, 1.0));
-    }
-  }
+                                     : norm.Norm(values[0]);
+  grads.pieces.insert(grads.pieces.end(), grads.replicated.begin(),
+                      grads.replicated.end());
+  ScaleGradients(grads.pieces, total, max_norm);
   return total;
 }
 

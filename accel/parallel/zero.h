@@ -175,6 +175,14 @@ class ZeroOptimizer {
   std::shared_ptr<UnitSchedule> units_;  // Stage 3.
 };
 
+// Accelerator::clip_grad_norm_ when nothing is sharded: torch's
+// clip_grad_norm_, with |g|^p summed in float64, so that the norm (and the
+// coefficient) equals ClipGradNormAcrossShards' however the gradients are
+// sharded; it can differ from torch's float32 norm in the last bits.
+// UsageError for a norm_type that is not positive. Returns the norm.
+double ClipGradNorm(const std::vector<torch::Tensor>& parameters,
+                    double max_norm, double norm_type);
+
 // Accelerator::clip_grad_norm_ when optimizers are sharded: the norm of the
 // gradients of `parameters` over every rank's pieces (one allreduce), the
 // same on every rank, and each piece scaled as torch's clip_grad_norm_
