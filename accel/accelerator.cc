@@ -352,7 +352,7 @@ void Accelerator::backward(const torch::Tensor& loss, CallSite site) {
       state_->prepared.synchronizers();
   for (const auto& model : state_->prepared.models()) {
     const auto& units = state_->prepared.UnitsOf(model.get());
-    if (!units.empty() && !units.front()->attached()) {
+    if (!units.empty() && !IsAttached(units.front())) {
       throw UsageError(
           "backward: under ZeRO stage 3 a model is sharded by its optimizer, "
           "but this model was prepared without one (or its optimizer is "

@@ -29,7 +29,7 @@
 // stands inside an epoch; mixed precision's autocast is on for the thread
 // that prepared a model, paused in accel's backward, optimizer step and
 // clipping (LibTorch's C++ modules have no forward hooks to wrap). The
-// README lists every name.
+// API table in docs/porting.md lists every name.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -55,6 +55,7 @@
 #include "accel/checkpoint/state_dict.h"
 #include "accel/data/data_loader.h"
 #include "accel/join_scope.h"
+#include "accel/memory/activation_checkpoint.h"  // accel::checkpoint
 #include "accel/memory/tensor_census.h"
 #include "accel/optim/autocast.h"
 #include "accel/optim/grad_scaler.h"
@@ -62,6 +63,7 @@
 #include "accel/optim/reduce_lr_on_plateau.h"
 #include "accel/optim/scheduler.h"
 #include "accel/parallel/gradient_sync.h"
+#include "accel/parallel/sharded_units.h"  // accel::forward, fully_shard
 #include "accel/prepare_traits.h"
 #include "accel/process_control.h"
 #include "accel/runtime/base/files.h"

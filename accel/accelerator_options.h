@@ -121,7 +121,8 @@ struct AcceleratorOptions {
   bool use_fsdp = false;
   // Stage 3: the class of the layers that become units (Accelerate's
   // fsdp_transformer_layer_cls_to_wrap, e.g. "TransformerEncoderLayer");
-  // empty: the children of the model's outermost Sequentials (see
+  // empty: the modules marked with accel::fully_shard, else the children of
+  // the model's outermost Sequentials and ModuleLists (see
   // accel/parallel/sharded_units.h).
   std::string fsdp_layer_to_wrap;
   // Gradients that do not depend on the process count

@@ -43,7 +43,7 @@ void Accelerator::PrepareModule(
   }
   BroadcastCoalesced(communicator(), names, tensors, 0,
                      At(CallSite::Here(), "prepare"));
-  std::vector<std::shared_ptr<ShardedUnitImpl>> units;
+  std::vector<ShardedUnit> units;
   if (options_.zero_stage == 3) {
     units = WrapUnits(*module, options_.fsdp_layer_to_wrap);
     if (units.empty()) {
@@ -51,10 +51,13 @@ void Accelerator::PrepareModule(
           "prepare: ZeRO stage 3 shards parameters unit by unit, but the "
           "model has no " +
           (options_.fsdp_layer_to_wrap.empty()
-               ? std::string("Sequential child with trainable parameters")
-               : "child of a Sequential of type '" +
-                     options_.fsdp_layer_to_wrap + "'") +
-          " to make a unit of (see accel/parallel/sharded_units.h)");
+               ? std::string("Sequential child or ModuleList entry with "
+                             "trainable parameters, and no module marked "
+                             "with accel::fully_shard,")
+               : "module of type '" + options_.fsdp_layer_to_wrap +
+                     "' (--fsdp_transformer_layer_cls_to_wrap) with "
+                     "trainable parameters") +
+          " to make a unit of (docs/parallelism.md, \"Units\")");
     }
   }
   std::unique_ptr<GradientReducer> reducer;
@@ -116,12 +119,12 @@ std::shared_ptr<PreparedOptimizer> Accelerator::PrepareOptimizer(
   const auto& units = state_->prepared.UnitsOf(model.get());
   std::vector<std::vector<torch::Tensor>> unit_parameters;
   for (const auto& unit : units) {
-    unit_parameters.push_back(unit->layer()->parameters());
+    unit_parameters.push_back(unit.module->parameters());
   }
   auto zero = std::make_shared<ZeroOptimizer>(
       communicator(), stage, optimizer, model->parameters(), unit_parameters);
   for (size_t u = 0; u < units.size(); ++u) {
-    units[u]->Attach(zero->unit_runner(), u);
+    AttachUnit(units[u], zero->unit_runner(), u);
   }
   if (stage >= 2) {
     state_->prepared.ReplaceSynchronizer(

@@ -6,17 +6,16 @@
 
 namespace accel {
 
-void PreparedObjects::AddModel(
-    std::shared_ptr<torch::nn::Module> model,
-    std::unique_ptr<GradientReducer> synchronizer,
-    std::vector<std::shared_ptr<ShardedUnitImpl>> units) {
+void PreparedObjects::AddModel(std::shared_ptr<torch::nn::Module> model,
+                               std::unique_ptr<GradientReducer> synchronizer,
+                               std::vector<ShardedUnit> units) {
   models_.push_back(
       {std::move(model), std::move(synchronizer), std::move(units)});
 }
 
-const std::vector<std::shared_ptr<ShardedUnitImpl>>& PreparedObjects::UnitsOf(
+const std::vector<ShardedUnit>& PreparedObjects::UnitsOf(
     const torch::nn::Module* model) const {
-  static const std::vector<std::shared_ptr<ShardedUnitImpl>> none;
+  static const std::vector<ShardedUnit> none;
   for (const Model& entry : models_) {
     if (entry.module.get() == model) return entry.units;
   }

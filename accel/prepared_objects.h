@@ -45,9 +45,8 @@ class PreparedObjects {
   // ZeRO-3 units (sharded_units.h), if any.
   void AddModel(std::shared_ptr<torch::nn::Module> model,
                 std::unique_ptr<GradientReducer> synchronizer,
-                std::vector<std::shared_ptr<ShardedUnitImpl>> units = {});
-  const std::vector<std::shared_ptr<ShardedUnitImpl>>& UnitsOf(
-      const torch::nn::Module* model) const;
+                std::vector<ShardedUnit> units = {});
+  const std::vector<ShardedUnit>& UnitsOf(const torch::nn::Module* model) const;
   std::shared_ptr<PreparedOptimizer> AddOptimizer(
       torch::optim::Optimizer& optimizer);
   void AddScheduler(std::shared_ptr<LRScheduler> scheduler);
@@ -91,7 +90,7 @@ class PreparedObjects {
   struct Model {
     std::shared_ptr<torch::nn::Module> module;
     std::unique_ptr<GradientReducer> synchronizer;
-    std::vector<std::shared_ptr<ShardedUnitImpl>> units;
+    std::vector<ShardedUnit> units;
   };
   std::vector<Model> models_;
   std::vector<std::shared_ptr<PreparedOptimizer>> optimizers_;

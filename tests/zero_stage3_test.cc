@@ -54,7 +54,7 @@ std::vector<std::string> UnitPaths(const std::string& layer_type) {
   const torch::Tensor before = outer->forward(x);
   std::vector<std::string> paths;
   for (const auto& unit : WrapUnits(*outer, layer_type)) {
-    paths.push_back(unit->path());
+    paths.push_back(unit.path);
   }
   // Unattached units run their layers as they are; names do not change.
   EXPECT_TRUE(torch::equal(outer->forward(x), before));
@@ -198,13 +198,13 @@ TEST(ZeroTest, Stage3MisuseIsOneClearErrorOnEveryRank) {
       HasSubstr("prepared without one"));
   EXPECT_THAT(
       UsageErrorOf([&] { accelerator.prepare(torch::nn::Linear(3, 3)); }),
-      HasSubstr("has no Sequential child with trainable parameters"));
+      HasSubstr("has no Sequential child or ModuleList entry with trainable "
+                "parameters"));
   AcceleratorOptions typed = Options({.stage = 3});
   typed.fsdp_layer_to_wrap = "TransformerEncoderLayer";
   Accelerator by_type(typed);
-  EXPECT_THAT(
-      UsageErrorOf([&] { by_type.prepare(MakeModel()); }),
-      HasSubstr("child of a Sequential of type 'TransformerEncoderLayer'"));
+  EXPECT_THAT(UsageErrorOf([&] { by_type.prepare(MakeModel()); }),
+              HasSubstr("module of type 'TransformerEncoderLayer'"));
 }
 
 TEST(ZeroTest, Stage3SavesDdpsWeightsGatheredOnTheMainProcess) {

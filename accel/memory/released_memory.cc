@@ -45,8 +45,9 @@ void OnFault(int signal_number, siginfo_t* info, void* context) {
     Say(" while its unit was not running: between uses a rank holds only "
         "its share of it. Read the weights with "
         "accelerator.get_state_dict(model) (every rank calls it), change "
-        "them through the prepared optimizer or load_state, or run the layer "
-        "through the prepared model.\n");
+        "them through the prepared optimizer or load_state, and run a unit "
+        "through the prepared model or accel::forward(layer, ...), not "
+        "layer->forward.\n");
     signal(SIGSEGV, SIG_DFL);  // The access runs again and ends the process.
     return;
   }

@@ -1,37 +1,62 @@
 // ZeRO stage 3 (FSDP's FULL_SHARD) units: the layers whose parameters are
 // gathered just before they run and freed just after. LibTorch modules have
-// no forward hooks, so accel marks a unit by putting a ShardedUnit in its
-// place in the Sequential that runs it; the layer itself stays registered
+// no forward hooks, so a unit's forward runs through accel: a Sequential's
+// child is wrapped in a ShardedUnit in its place (nothing to change in the
+// model), and a layer that a hand-written forward calls is called through
+// accel::forward (one line per call). The layer itself stays registered
 // where it was, so parameter names, state dicts and checkpoints are those
 // of the unwrapped model.
 //
-//   torch::nn::Sequential net(Block(), Block(), torch::nn::Linear(64, 2));
-//   auto units = accel::WrapUnits(*net, "");      // one unit per child
-//   // ... ZeroOptimizer over the units' parameters, then:
-//   for (size_t u = 0; u < units.size(); ++u) units[u]->Attach(runner, u);
-//   net->forward(x);   // each child: gathered, run, freed
+//   struct GptImpl : torch::nn::Module {
+//     torch::Tensor forward(torch::Tensor tokens, torch::Tensor mask) {
+//       torch::Tensor x = embed(tokens);
+//       for (Block& block : blocks)
+//         x = accel::forward(block, x, mask);   // was: block->forward(x, mask)
+//       return head(x);
+//     }
+//     std::vector<Block> blocks;   // registered in a ModuleList "blocks"
+//   };
+//   accel::fully_shard(block);   // optional: exactly these are the units
 //
-// Which layers become units (Accelerate's auto_wrap_policy): with a layer
-// type, every child of a Sequential (anywhere in the model) whose class is
-// that type (Module::name(), with or without the "Impl" suffix and
-// namespace); without one, the children of each outermost Sequential. A
-// unit's own Sequentials are not searched again, and children without
-// trainable parameters (activations, dropout) stay as they are.
+// accel::forward(layer, args...) calls layer->forward(args...) with any
+// arguments and returns what it returns (a tensor, or a vector, tuple or
+// pair of tensors). Outside ZeRO stage 3, or for a layer that is no unit,
+// it is exactly that call.
 //
-// A unit takes one tensor and returns one, as the Sequentials that hold
-// them pass. Between uses a unit's parameters hold no values; reading them
-// (or calling the layer outside its model) ends the process with a message
-// saying so (released_memory.h) instead of reading freed memory.
+// Which layers become units (Accelerate's auto_wrap_policy, FSDP2's
+// fully_shard), at prepare:
+//   - the modules marked with accel::fully_shard, when any is;
+//   - else, with a layer type (--fsdp_transformer_layer_cls_to_wrap),
+//     every module of that class (Module::name(), with or without the
+//     "Impl" suffix and namespace) anywhere in the model;
+//   - else the children of each outermost Sequential and the entries of
+//     each outermost ModuleList.
+// A unit's own submodules are not searched again, modules without
+// trainable parameters (activations, dropout) stay as they are, and the
+// units are numbered in the order the model registers them, which should
+// be the order its forward runs them (the next unit's gather is started
+// before a unit runs, the previous one's in backward).
+//
+// Between uses a unit's parameters hold no values; reading them (calling a
+// unit's forward directly instead of through accel::forward, or a layer
+// outside its model) ends the process with a message saying so
+// (released_memory.h) instead of reading freed memory.
 #pragma once
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/any.h>
+#include <torch/nn/pimpl.h>
 #include <torch/types.h>
 
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
+
+#include "accel/memory/activation_checkpoint.h"
 
 namespace accel {
 
@@ -45,31 +70,198 @@ class UnitRunner {
   virtual void BeforeBackward(size_t unit) = 0;
 };
 
+// A unit: a module of the model and its name in it ("blocks.3").
+struct ShardedUnit {
+  std::shared_ptr<torch::nn::Module> module;
+  std::string path;
+};
+
+struct FullyShardOptions {
+  // Whenever the module runs through accel::forward (or its Sequential),
+  // its activations are recomputed in backward instead of kept
+  // (accel::checkpoint, activation_checkpoint.h), at any ZeRO stage:
+  // Accelerate's fsdp_activation_checkpointing, per unit.
+  bool activation_checkpointing = false;
+};
+
+// Marks `module` as a unit for ZeRO stage 3 (FSDP2's fully_shard): once
+// any module of a model is marked, the marked ones (the outermost, where
+// marks nest) are its units. Call before prepare; marking again replaces
+// the options.
+void fully_shard(const std::shared_ptr<torch::nn::Module>& module,
+                 const FullyShardOptions& options = {});
+template <typename ModuleType>
+void fully_shard(const torch::nn::ModuleHolder<ModuleType>& module,
+                 const FullyShardOptions& options = {}) {
+  fully_shard(module.ptr(), options);
+}
+
+// Picks the units (see above) and puts a ShardedUnit in place of each
+// Sequential child among them; returns them in registration order, empty
+// when the model has none.
+std::vector<ShardedUnit> WrapUnits(torch::nn::Module& model,
+                                   const std::string& layer_type);
+
+// From now on, the unit's forward gathers through `runner` as unit
+// `index` (until the runner is gone).
+void AttachUnit(const ShardedUnit& unit, std::weak_ptr<UnitRunner> runner,
+                size_t index);
+// Whether the unit is attached to a runner that is still there.
+bool IsAttached(const ShardedUnit& unit);
+
+// What a Sequential runs in place of a unit.
 class ShardedUnitImpl : public torch::nn::Module {
  public:
-  ShardedUnitImpl(torch::nn::AnyModule layer, std::string name);
-
+  explicit ShardedUnitImpl(torch::nn::AnyModule layer);
   torch::Tensor forward(torch::Tensor input);
-
-  // From now on, forward gathers through `runner` (until it is gone).
-  void Attach(std::weak_ptr<UnitRunner> runner, size_t index);
-  bool attached() const { return !runner_.expired(); }
-  // The wrapped layer and its name in the model ("layers.3").
-  const std::shared_ptr<torch::nn::Module>& layer() const { return module_; }
-  const std::string& path() const { return path_; }
 
  private:
   torch::nn::AnyModule layer_;
-  std::shared_ptr<torch::nn::Module> module_;
-  std::string path_;
-  std::weak_ptr<UnitRunner> runner_;
-  size_t index_ = 0;
 };
 
-// Puts a ShardedUnit in place of each layer the policy picks (see above),
-// in the order the model runs them (pre-order). Returns the units; empty
-// when the model holds no Sequential child with trainable parameters.
-std::vector<std::shared_ptr<ShardedUnitImpl>> WrapUnits(
-    torch::nn::Module& model, const std::string& layer_type);
+namespace unit_internal {
+
+// One call of a unit's forward: gathers its parameters (when the module is
+// an attached unit), hooks its outputs so that their gradients gather them
+// again for backward, and frees them at Finish (or when an exception
+// leaves the call).
+class UnitCall {
+ public:
+  explicit UnitCall(const torch::nn::Module& module);
+  ~UnitCall();
+  UnitCall(const UnitCall&) = delete;
+  UnitCall& operator=(const UnitCall&) = delete;
+
+  void HookOutput(const torch::Tensor& output);
+  void Finish();
+
+ private:
+  std::shared_ptr<UnitRunner> runner_;  // Null: no unit, nothing to do.
+  size_t index_ = 0;
+  bool recomputing_ = false;
+};
+
+// Whether fully_shard asked for the module's activations to be recomputed
+// (and grad mode is on, so that there is a backward to recompute them for).
+bool RecomputesActivations(const torch::nn::Module& module);
+
+// call_forward(args...), the forward of `unit`, with its parameters
+// gathered around it (when it is an attached unit).
+template <typename Output, typename CallForward, typename... Args>
+Output CallUnit(const torch::nn::Module& unit, const CallForward& call_forward,
+                Args&&... args);
+// CallUnit, inside accel::checkpoint when fully_shard asked for it.
+template <typename Output, typename CallForward, typename... Args>
+Output RunUnit(const torch::nn::Module& unit, const CallForward& call_forward,
+               Args&&... args);
+
+template <typename T>
+struct IsTensors : std::false_type {};
+template <>
+struct IsTensors<torch::Tensor> : std::true_type {};
+template <typename T>
+struct IsTensors<std::vector<T>> : IsTensors<T> {};
+template <typename A, typename B>
+struct IsTensors<std::pair<A, B>>
+    : std::bool_constant<IsTensors<A>::value && IsTensors<B>::value> {};
+template <typename... T>
+struct IsTensors<std::tuple<T...>>
+    : std::bool_constant<(IsTensors<T>::value && ...)> {};
+
+inline void HookOutputs(UnitCall& call, const torch::Tensor& output) {
+  call.HookOutput(output);
+}
+template <typename T>
+void HookOutputs(UnitCall& call, const std::vector<T>& outputs) {
+  for (const T& output : outputs) HookOutputs(call, output);
+}
+template <typename A, typename B>
+void HookOutputs(UnitCall& call, const std::pair<A, B>& outputs) {
+  HookOutputs(call, outputs.first);
+  HookOutputs(call, outputs.second);
+}
+template <typename... T>
+void HookOutputs(UnitCall& call, const std::tuple<T...>& outputs) {
+  std::apply([&](const auto&... each) { (HookOutputs(call, each), ...); },
+             outputs);
+}
+
+// The module of a holder (Block), a std::shared_ptr<BlockImpl> or a
+// BlockImpl&.
+template <typename Layer>
+auto& ModuleOf(Layer& layer) {
+  if constexpr (std::is_base_of_v<torch::nn::Module, Layer>) {
+    return layer;
+  } else {
+    return *layer;
+  }
+}
+
+// What accel::checkpoint returns: a tensor, a vector or a tuple of them.
+template <typename T>
+inline constexpr bool kCheckpointable = false;
+template <>
+inline constexpr bool kCheckpointable<torch::Tensor> = true;
+template <>
+inline constexpr bool kCheckpointable<std::vector<torch::Tensor>> = true;
+template <typename... T>
+inline constexpr bool kCheckpointable<std::tuple<T...>> =
+    (std::is_same_v<T, torch::Tensor> && ...);
+
+// UsageError: the module returns what accel::checkpoint cannot.
+[[noreturn]] void RefuseCheckpointOfPair(const torch::nn::Module& module);
+
+}  // namespace unit_internal
+
+// layer->forward(args...), with the layer's parameters gathered around it
+// when it is a ZeRO stage-3 unit (see above). `layer`: a module holder
+// (Block), a std::shared_ptr<BlockImpl>, or a BlockImpl&.
+template <typename Layer, typename... Args>
+auto forward(Layer& layer, Args&&... args) {
+  auto& module = unit_internal::ModuleOf(layer);
+  using Output =
+      std::decay_t<decltype(module.forward(std::forward<Args>(args)...))>;
+  static_assert(unit_internal::IsTensors<Output>::value,
+                "accel::forward: a layer's forward must return a "
+                "torch::Tensor, or a std::vector, std::pair or std::tuple of "
+                "them, so that its backward can gather the unit's parameters "
+                "again");
+  // Copied into accel::checkpoint (kept until backward): holds the module
+  // by reference only.
+  const auto call_forward = [&module](auto&&... inputs) -> Output {
+    return module.forward(std::forward<decltype(inputs)>(inputs)...);
+  };
+  return unit_internal::RunUnit<Output>(module, call_forward,
+                                        std::forward<Args>(args)...);
+}
+
+template <typename Output, typename CallForward, typename... Args>
+Output unit_internal::CallUnit(const torch::nn::Module& unit,
+                               const CallForward& call_forward,
+                               Args&&... args) {
+  UnitCall call(unit);
+  Output output = call_forward(std::forward<Args>(args)...);
+  HookOutputs(call, output);
+  call.Finish();
+  return output;
+}
+
+template <typename Output, typename CallForward, typename... Args>
+Output unit_internal::RunUnit(const torch::nn::Module& unit,
+                              const CallForward& call_forward, Args&&... args) {
+  if (RecomputesActivations(unit)) {
+    if constexpr (kCheckpointable<Output>) {
+      return checkpoint(
+          [&unit, call_forward](auto&&... inputs) {
+            return CallUnit<Output>(unit, call_forward,
+                                    std::forward<decltype(inputs)>(inputs)...);
+          },
+          std::forward<Args>(args)...);
+    } else {
+      RefuseCheckpointOfPair(unit);
+    }
+  }
+  return CallUnit<Output>(unit, call_forward, std::forward<Args>(args)...);
+}
 
 }  // namespace accel
