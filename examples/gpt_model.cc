@@ -1,0 +1,146 @@
+#include "examples/gpt_model.h"
+
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/functional/linear.h>
+#include <torch/nn/functional/loss.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "accel/accelerator.h"
+
+namespace examples {
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& config)
+    : n_head_(config.n_head) {
+  qkv_ = register_module("qkv",
+                         torch::nn::Linear(config.n_embd, 3 * config.n_embd));
+  proj_ =
+      register_module("proj", torch::nn::Linear(config.n_embd, config.n_embd));
+  attention_dropout_ =
+      register_module("attention_dropout", torch::nn::Dropout(config.dropout));
+  residual_dropout_ =
+      register_module("residual_dropout", torch::nn::Dropout(config.dropout));
+}
+
+torch::Tensor CausalSelfAttentionImpl::forward(torch::Tensor x,
+                                               torch::Tensor mask) {
+  const int64_t batch = x.size(0), length = x.size(1), width = x.size(2);
+  const int64_t head = width / n_head_;
+  // [B, T, 3C] -> three [B, heads, T, head].
+  auto split = qkv_(x).split(width, 2);
+  auto heads = [&](const torch::Tensor& t) {
+    return t.view({batch, length, n_head_, head}).transpose(1, 2);
+  };
+  const torch::Tensor q = heads(split[0]), k = heads(split[1]),
+                      v = heads(split[2]);
+  torch::Tensor scores =
+      torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(head));
+  scores = scores.masked_fill(mask.logical_not(),
+                              -std::numeric_limits<float>::infinity());
+  const torch::Tensor weights =
+      attention_dropout_(torch::softmax(scores, /*dim=*/-1));
+  const torch::Tensor y = torch::matmul(weights, v)
+                              .transpose(1, 2)
+                              .contiguous()
+                              .view({batch, length, width});
+  return residual_dropout_(proj_(y));
+}
+
+BlockImpl::BlockImpl(const GptConfig& config) {
+  ln1_ = register_module(
+      "ln1",
+      torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.n_embd})));
+  attention_ = register_module("attention", CausalSelfAttention(config));
+  ln2_ = register_module(
+      "ln2",
+      torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.n_embd})));
+  fc_ = register_module("fc",
+                        torch::nn::Linear(config.n_embd, 4 * config.n_embd));
+  fc_proj_ = register_module(
+      "fc_proj", torch::nn::Linear(4 * config.n_embd, config.n_embd));
+  dropout_ = register_module("dropout", torch::nn::Dropout(config.dropout));
+}
+
+torch::Tensor BlockImpl::forward(torch::Tensor x, torch::Tensor mask) {
+  x = x + attention_(ln1_(x), mask);
+  return x + dropout_(fc_proj_(torch::gelu(fc_(ln2_(x)))));
+}
+
+GptImpl::GptImpl(const GptConfig& config) : config_(config) {
+  if (config.n_embd % config.n_head != 0) {
+    throw accel::UsageError("GPT: n_embd (" + std::to_string(config.n_embd) +
+                            ") must be a multiple of n_head (" +
+                            std::to_string(config.n_head) + ")");
+  }
+  token_embedding_ =
+      register_module("token_embedding",
+                      torch::nn::Embedding(config.vocab_size, config.n_embd));
+  position_embedding_ =
+      register_module("position_embedding",
+                      torch::nn::Embedding(config.block_size, config.n_embd));
+  dropout_ = register_module("dropout", torch::nn::Dropout(config.dropout));
+  blocks_ = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config.n_layer; ++i) {
+    block_list_.emplace_back(config);
+    blocks_->push_back(block_list_.back());
+  }
+  ln_f_ = register_module(
+      "ln_f",
+      torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.n_embd})));
+  // GPT-2's initialisation: N(0, 0.02) for weights and embeddings.
+  torch::NoGradGuard no_grad;
+  for (auto& p : named_parameters()) {
+    if (p.key().find("weight") != std::string::npos && p.value().dim() == 2) {
+      p.value().normal_(0.0, 0.02);
+    } else if (p.key().find("ln") == std::string::npos) {
+      p.value().zero_();
+    }
+  }
+}
+
+torch::Tensor GptImpl::forward(torch::Tensor tokens, torch::Tensor mask) {
+  const int64_t length = tokens.size(1);
+  if (length > config_.block_size) {
+    throw accel::UsageError("GPT: a sequence of " + std::to_string(length) +
+                            " tokens is longer than block_size " +
+                            std::to_string(config_.block_size));
+  }
+  const torch::Tensor positions =
+      torch::arange(length, tokens.options().dtype(torch::kLong));
+  torch::Tensor x =
+      dropout_(token_embedding_(tokens) + position_embedding_(positions));
+  for (Block& block : block_list_) {
+    if (config_.activation_checkpointing) {
+      x = accel::checkpoint(
+          [&](const torch::Tensor& input) {
+            return accel::forward(block, input, mask);
+          },
+          x);
+    } else {
+      x = accel::forward(block, x, mask);
+    }
+  }
+  // The head is the token embedding, transposed (weight tying): one
+  // parameter, so the optimizer, the gradient sync and ZeRO see it once.
+  return torch::nn::functional::linear(ln_f_(x), token_embedding_->weight);
+}
+
+int64_t GptImpl::parameter_count() const {
+  int64_t count = 0;
+  for (const auto& p : parameters()) count += p.numel();
+  return count;
+}
+
+torch::Tensor CausalMask(int64_t length) {
+  return torch::ones({length, length}, torch::kBool).tril();
+}
+
+torch::Tensor LanguageModelLoss(const torch::Tensor& logits,
+                                const torch::Tensor& targets) {
+  return torch::nn::functional::cross_entropy(
+      logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+}
+
+}  // namespace examples

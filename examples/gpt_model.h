@@ -1,0 +1,100 @@
+// A GPT-style causal language model written the usual C++ way: token and
+// position embeddings, a ModuleList of blocks (causal self-attention and an
+// MLP, each after a LayerNorm, with dropout), a final LayerNorm and an
+// output head tied to the token embedding. Its forward is hand-written and
+// passes the attention mask to every block, so it shows what ZeRO stage 3
+// needs of such a model: each block call goes through accel::forward
+// (docs/parallelism.md, "Units"); with activation checkpointing it also
+// goes through accel::checkpoint.
+//
+//   examples::GptConfig config;              // vocab 64, 4 layers of 64
+//   examples::Gpt gpt(config);
+//   torch::Tensor mask = examples::CausalMask(tokens.size(1));
+//   torch::Tensor logits = gpt->forward(tokens, mask);   // [B, T, vocab]
+//   torch::Tensor loss = examples::LanguageModelLoss(logits, targets);
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace examples {
+
+struct GptConfig {
+  int64_t vocab_size = 64;
+  int64_t block_size = 32;  // The longest sequence.
+  int64_t n_layer = 4;
+  int64_t n_head = 4;
+  int64_t n_embd = 64;
+  double dropout = 0.1;
+  // Each block's activations are recomputed in backward instead of kept.
+  bool activation_checkpointing = false;
+};
+
+class CausalSelfAttentionImpl : public torch::nn::Module {
+ public:
+  explicit CausalSelfAttentionImpl(const GptConfig& config);
+  // x: [B, T, C]; mask: [T, T] bool, true where a position may attend.
+  torch::Tensor forward(torch::Tensor x, torch::Tensor mask);
+
+ private:
+  int64_t n_head_;
+  torch::nn::Linear qkv_{nullptr}, proj_{nullptr};
+  torch::nn::Dropout attention_dropout_{nullptr}, residual_dropout_{nullptr};
+};
+TORCH_MODULE(CausalSelfAttention);
+
+class BlockImpl : public torch::nn::Module {
+ public:
+  explicit BlockImpl(const GptConfig& config);
+  torch::Tensor forward(torch::Tensor x, torch::Tensor mask);
+
+ private:
+  torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
+  CausalSelfAttention attention_{nullptr};
+  torch::nn::Linear fc_{nullptr}, fc_proj_{nullptr};
+  torch::nn::Dropout dropout_{nullptr};
+};
+TORCH_MODULE(Block);
+
+class GptImpl : public torch::nn::Module {
+ public:
+  explicit GptImpl(const GptConfig& config);
+  // tokens: [B, T] int64, T <= block_size; mask: CausalMask(T). Returns
+  // the logits, [B, T, vocab_size].
+  torch::Tensor forward(torch::Tensor tokens, torch::Tensor mask);
+
+  const GptConfig& config() const { return config_; }
+  // The blocks, in the order forward runs them (to mark them with
+  // accel::fully_shard).
+  const std::vector<Block>& blocks() const { return block_list_; }
+  // Parameters in blocks, and all of them (the tied head counts once).
+  int64_t parameter_count() const;
+
+ private:
+  GptConfig config_;
+  torch::nn::Embedding token_embedding_{nullptr};
+  torch::nn::Embedding position_embedding_{nullptr};
+  torch::nn::Dropout dropout_{nullptr};
+  torch::nn::ModuleList blocks_{nullptr};
+  std::vector<Block> block_list_;  // The same blocks, typed.
+  torch::nn::LayerNorm ln_f_{nullptr};
+};
+TORCH_MODULE(Gpt);
+
+// [T, T] bool, lower triangular: position t attends to 0..t.
+torch::Tensor CausalMask(int64_t length);
+
+// Mean cross-entropy of next-token prediction: logits [B, T, V] against
+// targets [B, T].
+torch::Tensor LanguageModelLoss(const torch::Tensor& logits,
+                                const torch::Tensor& targets);
+
+}  // namespace examples
