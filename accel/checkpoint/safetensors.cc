@@ -73,12 +73,37 @@ struct Header {
   std::vector<Entry> entries;
 };
 
+// Checks a header's JSON against the size of the file it came from; `path`
+// and `kind` name the file in every error.
+class HeaderParser {
+ public:
+  explicit HeaderParser(std::string path, const char* kind = "safetensors file")
+      : path_(std::move(path)), kind_(kind) {}
+
+  [[noreturn]] void Fail(const std::string& defect) const {
+    throw CheckpointError(std::string(kind_) + " '" + path_ + "': " + defect);
+  }
+
+  // `text` is the JSON after the 8-byte length, of a file of `file_size`
+  // bytes.
+  Header Parse(const std::string& text, uint64_t file_size) const;
+
+ protected:
+  const std::string& path() const { return path_; }
+
+ private:
+  Entry ParseEntry(const std::string& name, const Json& info) const;
+
+  std::string path_;
+  const char* kind_;
+};
+
 // An open safetensors file and everything that can go wrong reading it.
-class Reader {
+class Reader : public HeaderParser {
  public:
   explicit Reader(std::string path, const char* kind = "safetensors file")
-      : path_(std::move(path)), kind_(kind) {
-    fd_ = open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+      : HeaderParser(std::move(path), kind) {
+    fd_ = open(this->path().c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0) Fail(std::string("cannot open: ") + std::strerror(errno));
     struct stat info;
     if (fstat(fd_, &info) != 0 || !S_ISREG(info.st_mode)) {
@@ -91,10 +116,6 @@ class Reader {
   }
   Reader(const Reader&) = delete;
   Reader& operator=(const Reader&) = delete;
-
-  [[noreturn]] void Fail(const std::string& defect) const {
-    throw CheckpointError(std::string(kind_) + " '" + path_ + "': " + defect);
-  }
 
   uint64_t size() const { return size_; }
 
@@ -121,17 +142,13 @@ class Reader {
   torch::Tensor ReadTensor(const Header& header, const Entry& entry) const;
 
  private:
-  Entry ParseEntry(const std::string& name, const Json& info) const;
-
-  std::string path_;
-  const char* kind_;
   int fd_ = -1;
   uint64_t size_ = 0;
 };
 
 // A non-negative JSON integer that fits in int64, or a failure naming
 // `what`.
-uint64_t ToCount(const Reader& reader, const Json& value,
+uint64_t ToCount(const HeaderParser& reader, const Json& value,
                  const std::string& what) {
   if (!value.is_number_unsigned() ||
       value.get<uint64_t>() >
@@ -142,7 +159,8 @@ uint64_t ToCount(const Reader& reader, const Json& value,
   return value.get<uint64_t>();
 }
 
-Entry Reader::ParseEntry(const std::string& name, const Json& info) const {
+Entry HeaderParser::ParseEntry(const std::string& name,
+                               const Json& info) const {
   const std::string where = "tensor '" + name + "'";
   if (!info.is_object()) {
     Fail(where +
@@ -225,6 +243,10 @@ Header Reader::ReadHeader() const {
   }
   std::string text(length, '\0');
   ReadAt(8, text.data(), length);
+  return Parse(text, size_);
+}
+
+Header HeaderParser::Parse(const std::string& text, uint64_t file_size) const {
   if (text.empty() || text[0] != '{') {
     Fail("the header does not start with '{'");
   }
@@ -237,7 +259,7 @@ Header Reader::ReadHeader() const {
   if (!json.is_object()) Fail("the header is not a JSON object");
 
   Header header;
-  header.data_start = 8 + length;
+  header.data_start = 8 + text.size();
   for (const auto& [name, info] : json.items()) {
     if (name != kMetadataKey) {
       header.entries.push_back(ParseEntry(name, info));
@@ -271,7 +293,11 @@ Header Reader::ReadHeader() const {
     }
     covered = entry->end;
   }
-  const uint64_t data_size = size_ - header.data_start;
+  if (file_size < header.data_start) {
+    Fail("the header ends at byte " + std::to_string(header.data_start) +
+         ", after the file's " + std::to_string(file_size) + " bytes");
+  }
+  const uint64_t data_size = file_size - header.data_start;
   if (covered != data_size) {
     Fail("the tensors cover " + std::to_string(covered) +
          " bytes of data, but the file holds " + std::to_string(data_size) +
@@ -392,6 +418,28 @@ std::map<std::string, TensorInfo> LoadTensorInfo(const std::string& path) {
 std::map<std::string, std::string> LoadMetadata(const std::string& path) {
   return Reader(path).ReadHeader().metadata;
 }
+
+namespace internal {
+
+Layout ParseHeader(const std::string& path, const std::string& header,
+                   uint64_t file_size) {
+  const HeaderParser parser(path);
+  if (header.size() > kMaxHeaderBytes) {
+    parser.Fail("header length " + std::to_string(header.size()) +
+                " exceeds the limit of " + std::to_string(kMaxHeaderBytes));
+  }
+  Header parsed = parser.Parse(header, file_size);
+  Layout layout;
+  layout.metadata = std::move(parsed.metadata);
+  for (Entry& entry : parsed.entries) {
+    layout.tensors[entry.name] = {{entry.dtype, std::move(entry.shape)},
+                                  parsed.data_start + entry.begin,
+                                  parsed.data_start + entry.end};
+  }
+  return layout;
+}
+
+}  // namespace internal
 
 }  // namespace safetensors
 

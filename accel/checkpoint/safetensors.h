@@ -62,4 +62,28 @@ std::map<std::string, TensorInfo> LoadTensorInfo(const std::string& path);
 // the whole header; reads no tensor data.
 std::map<std::string, std::string> LoadMetadata(const std::string& path);
 
+// For formats built on safetensors (accel/checkpoint/sharded_state.h), which
+// read a file's header themselves and then only some of its data.
+namespace internal {
+
+// Where a tensor's bytes lie: [begin, end), counted from the start of the
+// file (not of the data).
+struct TensorSpan {
+  TensorInfo info;
+  uint64_t begin;
+  uint64_t end;
+};
+
+struct Layout {
+  std::map<std::string, std::string> metadata;
+  std::map<std::string, TensorSpan> tensors;
+};
+
+// Checks `header` (the JSON text after the 8-byte length) as Load does, for
+// a file of `file_size` bytes; `path` names the file in errors.
+Layout ParseHeader(const std::string& path, const std::string& header,
+                   uint64_t file_size);
+
+}  // namespace internal
+
 }  // namespace accel::safetensors
