@@ -577,6 +577,10 @@ class Accelerator {
   // and the run id.
   // Not const: a sharded save's contents call back into the communicator.
   CheckpointContents Contents();
+  // The prepared models' and optimizers' tensors as this rank holds them,
+  // for sharded checkpoints (accelerator_sharded_state.cc); nullopt when an
+  // optimizer's state is of a kind accel cannot cut.
+  std::optional<ShardedTensors> ShardedTensorsOfPrepared();
   // Calls the hooks for `dir`.
   std::function<void(const std::string&)> Hooks(
       const std::vector<StateHook>& hooks) const;

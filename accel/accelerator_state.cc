@@ -18,6 +18,12 @@ CheckpointContents Accelerator::Contents() {
   if (!state_->prepared.sharded_optimizers().empty()) {
     contents.zero_stage = options_.zero_stage;
   }
+  contents.sharded_tensors = ShardedTensorsOfPrepared();
+  // A checkpoint of whole weights (no sharded tensors) needs stage 3's
+  // units gathered around its save or load.
+  contents.with_whole_models = [this](const std::function<void()>& work) {
+    WithWholeParameters(work);
+  };
   if (num_processes() > 1) {
     contents.all_ranks_wrote = [this](bool wrote) {
       int32_t all = wrote ? 1 : 0;
@@ -75,34 +81,25 @@ void Accelerator::WarnIfMidAccumulation() const {
 void Accelerator::save_state(const std::string& dir) {
   CheckStepsComplete("save_state");
   WarnIfMidAccumulation();
-  WithWholeParameters(
-      [&] { checkpoints_->Save(dir, Contents(), Hooks(save_hooks_)); });
+  checkpoints_->Save(dir, Contents(), Hooks(save_hooks_));
 }
 
 std::string Accelerator::save_state(CallSite site) {
   CheckStepsComplete("save_state");
   WarnIfMidAccumulation();
-  std::string dir;
-  WithWholeParameters([&] {
-    dir = checkpoints_->SaveNext(Contents(), Hooks(save_hooks_), site);
-  });
-  return dir;
+  return checkpoints_->SaveNext(Contents(), Hooks(save_hooks_), site);
 }
 
 void Accelerator::load_state(const std::string& dir) {
   CheckpointContents contents = Contents();
-  WithWholeParameters([&] {
-    checkpoints_->Load(dir, contents, Hooks(load_hooks_), CallSite::Here());
-  });
+  checkpoints_->Load(dir, contents, Hooks(load_hooks_), CallSite::Here());
   step_ = contents.step;
 }
 
 std::string Accelerator::load_state(CallSite site) {
   CheckpointContents contents = Contents();
-  std::string dir;
-  WithWholeParameters([&] {
-    dir = checkpoints_->LoadNewest(contents, Hooks(load_hooks_), site);
-  });
+  const std::string dir =
+      checkpoints_->LoadNewest(contents, Hooks(load_hooks_), site);
   if (!dir.empty()) step_ = contents.step;
   return dir;
 }

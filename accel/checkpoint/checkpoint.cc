@@ -19,6 +19,7 @@
 
 #include "accel/checkpoint/checkpoint_archive.h"
 #include "accel/checkpoint/checkpoint_file.h"
+#include "accel/checkpoint/checkpoint_sharded.h"
 #include "accel/checkpoint/model_weights.h"
 #include "accel/checkpoint/state_dict.h"
 #include "accel/core/state_archive.h"
@@ -32,6 +33,7 @@ namespace accel {
 namespace {
 
 using checkpoint_internal::Exists;
+using checkpoint_internal::HoldsShardedTensors;
 using checkpoint_internal::Join;
 using checkpoint_internal::NamedState;
 using checkpoint_internal::ReadInt;
@@ -281,7 +283,7 @@ int RandomStatesRank(const std::string& name) {
 // checkpoint complete. `written` and `last_complete` tell the caller what
 // to remove if this fails.
 void WriteSharedFile(const std::string& dir, int world_size, bool sharded,
-                     const CheckpointContents& contents,
+                     bool shards, const CheckpointContents& contents,
                      const CheckpointIdentity& base,
                      std::vector<std::string>* written, bool* last_complete) {
   // A save at fewer processes than an earlier one into the same folder:
@@ -295,14 +297,36 @@ void WriteSharedFile(const std::string& dir, int world_size, bool sharded,
       std::remove(Join(dir, name).c_str());
     }
   }
+  // An earlier sharded save into this folder: its index would speak for
+  // files this save does not write.
+  if (!shards) {
+    std::remove(Join(dir, kShardIndexName).c_str());
+    for (const std::string& name : ListFolder(dir)) {
+      if (checkpoint_internal::IsShardFileName(name)) {
+        std::remove(Join(dir, name).c_str());
+      }
+    }
+  }
   torch::serialize::OutputArchive state;
   state.write("num_processes", c10::IValue(int64_t{world_size}));
+  state.write("sharded_tensors", c10::IValue(shards));
   state.write("zero_stage",
               c10::IValue(int64_t{sharded ? contents.zero_stage : 0}));
   state.write("num_models", c10::IValue(int64_t(contents.models.size())));
   for (size_t i = 0; i < contents.models.size(); ++i) {
+    if (shards) {
+      // The weights are in the ranks' shard files.
+      checkpoint_internal::WriteModelNames(
+          state, i, contents.sharded_tensors->model_names.at(i));
+      continue;
+    }
     auto model = SaveModelArchive(*contents.models[i]);
     state.write("model_" + std::to_string(i), model);
+  }
+  for (size_t i = 0; shards && i < contents.optimizers.size(); ++i) {
+    torch::serialize::OutputArchive options;
+    checkpoint_internal::SaveOptimizerOptions(*contents.optimizers[i], options);
+    state.write("optimizer_options_" + std::to_string(i), options);
   }
   for (const StatefulKind& kind : StatefulKinds(contents)) {
     state.write("num_" + kind.plural, c10::IValue(int64_t(kind.parts.size())));
@@ -333,8 +357,10 @@ void WriteSharedFile(const std::string& dir, int world_size, bool sharded,
 
 }  // namespace
 
-void SaveCheckpoint(const std::string& dir, int rank, int world_size,
-                    bool write_shared, const CheckpointContents& contents) {
+namespace {
+
+void SaveFiles(const std::string& dir, int rank, int world_size,
+               bool write_shared, const CheckpointContents& contents) {
   const bool existed = Exists(dir);
   MakeDirectories(dir);
   const CheckpointIdentity base{contents.run_id, contents.step, ""};
@@ -363,7 +389,9 @@ void SaveCheckpoint(const std::string& dir, int rank, int world_size,
       random.write("cpu_rng", generator.get_state());
     }
     const bool sharded = IsSharded(contents, world_size);
-    if (sharded) {
+    const bool shards =
+        checkpoint_internal::SavesShardedTensors(contents, world_size);
+    if (sharded && !shards) {
       for (size_t i = 0; i < contents.optimizers.size(); ++i) {
         torch::serialize::OutputArchive archive;
         contents.optimizers[i]->save(archive);
@@ -375,6 +403,10 @@ void SaveCheckpoint(const std::string& dir, int rank, int world_size,
     written.push_back(Join(dir, RandomStatesFile(rank)));
     WriteCheckpointFile(written.back(), id, random);
     last_complete = true;
+    if (shards) {
+      written.push_back(checkpoint_internal::WriteRankShards(
+          dir, rank, world_size, contents));
+    }
     if (several && !agree(true)) {
       throw CheckpointError(
           "save_state: another rank could not write its " +
@@ -383,8 +415,12 @@ void SaveCheckpoint(const std::string& dir, int rank, int world_size,
           "' (see its error); the checkpoint is not complete");
     }
     if (write_shared) {
-      WriteSharedFile(dir, world_size, sharded, contents, base, &written,
-                      &last_complete);
+      if (shards) {
+        written.push_back(checkpoint_internal::WriteShardsIndex(
+            dir, world_size, contents.run_id));
+      }
+      WriteSharedFile(dir, world_size, sharded, shards, contents, base,
+                      &written, &last_complete);
       // Complete: nothing after this may remove it.
       written.clear();
     }
@@ -413,6 +449,21 @@ void SaveCheckpoint(const std::string& dir, int rank, int world_size,
   }
 }
 
+}  // namespace
+
+void SaveCheckpoint(const std::string& dir, int rank, int world_size,
+                    bool write_shared, const CheckpointContents& contents) {
+  const auto save = [&] {
+    SaveFiles(dir, rank, world_size, write_shared, contents);
+  };
+  if (!checkpoint_internal::SavesShardedTensors(contents, world_size) &&
+      contents.with_whole_models) {
+    contents.with_whole_models(save);
+  } else {
+    save();
+  }
+}
+
 std::string CheckpointProblem::Encode() const {
   return std::to_string(static_cast<int>(kind)) + "\t" + detail;
 }
@@ -435,7 +486,9 @@ CheckpointProblem CheckCheckpoint(const std::string& dir, int rank,
     const CheckpointIdentity shared =
         VerifyCheckpointFile(state, "accelerator_state");
     const std::string random = Join(dir, RandomStatesFile(rank));
-    if (sharded && !Exists(random)) {
+    // A sharded checkpoint loads at any process count: the new ranks have
+    // no file of their own (their RNG state is not restored).
+    if (sharded && !Exists(random) && !HoldsShardedTensors(dir)) {
       // A job larger than the one that saved finds no file for its new
       // ranks: say how many the folder holds.
       int saved_files = 0;
@@ -464,9 +517,37 @@ CheckpointProblem CheckCheckpoint(const std::string& dir, int rank,
   }
 }
 
-void LoadCheckpoint(const std::string& dir, int rank, int world_size,
-                    CheckpointContents& contents) {
-  CheckedFiles files = ReadFiles(dir, rank, world_size);
+namespace {
+
+// The checkpoint's shards, checked against the shared file and against what
+// this job needs, before anything changes.
+ShardedStateReader OpenShards(const std::string& dir, const CheckedFiles& files,
+                              const CheckpointContents& contents) {
+  if (!contents.sharded_tensors) {
+    throw CheckpointError(
+        "'" + dir +
+        "' holds sharded tensors (rank-*-of-*.safetensors), but this "
+        "program's optimizer keeps state that accel cannot reshard (see "
+        "accel/optim/param_state_codec.h); resume with Adam, AdamW, SGD, "
+        "Adagrad, RMSprop or AdamWScheduleFree");
+  }
+  ShardedStateReader reader = ShardedStateReader::Open(dir);
+  if (reader.run_id() != files.state.identity.run) {
+    throw CheckpointError("'" + dir + "': its shard files were saved by run " +
+                          reader.run_id() + ", but '" + files.state_path +
+                          "' by run " + files.state.identity.run +
+                          ": the files come from different saves");
+  }
+  contents.sharded_tensors->check(reader);
+  return reader;
+}
+
+}  // namespace
+
+namespace {
+
+void LoadFiles(const std::string& dir, int rank, int world_size,
+               CheckedFiles& files, bool shards, CheckpointContents& contents) {
   const std::string& path = files.state_path;
   torch::serialize::InputArchive& state = *files.state.archive;
   try {
@@ -478,13 +559,21 @@ void LoadCheckpoint(const std::string& dir, int rank, int world_size,
                             std::to_string(contents.models.size()));
     }
     // Check everything before changing anything.
+    std::optional<ShardedStateReader> reader;
     std::vector<std::vector<torch::Tensor>> model_values;
-    for (int64_t i = 0; i < num_models; ++i) {
-      model_values.push_back(
-          ReadModelArchive(state, i, *contents.models[i], path));
+    if (shards) {
+      reader = OpenShards(dir, files, contents);
+    } else {
+      for (int64_t i = 0; i < num_models; ++i) {
+        model_values.push_back(
+            ReadModelArchive(state, i, *contents.models[i], path));
+      }
     }
     const int64_t saved_world = ReadInt(state, "num_processes", path);
+    // Sharded tensors load at any count and stage; other ZeRO checkpoints
+    // only where they were saved.
     const bool sharded =
+        !shards &&
         CheckShardedOptimizers(state, saved_world, contents, world_size, files);
     std::vector<Stateful> parts;
     std::vector<torch::serialize::InputArchive> archives;
@@ -496,7 +585,10 @@ void LoadCheckpoint(const std::string& dir, int rank, int world_size,
                               std::to_string(kind.parts.size()));
       }
       for (size_t i = 0; i < kind.parts.size(); ++i) {
-        const std::string key = kind.singular + "_" + std::to_string(i);
+        const bool options_only = shards && kind.singular == "optimizer";
+        const std::string key =
+            (options_only ? "optimizer_options_" : kind.singular + "_") +
+            std::to_string(i);
         archives.emplace_back();
         const bool in_rank_file = sharded && kind.singular == "optimizer";
         torch::serialize::InputArchive& source =
@@ -508,6 +600,17 @@ void LoadCheckpoint(const std::string& dir, int rank, int world_size,
         }
         parts.push_back(kind.parts[i]);
         parts.back().name = key;
+        if (options_only) {
+          // The state is in the shards (loaded below).
+          torch::optim::Optimizer* optimizer = contents.optimizers[i];
+          parts.back().save = [optimizer](auto& archive) {
+            checkpoint_internal::SaveOptimizerOptions(*optimizer, archive);
+          };
+          parts.back().load = [optimizer, path](auto& archive) {
+            checkpoint_internal::LoadOptimizerOptions(*optimizer, archive,
+                                                      path);
+          };
+        }
       }
     }
     // An older accel recorded batches per rank ("loader_positions").
@@ -542,7 +645,8 @@ void LoadCheckpoint(const std::string& dir, int rank, int world_size,
     // checked by loading them: all of them load, or none stays changed.
     LoadAllOrNothing(parts, archives, path);
     torch::NoGradGuard no_grad;
-    for (int64_t i = 0; i < num_models; ++i) {
+    if (shards) contents.sharded_tensors->load(*reader);
+    for (int64_t i = 0; i < num_models && !shards; ++i) {
       const auto targets = NamedState(*contents.models[i]);
       for (size_t j = 0; j < targets.size(); ++j) {
         torch::Tensor target = targets[j].second;
@@ -573,12 +677,37 @@ void LoadCheckpoint(const std::string& dir, int rank, int world_size,
   }
 }
 
+bool HoldsShardedTensors(CheckpointFileContents& state) {
+  c10::IValue value;
+  return state.archive->try_read("sharded_tensors", value) && value.isBool() &&
+         value.toBool();
+}
+
+}  // namespace
+
+void LoadCheckpoint(const std::string& dir, int rank, int world_size,
+                    CheckpointContents& contents) {
+  CheckedFiles files = ReadFiles(dir, rank, world_size);
+  const bool shards = HoldsShardedTensors(files.state);
+  const auto load = [&] {
+    LoadFiles(dir, rank, world_size, files, shards, contents);
+  };
+  if (!shards && contents.with_whole_models) {
+    contents.with_whole_models(load);
+  } else {
+    load();
+  }
+}
+
 bool IsCheckpointFileName(const std::string& name) {
   // A temporary of AtomicFile: "<final name>.partial.<pid>.<n>".
   const size_t partial = name.find(".partial.");
   const std::string base =
       partial == std::string::npos ? name : name.substr(0, partial);
   if (base == kStateFile || IsRandomStatesFile(base)) return true;
+  if (base == kShardIndexName || checkpoint_internal::IsShardFileName(base)) {
+    return true;
+  }
   return IsModelWeightsFileName(base);
 }
 

@@ -21,6 +21,18 @@
 //                           every optimizer's state (optimizer_0, ...). Such
 //                           a checkpoint loads at the same number of
 //                           processes only (CheckpointError naming both).
+//   rank-<r>-of-<N>.safetensors, sharded_state.index.json
+//                           under ZeRO (zero_stage > 0, several processes)
+//                           when every optimizer's state is one
+//                           param_state_codec.h knows: each rank's pieces
+//                           of every model's weights and every optimizer's
+//                           state (sharded_state.h), in place of the
+//                           weights and optimizer state above; the shared
+//                           file then keeps the optimizers' param-group
+//                           options and the models' names. Such a
+//                           checkpoint loads at any process count and any
+//                           stage 0-3, each rank reading only what it
+//                           holds.
 // Every rank calls save_state: it returns on each once every file is
 // written.
 // Each file is written beside its final name, flushed to disk, then renamed
@@ -40,9 +52,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "accel/checkpoint/sharded_state.h"
 #include "accel/data/data_loader_state.h"
 #include "accel/optim/grad_scaler.h"
 #include "accel/optim/scheduler.h"
@@ -54,6 +68,25 @@ namespace accel {
 struct CheckpointObject {
   std::function<void(torch::serialize::OutputArchive&)> save;
   std::function<void(torch::serialize::InputArchive&)> load;
+};
+
+// The models' weights and the optimizers' state as this rank holds them,
+// for sharded checkpoints (see above): the Accelerator, which knows how
+// ZeRO cut them, fills it in.
+struct ShardedTensors {
+  // This rank's pieces: "model_<m>/<name>" (the state_dict's names, every
+  // element of every entry in exactly one rank's pieces) and
+  // "optimizer_<o>/<parameter>/<key>" (param_state_codec.h; a count is a
+  // one-element int64 tensor).
+  std::function<std::vector<ShardPiece>()> pieces;
+  // Whether the checkpoint holds everything this job needs, with the
+  // right shapes; CheckpointError naming the tensor. Changes nothing.
+  std::function<void(const ShardedStateReader&)> check;
+  // Reads this rank's part into the models and optimizers (after check,
+  // on every rank: it may run collectives).
+  std::function<void(const ShardedStateReader&)> load;
+  // Model m's state_dict names, in order (ReadCheckpointWeights).
+  std::vector<std::vector<std::string>> model_names;
 };
 
 struct CheckpointContents {
@@ -79,6 +112,15 @@ struct CheckpointContents {
   // program calling SaveCheckpoint itself) ranks do not wait for each
   // other.
   std::function<bool(bool)> all_ranks_wrote;
+  // Set when every optimizer's state is one param_state_codec.h knows:
+  // then a ZeRO job at several processes saves sharded tensors, and any
+  // job loads them.
+  std::optional<ShardedTensors> sharded_tensors;
+  // Runs a save or load that reads or writes the models' weights whole (a
+  // checkpoint without sharded tensors) with every parameter whole on this
+  // rank: under ZeRO stage 3 the Accelerator gathers the units around it.
+  // Every rank calls it at the same point. Unset: the work just runs.
+  std::function<void(const std::function<void()>&)> with_whole_models;
 };
 
 inline constexpr const char* kStateFile = "accelerator_state.pt";

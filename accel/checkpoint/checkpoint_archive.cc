@@ -12,6 +12,7 @@
 
 #include "accel/checkpoint/checkpoint.h"
 #include "accel/checkpoint/checkpoint_file.h"
+#include "accel/checkpoint/checkpoint_sharded.h"
 #include "accel/checkpoint/state_dict.h"
 #include "accel/core/tensor_ops.h"
 #include "accel/runtime/base/dtype.h"
@@ -154,6 +155,22 @@ std::vector<std::pair<std::string, torch::Tensor>> ReadCheckpointWeights(
     throw CheckpointError("'" + path + "' holds " + std::to_string(models) +
                           " model(s); there is no model " +
                           std::to_string(index));
+  }
+  c10::IValue shards;
+  if (file.archive->try_read("sharded_tensors", shards) && shards.isBool() &&
+      shards.toBool()) {
+    // The weights are in the ranks' shard files.
+    const ShardedStateReader reader = ShardedStateReader::Open(dir);
+    std::vector<std::pair<std::string, torch::Tensor>> weights;
+    for (const std::string& name :
+         checkpoint_internal::ReadModelNames(*file.archive, index, path)) {
+      const std::string tensor = "model_" + std::to_string(index) + "/" + name;
+      if (!reader.contains(tensor)) {
+        throw CheckpointError("'" + dir + "': no shard holds " + tensor);
+      }
+      weights.emplace_back(name, reader.ReadWhole(tensor));
+    }
+    return weights;
   }
   const std::string key = "model_" + std::to_string(index);
   torch::serialize::InputArchive archive;

@@ -219,6 +219,18 @@ void ZeroOptimizer::AllGatherParameters(CallSite site) {
   }
 }
 
+std::vector<ZeroOptimizer::Piece> ZeroOptimizer::Pieces() const {
+  std::vector<Piece> pieces;
+  for (const auto& group : groups_) {
+    for (size_t i = 0; i < group->pieces.size(); ++i) {
+      const ShardLayout::Piece& piece = group->pieces[i];
+      pieces.push_back(
+          {group->params[piece.tensor], piece.begin, group->piece_params[i]});
+    }
+  }
+  return pieces;
+}
+
 std::shared_ptr<UnitRunner> ZeroOptimizer::unit_runner() const {
   return units_;
 }

@@ -155,6 +155,20 @@ class ZeroOptimizer {
   // rank calls it. Under stages 1-2 it only visits.
   void ForEachGathered(const std::vector<torch::Tensor>& tensors,
                        const std::function<void(size_t)>& visit);
+  // This rank's pieces, for sharded checkpoints: elements [begin, begin +
+  // values.numel()) of the model's `parameter` (flattened), `values` being
+  // the 1-D tensor the optimizer steps for them (its state is keyed by it).
+  struct Piece {
+    torch::Tensor parameter;
+    int64_t begin = 0;
+    torch::Tensor values;
+  };
+  std::vector<Piece> Pieces() const;
+  // After a load wrote every rank's pieces' values: every rank gets the
+  // parameters it keeps whole (stages 1-2, and under stage 3 those in no
+  // unit). Every rank calls it.
+  void ShareLoadedPieces(CallSite site) { AllGatherParameters(site); }
+
   // Zeroes the parameters' gradients and the pieces' (the optimizer alone
   // would zero only the pieces).
   void ZeroGrad();
