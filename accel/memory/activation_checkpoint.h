@@ -4,9 +4,9 @@
 // in backward, so that what a deep model keeps for backward grows with its
 // blocks' inputs rather than with every intermediate tensor.
 //
-//   for (auto& block : blocks) {
+//   for (auto& block : blocks) {   // std::vector<Block>
 //     hidden = accel::checkpoint(
-//         [block](const torch::Tensor& h) { return block->forward(h); },
+//         [b = block.ptr()](const torch::Tensor& h) { return b->forward(h); },
 //         hidden);
 //   }
 //   loss = criterion(head->forward(hidden), target);

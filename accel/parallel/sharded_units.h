@@ -186,11 +186,15 @@ void HookOutputs(UnitCall& call, const std::tuple<T...>& outputs) {
              outputs);
 }
 
-// The module of a holder (Block), a std::shared_ptr<BlockImpl> or a
-// BlockImpl&.
+// The module of a holder (Block, const or not), a std::shared_ptr<BlockImpl>
+// or a BlockImpl&: a holder captured by a lambda's copy is const, but its
+// module is not.
 template <typename Layer>
 auto& ModuleOf(Layer& layer) {
-  if constexpr (std::is_base_of_v<torch::nn::Module, Layer>) {
+  using Bare = std::remove_const_t<Layer>;
+  if constexpr (std::is_base_of_v<torch::detail::ModuleHolderIndicator, Bare>) {
+    return *layer.ptr();
+  } else if constexpr (std::is_base_of_v<torch::nn::Module, Bare>) {
     return layer;
   } else {
     return *layer;
