@@ -7,6 +7,9 @@
 // 4 processes.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <torch/nn/functional/linear.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
 #include <torch/optim/adamw.h>
 
 #include <cstdio>
@@ -210,12 +213,77 @@ TEST(GptTest, BlocksAreUnitsFreedOutsideTheirForward) {
     }
   }
   // A block called directly, not through accel::forward, reads freed
-  // parameters: the process dies saying so.
+  // parameters: the process dies saying so; also a later block, whose
+  // unit the one before prefetched (the prefetch becomes its storage only
+  // when it runs).
   ::testing::FLAGS_gtest_death_test_style = "fast";
-  auto block = model->named_children()["blocks"]->children()[0];
-  EXPECT_DEATH(block->as<examples::BlockImpl>()->forward(
+  const auto blocks = model->named_children()["blocks"]->children();
+  EXPECT_DEATH(blocks[0]->as<examples::BlockImpl>()->forward(
                    torch::randn({1, 16, 32}), mask),
                "accel::forward\\(layer, ...\\), not layer->forward");
+  // Every rank: block 0 runs (no grad) and starts block 1's gather.
+  torch::NoGradGuard no_grad;
+  const torch::Tensor x =
+      forward(gpt->blocks()[0], torch::randn({1, 16, 32}), mask);
+  EXPECT_DEATH(blocks[1]->as<examples::BlockImpl>()->forward(x, mask),
+               "a parameter of a ZeRO stage-3 unit was read");
+  forward(gpt->blocks()[1], x, mask);  // Its gather ends on every rank.
+}
+
+// A block run twice in one forward, each run inside activation
+// checkpointing: its reentrant backward hands two gradients over
+// separately, which DDP's and ZeRO's reductions cannot take once the first
+// is being reduced: a clear error on every rank, never a dropped gradient.
+struct TwiceImpl : torch::nn::Module {
+  TwiceImpl() {
+    embedding = register_module("embedding", torch::nn::Embedding(32, 32));
+    auto list = register_module("blocks", torch::nn::ModuleList());
+    for (int i = 0; i < 3; ++i) {
+      blocks.emplace_back(SmallGpt(false));
+      list->push_back(blocks.back());
+    }
+  }
+  torch::Tensor forward(torch::Tensor tokens, torch::Tensor mask) {
+    torch::Tensor x = embedding(tokens);
+    for (int i : {0, 1, 2, 0}) {
+      x = checkpoint(
+          [block = blocks[i], mask](const torch::Tensor& h) {
+            return accel::forward(block, h, mask);
+          },
+          x);
+    }
+    return torch::nn::functional::linear(x, embedding->weight);
+  }
+  torch::nn::Embedding embedding{nullptr};
+  std::vector<examples::Block> blocks;
+};
+TORCH_MODULE(Twice);
+
+TEST(GptTest, ABlockRunTwiceUnderCheckpointingIsAClearError) {
+  if (SharedAccelerator().num_processes() == 1) {
+    GTEST_SKIP() << "one process reduces nothing";
+  }
+  for (int stage : {2, 3}) {
+    AcceleratorOptions options = TestAcceleratorOptions();
+    options.zero_stage = stage;
+    options.gradient_sync.first_bucket_bytes = 4096;
+    Accelerator accelerator(options);
+    Twice twice;
+    torch::optim::AdamW adamw(twice->parameters(),
+                              torch::optim::AdamWOptions(1e-3));
+    auto [model, optimizer] = accelerator.prepare(twice, adamw);
+    auto [tokens, targets] = Tokens(0, accelerator.process_index());
+    const torch::Tensor loss = examples::LanguageModelLoss(
+        model->forward(tokens, examples::CausalMask(16)), targets);
+    try {
+      accelerator.backward(loss);
+      ADD_FAILURE() << "stage " << stage << ": no error";
+    } catch (const UsageError& e) {
+      EXPECT_THAT(e.what(),
+                  ::testing::HasSubstr("got a second gradient in one backward"))
+          << "stage " << stage;
+    }
+  }
 }
 
 }  // namespace

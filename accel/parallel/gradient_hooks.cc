@@ -44,4 +44,16 @@ GradientReadyHooks::~GradientReadyHooks() {
   for (auto& [node, key] : hooks_) node->del_post_hook(key);
 }
 
+UsageError GradientArrivedTwice(const torch::Tensor& parameter) {
+  return UsageError(
+      "backward: a parameter of shape " + c10::str(parameter.sizes()) +
+      " got a second gradient in one backward after its reduction had "
+      "started: a layer run twice in one forward inside activation "
+      "checkpointing (accel::checkpoint, or fully_shard's "
+      "activation_checkpointing), whose backward hands each run's gradient "
+      "over on its own. accel's DDP and ZeRO reduce each gradient once per "
+      "backward, as torch's DDP does: run such a layer once per forward, or "
+      "leave it out of activation checkpointing");
+}
+
 }  // namespace accel

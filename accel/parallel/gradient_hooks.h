@@ -22,6 +22,8 @@
 #include <utility>
 #include <vector>
 
+#include "accel/runtime/base/errors.h"
+
 namespace accel {
 
 class GradientReadyHooks {
@@ -36,5 +38,11 @@ class GradientReadyHooks {
   std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>>
       hooks_;
 };
+
+// The error when a parameter's gradient arrives a second time in one
+// backward after its reduction started (DDP's and ZeRO's reducers): what
+// activation checkpointing's reentrant backward does to a layer run twice
+// in one forward, each run's gradient handed over on its own.
+UsageError GradientArrivedTwice(const torch::Tensor& parameter);
 
 }  // namespace accel

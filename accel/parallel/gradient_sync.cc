@@ -55,6 +55,9 @@ struct GradientSynchronizer::State {
   bool enabled = true;
   bool deferred = false;  // Buckets launch in finish() only.
   bool step_started = false;
+  // A gradient that arrived twice after its bucket launched (finish()
+  // throws it).
+  std::exception_ptr twice;
   CallSite site;
   GradientSyncOptions options;
   // find_unused_parameters: a byte per parameter, 1 where it was used, and
@@ -67,6 +70,7 @@ struct GradientSynchronizer::State {
 
   void ResetStep() {
     for (auto& slot : slots) slot.arrived = slot.used = false;
+    twice = nullptr;
     used_work.reset();
     for (auto& bucket : buckets) {
       bucket.pending = bucket.members.size();
@@ -248,7 +252,16 @@ struct GradientSynchronizer::State {
   // accumulated into .grad.
   void OnGradientReady(size_t index) {
     std::lock_guard<std::mutex> lock(mutex);
-    if (!enabled || slots[index].arrived) return;
+    if (!enabled) return;
+    if (slots[index].arrived) {
+      // .grad is the bucket's view, so autograd added this gradient into
+      // it: right while the bucket waits, lost once its allreduce started.
+      if (buckets[slots[index].bucket].work != nullptr && !twice) {
+        twice =
+            std::make_exception_ptr(GradientArrivedTwice(parameters[index]));
+      }
+      return;
+    }
     step_started = true;
     slots[index].used = true;
     MarkArrived(index);
@@ -443,6 +456,7 @@ void GradientSynchronizer::finish() {
     s.LaunchUsageAgreement();
   }
   std::exception_ptr failure = buffer_failure;
+  if (!failure) failure = s.twice;
   if (s.PowerSgdRuns()) {
     try {
       s.ReduceWithPowerSgd();

@@ -72,11 +72,15 @@ void Flatten(ZeroGroup& group) {
   }
 }
 
-void AllocateStorage(const torch::Tensor& flat) {
+c10::DataPtr AllocateDetached(const torch::Tensor& flat) {
   c10::StorageImpl* storage = flat.storage().unsafeGetStorageImpl();
-  const size_t bytes = flat.numel() * flat.element_size();
-  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
-  storage->set_nbytes(bytes);
+  return storage->allocator()->allocate(flat.numel() * flat.element_size());
+}
+
+void InstallStorage(const torch::Tensor& flat, c10::DataPtr data) {
+  c10::StorageImpl* storage = flat.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(std::move(data));
+  storage->set_nbytes(flat.numel() * flat.element_size());
 }
 
 void FreeStorage(const torch::Tensor& flat) {

@@ -44,7 +44,13 @@ struct ZeroGroup {
   int unit = -1;
   torch::Tensor shard;
   bool gathered = true;
-  std::shared_ptr<Work> gathering;  // The all-gather filling flat.
+  // The all-gather filling `arriving`, memory that becomes flat's storage
+  // only when the unit is about to run: until then its parameters still
+  // point at released memory, so a layer called around accel::forward
+  // while its unit is prefetched meets released_memory.h's message instead
+  // of reading a buffer the all-gather is still writing.
+  std::shared_ptr<Work> gathering;
+  c10::DataPtr arriving;
 };
 
 namespace zero_internal {
@@ -64,8 +70,10 @@ void Flatten(ZeroGroup& group);
 // again, or gives it back. Released on the CPU it points at a range that
 // faults with a message (released_memory.h) and keeps its size, so that any
 // use of a parameter meets that message; elsewhere it is null and empty.
-void AllocateStorage(const torch::Tensor& flat);
 void FreeStorage(const torch::Tensor& flat);
+// Memory for flat's data that is not yet its storage, and making it so.
+c10::DataPtr AllocateDetached(const torch::Tensor& flat);
+void InstallStorage(const torch::Tensor& flat, c10::DataPtr data);
 
 }  // namespace zero_internal
 }  // namespace accel

@@ -272,11 +272,38 @@ class ShardedGradientReducer : public GradientReducer {
 
     void OnGradientReady(size_t i) {
       std::lock_guard<std::mutex> lock(mutex);
-      if (slots[i].arrived) return;
+      if (slots[i].arrived) {
+        if (enabled) ArriveAgain(i);
+        return;
+      }
       if (enabled) {
         Arrive(i);
       } else {
         KeepLocal(i);
+      }
+    }
+
+    // A second gradient in one backward (a layer run twice inside
+    // activation checkpointing): added to its place while the bucket
+    // waits; once the bucket's reduction started, an error finish() throws.
+    void ArriveAgain(size_t i) {
+      Slot& slot = slots[i];
+      Bucket& bucket = buckets[slot.bucket];
+      ZeroGroup& group = *groups[slot.group];
+      torch::Tensor& param = group.params[slot.tensor];
+      torch::NoGradGuard no_grad;
+      const torch::Tensor grad = param.grad();
+      param.mutable_grad() = torch::Tensor();
+      if (!grad.defined()) return;
+      if (bucket.pending > 0 && bucket.buffer.defined()) {
+        bucket.buffer
+            .narrow(0, group.layout.offset(slot.tensor) - bucket.lo,
+                    param.numel())
+            .add_(grad.reshape({-1}));
+        return;
+      }
+      if (!failure) {
+        failure = std::make_exception_ptr(GradientArrivedTwice(param));
       }
     }
 

@@ -44,6 +44,22 @@ class UnitSchedule : public UnitRunner {
     }
   }
 
+  // A gather still in flight (a prefetched unit that never ran) writes into
+  // memory its group owns: it ends before the groups go.
+  ~UnitSchedule() override {
+    for (auto& unit : units_) {
+      for (auto& group : unit) {
+        if (group->gathering == nullptr) continue;
+        try {
+          group->gathering->wait();
+        } catch (...) {
+          // The job is failing; the memory may go now.
+        }
+        group->gathering.reset();
+      }
+    }
+  }
+
   void BeforeForward(size_t unit) override {
     std::lock_guard<std::mutex> lock(mutex_);
     Gather(unit, names_[unit][0].c_str());
@@ -98,14 +114,14 @@ class UnitSchedule : public UnitRunner {
   void Start(size_t unit, const char* api) {
     for (auto& group : units_[unit]) {
       if (group->gathered || group->gathering) continue;
-      zero_internal::AllocateStorage(group->flat);
+      group->arriving = zero_internal::AllocateDetached(group->flat);
       CollectiveOptions options;
       options.api = api;
       // Called from inside the model's forward or backward: no line of the
       // program's is known (not this one's either).
       options.site = CallSite{};
       group->gathering =
-          comm_.allgather_async(group->shard.data_ptr(), group->flat.data_ptr(),
+          comm_.allgather_async(group->shard.data_ptr(), group->arriving.get(),
                                 static_cast<size_t>(group->layout.shard_size()),
                                 ToDType(group->flat.scalar_type()), options);
     }
@@ -115,6 +131,7 @@ class UnitSchedule : public UnitRunner {
     std::shared_ptr<Work> work = std::move(group.gathering);
     group.gathering.reset();
     work->wait();
+    zero_internal::InstallStorage(group.flat, std::move(group.arriving));
     group.gathered = true;
   }
   void Gather(size_t unit, const char* api) {
@@ -123,7 +140,7 @@ class UnitSchedule : public UnitRunner {
   }
   void Release(ZeroGroup& group) {
     if (group.unit < 0) return;
-    Finish(group);  // Its all-gather writes into the storage.
+    Finish(group);  // Its all-gather writes into memory that then goes.
     if (!group.gathered) return;
     zero_internal::FreeStorage(group.flat);
     group.gathered = false;
