@@ -201,8 +201,10 @@ int Main(int, char**) {
     for (const auto& entry : weights) {
       squares += entry.second.to(torch::kFloat64).pow(2).sum().item<double>();
     }
-    std::printf("Step %lld loss %.6f\n",
-                static_cast<long long>(accelerator.step()), last_loss);
+    if (FLAGS_print_every <= 0 || accelerator.step() % FLAGS_print_every) {
+      std::printf("Step %lld loss %.6f\n",
+                  static_cast<long long>(accelerator.step()), last_loss);
+    }
     std::printf("Parameter fingerprint: %016llx\n",
                 static_cast<unsigned long long>(Fingerprint(weights)));
     std::printf("Parameter norm: %.9e\n", std::sqrt(squares));

@@ -300,8 +300,10 @@ ProgramFlag<int32_t> invariant_micro_batches(
 ProgramFlag<std::string> fsdp_transformer_layer_cls_to_wrap(
     "fsdp_transformer_layer_cls_to_wrap", "",
     "Under --zero_stage=3: the class of the layers that become units (as "
-    "Accelerate's), e.g. TransformerEncoderLayer; empty: the children of the "
-    "model's outermost Sequentials.");
+    "Accelerate's), e.g. TransformerEncoderLayer, anywhere in the model; "
+    "empty: the modules marked with accel::fully_shard, else the children "
+    "of the outermost Sequentials and the entries of the outermost "
+    "ModuleLists (docs/parallelism.md, \"Units\").");
 ProgramFlag<bool> use_fsdp(
     "use_fsdp", false,
     "Accelerate's FSDP switch: the same as --zero_stage=3, or the stage "
