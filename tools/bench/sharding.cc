@@ -33,6 +33,8 @@
 // needs CUDA) on the same model; their state is counted over the tensors
 // (parameters, gradients, optimizer state), Python having no allocator
 // counter to install.
+#include <stdlib.h>
+#include <sys/stat.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -44,17 +46,21 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "accel/accelerator.h"
 #include "accel/memory/host_memory_tracker.h"
+#include "examples/gpt_model.h"
 #include "tools/bench/driver.h"
 
-DEFINE_string(models, "mlp,transformer", "Models: mlp, transformer.");
+DEFINE_string(models, "mlp,transformer,gpt", "Models: mlp, transformer, gpt.");
 // Stage 3 holds, beside its 16/N bytes per parameter, two units'
 // parameters and one unit's gradients (12/L bytes per parameter for L
 // equal units): at 8 layers that alone is 0.09 of DDP's state.
@@ -70,6 +76,12 @@ DEFINE_bool(torch_baseline, true,
 DEFINE_string(python, "/usr/bin/python3", "The Python that has torch.");
 DEFINE_string(torch_script, "",
               "tools/bench/torch_zero.py (default: from the runfiles).");
+DEFINE_bool(checkpoint, true,
+            "Also time save_state and load_state after the steps, and count "
+            "the peak during each.");
+DEFINE_string(checkpoint_dir, "",
+              "Where the ranks save (default: a folder under /tmp, removed "
+              "after).");
 DEFINE_bool(worker, false, "Internal: run one measurement as a rank.");
 DEFINE_string(model, "mlp", "Internal: the model a worker measures.");
 
@@ -113,6 +125,70 @@ int64_t Parameters(const torch::nn::Module& module) {
 
 // --- A rank ---------------------------------------------------------------
 
+// The GPT of examples/gpt_model.h: a ModuleList of blocks with a
+// hand-written forward (each block a stage-3 unit through accel::forward),
+// --transformer_layers blocks of width 256, sequences of 64 tokens.
+examples::GptConfig GptConfig() {
+  examples::GptConfig config;
+  config.vocab_size = 1024;
+  config.block_size = 64;
+  config.n_layer = FLAGS_transformer_layers;
+  config.n_head = 4;
+  config.n_embd = 256;
+  config.dropout = 0.0;
+  return config;
+}
+
+template <typename Model>
+torch::Tensor LossOf(Model& model, const torch::Tensor& inputs,
+                     const torch::Tensor& labels) {
+  if constexpr (std::is_same_v<std::decay_t<decltype(*model)>,
+                               examples::GptImpl>) {
+    // Next-token prediction over the sequence itself.
+    const int64_t length = inputs.size(1) - 1;
+    return examples::LanguageModelLoss(
+        model->forward(inputs.narrow(1, 0, length),
+                       examples::CausalMask(length)),
+        inputs.narrow(1, 1, length));
+  } else {
+    return torch::nn::functional::cross_entropy(model->forward(inputs), labels);
+  }
+}
+
+// save_state and load_state after the steps: each one's time and the peak
+// of held bytes during it, and the bytes of this rank's own files.
+struct Checkpointing {
+  double save_s = 0, load_s = 0, save_peak = 0, load_peak = 0, rank_bytes = 0;
+};
+
+Checkpointing MeasureCheckpoint(accel::Accelerator& accelerator,
+                                accel::HostMemoryTracker& counter) {
+  Checkpointing c;
+  if (!FLAGS_checkpoint) return c;
+  const std::string dir = FLAGS_checkpoint_dir + "/checkpoint";
+  const auto timed = [&](const std::function<void()>& work, double* seconds,
+                         double* peak) {
+    accelerator.wait_for_everyone();
+    counter.ResetPeak();
+    const auto start = Clock::now();
+    work();
+    *seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    *peak = static_cast<double>(counter.peak_bytes());
+  };
+  timed([&] { accelerator.save_state(dir); }, &c.save_s, &c.save_peak);
+  timed([&] { accelerator.load_state(dir); }, &c.load_s, &c.load_peak);
+  const int rank = accelerator.process_index();
+  for (const std::string& name :
+       {accel::ShardFileName(rank, accelerator.num_processes()),
+        accel::RandomStatesFile(rank)}) {
+    struct stat info;
+    if (stat((dir + "/" + name).c_str(), &info) == 0) {
+      c.rank_bytes += static_cast<double>(info.st_size);
+    }
+  }
+  return c;
+}
+
 void MeasureRank(accel::HostMemoryTracker& counter) {
   accel::Accelerator accelerator(accel::AcceleratorOptions::FromFlags());
   torch::manual_seed(0);
@@ -129,8 +205,7 @@ void MeasureRank(accel::HostMemoryTracker& counter) {
     auto step = [&accelerator, &counter, &activations, model = model,
                  optimizer = optimizer, inputs, labels]() mutable {
       const double before = static_cast<double>(counter.held_bytes());
-      torch::Tensor loss =
-          torch::nn::functional::cross_entropy(model->forward(inputs), labels);
+      torch::Tensor loss = LossOf(model, inputs, labels);
       // Activations and autograd's saved tensors: no stage shards them
       // (stage 3 has freed every unit's parameters by now).
       activations = std::max(
@@ -162,21 +237,34 @@ void MeasureRank(accel::HostMemoryTracker& counter) {
     step_s = train(net, torch::randn({kBatch, 1024}));
   } else if (FLAGS_model == "transformer") {
     step_s = train(Transformer(), torch::randn({32, kBatch, 256}));
+  } else if (FLAGS_model == "gpt") {
+    step_s = train(examples::Gpt(GptConfig()),
+                   torch::randint(0, 1024, {kBatch, 64}));
   } else {
-    throw accel::UsageError("--model: expected mlp or transformer, found " +
-                            FLAGS_model);
+    throw accel::UsageError(
+        "--model: expected mlp, transformer or gpt, found " + FLAGS_model);
   }
+  const double step_peak = static_cast<double>(counter.peak_bytes());
+  const double step_state = static_cast<double>(counter.held_bytes());
+  const Checkpointing saved = MeasureCheckpoint(accelerator, counter);
   // The peak over the timed steps, and what stays between steps (the
   // model state itself), of the largest rank.
-  double bytes[3] = {static_cast<double>(counter.peak_bytes()),
-                     static_cast<double>(counter.held_bytes()), activations};
-  accelerator.communicator().allreduce(bytes, 3, accel::DType::kFloat64,
+  // The step's figures come before the checkpoint's (held bytes included).
+  double bytes[8] = {step_peak,       step_state,      activations,
+                     saved.save_s,    saved.load_s,    saved.save_peak,
+                     saved.load_peak, saved.rank_bytes};
+  accelerator.communicator().allreduce(bytes, 8, accel::DType::kFloat64,
                                        accel::ReduceOp::kMax);
   if (accelerator.is_main_process()) {
     nlohmann::json results = {{"step_s", step_s},
                               {"peak_bytes", bytes[0]},
                               {"state_bytes", bytes[1]},
                               {"activation_bytes", bytes[2]},
+                              {"save_s", bytes[3]},
+                              {"load_s", bytes[4]},
+                              {"save_peak_bytes", bytes[5]},
+                              {"load_peak_bytes", bytes[6]},
+                              {"rank_file_bytes", bytes[7]},
                               {"parameters", static_cast<double>(parameters)}};
     std::printf("%s\n", results.dump().c_str());
   }
@@ -187,6 +275,8 @@ void MeasureRank(accel::HostMemoryTracker& counter) {
 struct Cell {
   // model_peak_mb: the peak less the activations (model state at its peak).
   Spread peak_mb, model_peak_mb, state_mb, step_s;
+  // save_state and load_state: time, the peak during each, a rank's files.
+  Spread save_s, load_s, save_peak_mb, load_peak_mb, rank_file_mb;
   double parameters = 0;
 };
 
@@ -257,6 +347,38 @@ void PrintTable(const std::string& model, int ranks,
   }
 }
 
+// What stage 3 may hold during save_state and load_state: its 16/N bytes
+// per parameter between steps plus one unit whole (12/L; L units), the
+// issue's bound before the file buffers.
+double CheckpointBoundMb(int ranks, double parameters, int units) {
+  return parameters * (16.0 / ranks + 12.0 / units) / 1e6;
+}
+
+void PrintCheckpointTable(int ranks, std::map<int, Cell>& cells, int units) {
+  if (!FLAGS_checkpoint) return;
+  std::printf(
+      "save_state / load_state after the steps, largest rank: its own files, "
+      "time, and the peak of held bytes during each (stage 3 bound: 16/%d + "
+      "12/%d bytes a parameter)\n",
+      ranks, units);
+  std::printf("%-8s %14s %16s %16s %16s %16s %12s\n", "stage", "rank files MB",
+              "save ms", "load ms", "save peak MB", "load peak MB", "bound MB");
+  for (auto& [stage, cell] : cells) {
+    char bound[32] = "";
+    if (stage == 3) {
+      std::snprintf(bound, sizeof(bound), "%.0f",
+                    CheckpointBoundMb(ranks, cell.parameters, units));
+    }
+    std::printf("%-8s %14s %16s %16s %16s %16s %12s\n",
+                stage == 0 ? "0 (DDP)" : std::to_string(stage).c_str(),
+                accel::bench::Plain(cell.rank_file_mb, "%.1f").c_str(),
+                accel::bench::Ms(cell.save_s).c_str(),
+                accel::bench::Ms(cell.load_s).c_str(),
+                accel::bench::Plain(cell.save_peak_mb, "%.0f").c_str(),
+                accel::bench::Plain(cell.load_peak_mb, "%.0f").c_str(), bound);
+  }
+}
+
 // torch's figures at 2 ranks: "ddp" and "zero1" (ZeroRedundancyOptimizer).
 using TorchCells = std::map<std::string, Cell>;
 
@@ -324,15 +446,21 @@ int Main(int, char**) {
         std::vector<int> order = stages;
         if (rep % 2 == 1) std::reverse(order.begin(), order.end());
         for (int stage : order) {
+          char folder[] = "/tmp/accel_bench_sharding_XXXXXX";
+          const std::string dir =
+              mkdtemp(folder) != nullptr ? folder : "/tmp/accel_bench_sharding";
           std::ostringstream command;
           command << accel::bench::SelfPath() << " --worker --model=" << model
                   << " --num_processes=" << ranks
                   << " --transformer_layers=" << FLAGS_transformer_layers
                   << " --main_process_port=0 --backend=gloo --zero_stage="
                   << stage << " --warmup=" << FLAGS_warmup
-                  << " --steps=" << FLAGS_steps;
+                  << " --steps=" << FLAGS_steps
+                  << " --checkpoint=" << (FLAGS_checkpoint ? "true" : "false")
+                  << " --checkpoint_dir=" << dir;
           const accel::bench::Results r = accel::bench::RunAndParse(
               "stage " + std::to_string(stage), command.str());
+          std::system(("rm -rf " + dir).c_str());
           if (!r.count("step_s")) continue;
           Cell& cell = cells[stage];
           cell.peak_mb.values.push_back(r.at("peak_bytes") / 1e6);
@@ -341,6 +469,13 @@ int Main(int, char**) {
           cell.state_mb.values.push_back(r.at("state_bytes") / 1e6);
           cell.step_s.values.push_back(r.at("step_s"));
           cell.parameters = r.at("parameters");
+          if (FLAGS_checkpoint) {
+            cell.save_s.values.push_back(r.at("save_s"));
+            cell.load_s.values.push_back(r.at("load_s"));
+            cell.save_peak_mb.values.push_back(r.at("save_peak_bytes") / 1e6);
+            cell.load_peak_mb.values.push_back(r.at("load_peak_bytes") / 1e6);
+            cell.rank_file_mb.values.push_back(r.at("rank_file_bytes") / 1e6);
+          }
         }
       }
       if (!cells.count(0)) {
@@ -349,6 +484,9 @@ int Main(int, char**) {
         continue;
       }
       PrintTable(model, ranks, cells);
+      // Units: the layers, and for the MLP its 25 Linears.
+      PrintCheckpointTable(ranks, cells,
+                           model == "mlp" ? 25 : FLAGS_transformer_layers);
       if (with_torch) PrintTorchTable(cells, torch);
     }
   }
