@@ -99,17 +99,11 @@ bool IsSharded(const CheckpointContents& contents, int world_size) {
 namespace {
 
 using checkpoint_internal::Exists;
-using checkpoint_internal::HoldsShardedTensors;
 using checkpoint_internal::IsSharded;
 using checkpoint_internal::Join;
 using checkpoint_internal::kLoaderSamplesKey;
-using checkpoint_internal::NamedState;
 using checkpoint_internal::RandomStatesRole;
-using checkpoint_internal::ReadInt;
-using checkpoint_internal::ReadModelArchive;
-using checkpoint_internal::ReadValue;
 using checkpoint_internal::SaveModelArchive;
-using checkpoint_internal::Stateful;
 using checkpoint_internal::StatefulKind;
 using checkpoint_internal::StatefulKinds;
 

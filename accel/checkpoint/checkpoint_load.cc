@@ -45,7 +45,6 @@ using checkpoint_internal::RandomStatesRole;
 using checkpoint_internal::ReadInt;
 using checkpoint_internal::ReadModelArchive;
 using checkpoint_internal::ReadValue;
-using checkpoint_internal::SaveModelArchive;
 using checkpoint_internal::Stateful;
 using checkpoint_internal::StatefulKind;
 using checkpoint_internal::StatefulKinds;
