@@ -247,17 +247,15 @@ class RangeRead {
         out_(out),
         flat_(out.view({-1})) {}
 
-  // Copies the elements of `piece` that lie in the range; checks the
-  // piece's checksum when they are all of it (a part cannot be checked).
+  // Copies the elements of `piece` that lie in the range, and checks the
+  // piece's checksum: the bytes before and after them are read too (into
+  // a buffer of at most kBufferBytes), so that a damaged piece fails every
+  // rank that reads any of it, also when a reshard reads only a part.
   void Copy(const Piece& piece) {
     const int64_t lo = std::max(offset_, piece.offset);
     const int64_t hi = std::min(offset_ + length_, piece.offset + piece.length);
-    Cursor cursor{
-        piece,
-        files_.Get(piece.rank),
-        piece.begin + static_cast<uint64_t>((lo - piece.offset) * element_),
-        lo == piece.offset && hi == piece.offset + piece.length,
-        {}};
+    Cursor cursor{piece, files_.Get(piece.rank), piece.begin, {}};
+    Skip(&cursor, lo - piece.offset);
     if (direct_) {
       ReadNext(&cursor,
                static_cast<char*>(out_.data_ptr()) + (lo - offset_) * element_,
@@ -265,7 +263,8 @@ class RangeRead {
     } else {
       CopyConverted(&cursor, lo, hi);
     }
-    if (cursor.whole && cursor.checksum.Finish() != piece.checksum) {
+    Skip(&cursor, piece.offset + piece.length - hi);
+    if (cursor.checksum.Finish() != piece.checksum) {
       files_.Fail(piece.rank,
                   "the bytes of elements " +
                       RangeText(piece.offset, piece.offset + piece.length) +
@@ -283,7 +282,6 @@ class RangeRead {
     const Piece& piece;
     const File& file;
     uint64_t file_at;  // The next byte's position in the file.
-    bool whole;        // The read covers all of the piece: checksum it.
     PieceChecksum checksum;
   };
 
@@ -301,9 +299,22 @@ class RangeRead {
                     [](uint8_t b) { return b > 1; })) {
       files_.Fail(rank, "BOOL elements hold bytes other than 0 and 1");
     }
-    if (cursor->whole) cursor->checksum.Update(into, size);
+    cursor->checksum.Update(into, size);
     cursor->file_at += size;
     bytes_ += size;
+  }
+
+  // The piece's next `count` elements, read only for its checksum.
+  void Skip(Cursor* cursor, int64_t count) {
+    const int64_t chunk = kBufferBytes / element_;
+    if (count > 0 && !skipped_.defined()) {
+      skipped_ = torch::empty({std::min(chunk, count)}, dtype_);
+    }
+    for (int64_t done = 0; done < count;) {
+      const int64_t n = std::min({chunk, count - done, skipped_.numel()});
+      ReadNext(cursor, skipped_.data_ptr(), n);
+      done += n;
+    }
   }
 
   // Elements [lo, hi) of `out` through the buffer, converted to out's dtype
@@ -327,8 +338,9 @@ class RangeRead {
   const int64_t offset_;
   const int64_t length_;
   torch::Tensor out_;
-  torch::Tensor flat_;    // out_, as 1-D.
-  torch::Tensor buffer_;  // Only when converting; at most kBufferBytes.
+  torch::Tensor flat_;     // out_, as 1-D.
+  torch::Tensor buffer_;   // Only when converting; at most kBufferBytes.
+  torch::Tensor skipped_;  // A piece's bytes outside the range.
   uint64_t calls_ = 0;
   uint64_t bytes_ = 0;
 };

@@ -46,8 +46,10 @@
 // (nothing else) before an index is written or any data is used: each file
 // present, of the recorded size and header hash, of this run, rank and world
 // size; each tensor of one dtype and global shape in every file; its pieces
-// tiling [0, numel) exactly (no gap, no overlap). Read checks a piece's
-// checksum whenever it reads the whole piece (ReadWhole always does).
+// tiling [0, numel) exactly (no gap, no overlap). Read checks the checksum
+// of every piece it reads any of: the rest of a piece partly in the range
+// is read too (through a buffer), so a reshard meets damage as a whole read
+// would; it reads at most the pieces that overlap the range.
 // Every defect is a CheckpointError naming the file and, where one is
 // concerned, the tensor; a wrong argument is a UsageError.
 #pragma once

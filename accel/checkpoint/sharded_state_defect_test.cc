@@ -237,6 +237,26 @@ TEST_F(ShardedStateDefectTest, DamagedDataFailsTheChecksumOnRead) {
   }
 }
 
+// A reshard reads parts of pieces: the damage outside the part read fails
+// it all the same (the rest of the piece is read for its checksum).
+TEST_F(ShardedStateDefectTest, DamageOutsideAPartialReadFailsIt) {
+  const ShardPiece cut = CutPiece(tensors_);
+  ASSERT_GE(cut.data.numel(), 2);
+  const std::string bytes = testing::ReadBytes(File(1));
+  const auto layout = safetensors::internal::ParseHeader(
+      File(1), HeaderText(bytes), bytes.size());
+  std::string damaged = bytes;
+  damaged[layout.tensors.at(cut.name).begin] ^= 0x40;  // Its first element.
+  testing::WriteBytes(File(1), damaged);
+  const auto reader = ShardedStateReader::Open(dir_);
+  // Only the piece's last element, which is intact.
+  torch::Tensor last = torch::empty({1}, reader.info(cut.name).dtype);
+  EXPECT_THAT(
+      [&] { reader.Read(cut.name, cut.offset + cut.data.numel() - 1, last); },
+      ::testing::ThrowsMessage<CheckpointError>(AllOf(
+          HasSubstr(Name(1)), HasSubstr(cut.name), HasSubstr("checksum"))));
+}
+
 TEST_F(ShardedStateDefectTest, FileReplacedAfterOpen) {
   const auto reader = ShardedStateReader::Open(dir_);
   const std::string bytes = testing::ReadBytes(File(0));
