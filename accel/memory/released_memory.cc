@@ -5,6 +5,8 @@
 #include <ucontext.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
 
 namespace accel {
@@ -15,6 +17,9 @@ constexpr size_t kReserved = size_t{64} << 30;
 
 char* g_region = nullptr;
 struct sigaction g_previous;
+// "[rank 1/4] ", written when the range is reserved (the handler may only
+// write): which rank died, among the lines of several.
+char g_rank[48] = "";
 
 // Whether the faulting access wrote: the page fault's error code has bit 1
 // set for a write (x86-64); elsewhere it cannot be told, and it reads as
@@ -40,7 +45,9 @@ void OnFault(int signal_number, siginfo_t* info, void* context) {
   const char* at = static_cast<const char*>(info->si_addr);
   if (g_region != nullptr && at >= g_region && at < g_region + kReserved) {
     // Async-signal-safe: write(2) of fixed pieces.
-    Say("\naccel: a parameter of a ZeRO stage-3 unit was ");
+    Say("\naccel: ");
+    Say(g_rank);
+    Say("a parameter of a ZeRO stage-3 unit was ");
     Say(AccessOf(context));
     Say(" while its unit was not running: between uses a rank holds only "
         "its share of it. Read the weights with "
@@ -67,6 +74,11 @@ void Reserve() {
                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (region == MAP_FAILED) return;  // Then released storage is null.
   g_region = static_cast<char*>(region);
+  const char* rank = std::getenv("RANK");
+  const char* world = std::getenv("WORLD_SIZE");
+  if (rank != nullptr && world != nullptr) {
+    std::snprintf(g_rank, sizeof(g_rank), "[rank %.8s/%.8s] ", rank, world);
+  }
   struct sigaction action = {};
   action.sa_sigaction = OnFault;
   action.sa_flags = SA_SIGINFO | SA_ONSTACK;
