@@ -51,6 +51,17 @@ check 2 3 "1 2 3 4"
 check 4 3 "2"
 check 3 1 "2"
 
+# --resume passes over a newest checkpoint that lost a shard file for the
+# one before it.
+rm "$dir/saved4-3/checkpoints/checkpoint_2/rank-00001-of-00004.safetensors"
+out=$(timeout 120 "$gpt" --main_process_port=0 --batch_size=12 \
+      --num_processes=2 --zero_stage=3 --max_steps=30 \
+      --output_dir="$dir/saved4-3" --resume 2>&1) || fail "resume: $out"
+grep -q "Resumed from $dir/saved4-3/checkpoints/checkpoint_1 at step 15" \
+  <<<"$out" || fail "did not fall back to checkpoint_1: $out"
+grep -q "rank-00001-of-00004.safetensors" <<<"$out" ||
+  fail "the skipped checkpoint's problem is not named: $out"
+
 # A truncated shard: every rank fails before any step, naming the file.
 victim="$dir/saved2-3/checkpoints/checkpoint_1/rank-00001-of-00002.safetensors"
 truncate -s -8 "$victim"

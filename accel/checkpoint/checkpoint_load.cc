@@ -207,6 +207,10 @@ CheckpointProblem CheckCheckpoint(const std::string& dir, int rank,
     if (!Exists(state)) return {Kind::kMissing, "'" + state + "' is missing"};
     const CheckpointIdentity shared =
         VerifyCheckpointFile(state, "accelerator_state");
+    // Sharded tensors: every shard file and the index, checked as a load
+    // would (headers only), so that every rank names the problem and
+    // load_state() passes over a damaged checkpoint for an older one.
+    if (HoldsShardedTensors(dir)) ShardedStateReader::Open(dir);
     const std::string random = Join(dir, RandomStatesFile(rank));
     // A sharded checkpoint loads at any process count: the new ranks have
     // no file of their own (their RNG state is not restored).
