@@ -18,6 +18,7 @@
 #include "accel/accelerator.h"
 #include "accel/checkpoint/sharded_state.h"
 #include "accel/checkpoint/state_dict.h"
+#include "accel/core/libtorch_compat.h"
 #include "accel/optim/param_state_codec.h"
 #include "accel/parallel/zero.h"
 #include "accel/runtime/base/errors.h"
@@ -26,11 +27,6 @@ namespace accel {
 namespace {
 
 const void* Key(const torch::Tensor& t) { return t.unsafeGetTensorImpl(); }
-
-// The optimizer's key for a parameter's state (LibTorch's).
-std::string StateKey(const torch::Tensor& p) {
-  return c10::guts::to_string(p.unsafeGetTensorImpl());
-}
 
 // Elements [first, second) of n that `rank` of `world` saves of a tensor
 // every rank holds whole.
@@ -202,7 +198,8 @@ class ShardPlan {
 
   void AddState(const Optimizer& part, const Slot& slot,
                 std::vector<ShardPiece>* pieces) const {
-    const auto found = part.optimizer->state().find(StateKey(slot.values));
+    const auto found =
+        part.optimizer->state().find(compat::StateKey(slot.values));
     if (found == part.optimizer->state().end()) return;
     const std::optional<ParamStateValues> values =
         ReadParamState(*found->second);
@@ -257,7 +254,7 @@ class ShardPlan {
     auto& state = part.optimizer->state();
     const std::vector<std::string> names = StateNames(reader, part, slot);
     if (names.empty()) {
-      state.erase(StateKey(slot.values));
+      state.erase(compat::StateKey(slot.values));
       return;
     }
     ParamStateValues values;
@@ -273,7 +270,7 @@ class ShardPlan {
                                   .contiguous();
       }
     }
-    state[StateKey(slot.values)] =
+    state[compat::StateKey(slot.values)] =
         MakeParamState(*part.optimizer, values, slot.name);
   }
 

@@ -6,10 +6,11 @@
 // the model learns (the loss falls from ln(vocab) towards the chain's
 // entropy).
 //
-//   bazel run //examples:gpt -- --num_processes=2 --zero_stage=3 \
+//   bazel run //examples:gpt -- --num_processes=2 --zero_stage=3
 //       --mixed_precision=bf16 --activation_checkpointing --max_steps=200
-//   bazel run //examples:gpt -- --num_processes=3 --zero_stage=3 \
+//   bazel run //examples:gpt -- --num_processes=3 --zero_stage=3
 //       --resume_from=gpt_model/checkpoints/checkpoint_2
+// (each command on one line)
 //
 // At the end the main process prints the loss, the parameters' fingerprint
 // (FNV-1a over their bytes, in state_dict order, so that runs compare bit
