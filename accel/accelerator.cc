@@ -126,6 +126,13 @@ Accelerator::Accelerator(AcceleratorOptions options)
   const int gpu = group_->communicator().device_index();
   if (gpu >= 0 && !options_.cpu) device_ = torch::Device(torch::kCUDA, gpu);
 
+  if (options_.mixed_precision_policy.param_dtype == c10::ScalarType::Half &&
+      !device_.is_cuda()) {
+    throw UsageError(
+        "mixed_precision_policy.param_dtype float16 on the CPU: LibTorch's "
+        "CPU autocast has no float16, so layers fed float32 inputs would "
+        "fail; use bfloat16 there");
+  }
   state_->num_processes = num_processes();
   state_->split_batches = options_.dataloader_config.split_batches;
   state_->agree_metric = [this](double metric) {
@@ -405,11 +412,26 @@ AutocastScope Accelerator::autocast() const {
 }
 
 std::optional<c10::ScalarType> Accelerator::AutocastDtype() const {
+  const auto& param_dtype = options_.mixed_precision_policy.param_dtype;
+  if (param_dtype && *param_dtype != c10::ScalarType::Float &&
+      *param_dtype != c10::ScalarType::Double) {
+    return param_dtype;
+  }
   if (precision_ == MixedPrecision::kBf16) return c10::ScalarType::BFloat16;
   if (precision_ == MixedPrecision::kFp16 && device_.is_cuda()) {
     return c10::ScalarType::Half;
   }
   return std::nullopt;
+}
+
+MixedPrecisionPolicy Accelerator::PrecisionPolicy() const {
+  MixedPrecisionPolicy policy = options_.mixed_precision_policy;
+  const bool sharded = options_.zero_stage > 0 && num_processes() > 1;
+  if (sharded && !policy.param_dtype && precision_ != MixedPrecision::kNo) {
+    policy.param_dtype = AutocastDtype();  // None for fp16 on a CPU.
+  }
+  if (sharded && !policy.reduce_dtype) policy.reduce_dtype = policy.param_dtype;
+  return policy;
 }
 
 AutocastScope Accelerator::autocast(const AutocastKwargs& handler) const {
@@ -490,7 +512,8 @@ bool Accelerator::optimizer_step_was_skipped() const {
 ZeroOptimizer* Accelerator::ParameterShardingOf(
     const torch::nn::Module& model) const {
   for (ZeroOptimizer* zero : state_->prepared.sharded_optimizers()) {
-    if (zero->stage() != 3) continue;
+    // Stage 3's units, or master shards under mixed precision.
+    if (zero->stage() != 3 && !zero->mixed_precision()) continue;
     for (const torch::Tensor& p : model.parameters()) {
       for (const torch::Tensor& sharded : zero->parameters()) {
         if (sharded.is_same(p)) return zero;
@@ -510,10 +533,10 @@ std::vector<std::pair<std::string, torch::Tensor>> GatheredState(
   std::vector<torch::Tensor> tensors;
   for (const StateEntry& entry : entries) tensors.push_back(entry.tensor);
   std::vector<std::pair<std::string, torch::Tensor>> kept;
-  zero.ForEachGathered(tensors, [&](size_t i) {
+  zero.ForEachGathered(tensors, [&](size_t i, const torch::Tensor& value) {
     if (!keep) return;
     kept.emplace_back(entries[i].name,
-                      entries[i].tensor.detach().to(torch::kCPU, true, true));
+                      value.detach().to(torch::kCPU, true, true));
   });
   return kept;
 }
@@ -564,7 +587,7 @@ Accelerator::FreedMemory Accelerator::ForgetPreparedObjects(
     TensorCensus& census) {
   // The models stay the program's: whole again, as before prepare.
   for (ZeroOptimizer* zero : state_->prepared.sharded_optimizers()) {
-    zero->GatherEveryUnit();
+    zero->ReturnParameters();
   }
   FreedMemory freed;
   for (const auto& model : state_->prepared.models()) {

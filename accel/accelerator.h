@@ -478,8 +478,12 @@ class Accelerator {
   template <typename T>
   auto PrepareOne(T&& object);
 
-  // The dtype autocast computes in under mixed_precision, if any here.
+  // The dtype autocast computes in under mixed_precision (or the policy's
+  // param_dtype), if any here.
   std::optional<c10::ScalarType> AutocastDtype() const;
+  // options_.mixed_precision_policy with its unset members derived from
+  // mixed_precision and the ZeRO stage (accelerator_options.h).
+  MixedPrecisionPolicy PrecisionPolicy() const;
   // Mixed precision with no code in the loop: prepare() turns autocast on
   // for the thread that prepares a model, until end_training(),
   // free_memory() or the Accelerator's end.
@@ -505,7 +509,8 @@ class Accelerator {
   void CheckStepsComplete(const char* operation) const;
   std::vector<torch::Tensor> SplitMicroBatches(const torch::Tensor& tensor,
                                                const char* what) const;
-  // The stage-3 optimizer sharding the model's parameters, or null.
+  // The optimizer sharding the model's parameters (stage 3) or keeping
+  // their master shards (mixed precision), or null.
   ZeroOptimizer* ParameterShardingOf(const torch::nn::Module& model) const;
 
   // The main process's `tensor` (undefined elsewhere), on every rank, on

@@ -171,9 +171,28 @@ void AcceleratorOptions::ApplyKwargsHandlers() {
   }
 }
 
+namespace {
+
+void CheckPolicy(const MixedPrecisionPolicy& policy) {
+  const auto check = [](const std::optional<c10::ScalarType>& dtype,
+                        const char* member) {
+    if (dtype && !c10::isFloatingType(*dtype)) {
+      throw UsageError(std::string("mixed_precision_policy.") + member +
+                       " must be a floating-point dtype, found " +
+                       c10::toString(*dtype));
+    }
+  };
+  check(policy.param_dtype, "param_dtype");
+  check(policy.reduce_dtype, "reduce_dtype");
+  check(policy.buffer_dtype, "buffer_dtype");
+}
+
+}  // namespace
+
 void AcceleratorOptions::Validate() const {
   const AcceleratorOptions& options = *this;
   ParseMixedPrecision(options.mixed_precision);
+  CheckPolicy(options.mixed_precision_policy);
   if (options.gradient_accumulation_steps < 1) {
     throw UsageError("gradient_accumulation_steps must be at least 1, found " +
                      std::to_string(options.gradient_accumulation_steps));
@@ -231,10 +250,12 @@ void AcceleratorOptions::Validate() const {
           ": its micro-batches are the accumulation; raise the global batch "
           "and invariant_micro_batches instead");
     }
-    if (options.gradient_sync.comm_hook != DDPCommunicationHookType::kNo) {
+    if (options.gradient_sync.comm_hook != DDPCommunicationHookType::kNo ||
+        options.mixed_precision_policy.reduce_dtype) {
       throw UsageError(mode +
-                       " does not combine with a DDP comm hook: the hook "
-                       "would round the sums this mode keeps exact");
+                       " does not combine with a DDP comm hook or a "
+                       "reduce_dtype: they would round the sums this mode "
+                       "keeps exact");
     }
   }
   if (options.total_limit < 0) {

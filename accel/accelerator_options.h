@@ -61,6 +61,26 @@ struct DataLoaderConfiguration {
   bool non_blocking = true;
 };
 
+// FSDP's MixedPrecisionPolicy (Accelerate's FullyShardedDataParallelPlugin
+// mixed_precision_policy): what the prepared model computes, reduces and
+// keeps its buffers in. Unset members follow mixed_precision: under ZeRO
+// stages 1-3 with more than one process, bf16 (fp16 on a GPU) gives
+// param_dtype and reduce_dtype of that type, as Accelerate's
+// set_mixed_precision does for FSDP; under DDP nothing (autocast alone).
+//   param_dtype: under ZeRO stages 1-3, the dtype parameters are gathered
+//     and computed in, the optimizer stepping master shards of their own
+//     dtype (accel/parallel/zero.h); under DDP, autocast's compute dtype
+//     (the parameters, whole on every rank, are the master copy).
+//   reduce_dtype: the dtype gradients are averaged in (DDP's buckets and
+//     ZeRO's reduce-scatters); by default param_dtype under ZeRO, the
+//     gradients' own under DDP.
+//   buffer_dtype: floating-point buffers are cast to it at prepare.
+struct MixedPrecisionPolicy {
+  std::optional<c10::ScalarType> param_dtype;
+  std::optional<c10::ScalarType> reduce_dtype;
+  std::optional<c10::ScalarType> buffer_dtype;
+};
+
 struct AcceleratorOptions {
   // "gloo", "nccl", or "auto": nccl when it is linked and a GPU is visible.
   std::string backend = "auto";
@@ -71,6 +91,8 @@ struct AcceleratorOptions {
   // float16 on a GPU, with loss scaling; LibTorch 1.13's CPU autocast has no
   // float16, so on a CPU only the loss scaling runs).
   std::string mixed_precision = "no";
+  // Parameters, gradient reduction and buffers in other dtypes (above).
+  MixedPrecisionPolicy mixed_precision_policy;
   GradScalerOptions scaler;  // fp16's loss scaler.
   // Micro-batches per optimizer step inside accumulate(); backward divides
   // the loss by it.

@@ -17,11 +17,26 @@
 #include "accel/runtime/base/logging.h"
 
 namespace accel {
+namespace {
+
+// mixed_precision_policy.buffer_dtype: before the buffers are broadcast.
+void CastFloatingBuffers(torch::nn::Module& module, c10::ScalarType dtype) {
+  torch::NoGradGuard no_grad;
+  for (torch::Tensor& buffer : module.buffers()) {
+    if (buffer.is_floating_point() && buffer.scalar_type() != dtype) {
+      buffer.set_data(buffer.to(dtype));
+    }
+  }
+}
+
+}  // namespace
 
 void Accelerator::PrepareModule(
     const std::shared_ptr<torch::nn::Module>& module) {
   if (module == nullptr) throw UsageError("prepare: the model is null");
   module->to(device_);
+  const MixedPrecisionPolicy policy = PrecisionPolicy();
+  if (policy.buffer_dtype) CastFloatingBuffers(*module, *policy.buffer_dtype);
   AutocastThisThread();
   const int micro_batches = options_.invariant_micro_batches;
   if (num_processes() == 1) {
@@ -66,9 +81,10 @@ void Accelerator::PrepareModule(
         &communicator(), module->parameters(), micro_batches, module->buffers(),
         options_.gradient_sync.broadcast_buffers);
   } else {
+    GradientSyncOptions sync = options_.gradient_sync;
+    sync.reduce_dtype = policy.reduce_dtype;
     reducer = std::make_unique<GradientSynchronizer>(
-        communicator(), module->parameters(), options_.gradient_sync,
-        module->buffers());
+        communicator(), module->parameters(), sync, module->buffers());
   }
   state_->prepared.AddModel(module, std::move(reducer), std::move(units));
 }
@@ -121,8 +137,10 @@ std::shared_ptr<PreparedOptimizer> Accelerator::PrepareOptimizer(
   for (const auto& unit : units) {
     unit_parameters.push_back(unit.module->parameters());
   }
+  const MixedPrecisionPolicy policy = PrecisionPolicy();
   auto zero = std::make_shared<ZeroOptimizer>(
-      communicator(), stage, optimizer, model->parameters(), unit_parameters);
+      communicator(), stage, optimizer, model->parameters(), unit_parameters,
+      ZeroPrecision{policy.param_dtype, policy.reduce_dtype});
   for (size_t u = 0; u < units.size(); ++u) {
     AttachUnit(units[u], zero->unit_runner(), u);
   }
@@ -130,6 +148,23 @@ std::shared_ptr<PreparedOptimizer> Accelerator::PrepareOptimizer(
     state_->prepared.ReplaceSynchronizer(
         model.get(),
         zero->MakeGradientReducer(model->buffers(), options_.gradient_sync));
+  } else if (zero->mixed_precision()) {
+    // The parameters changed dtype: DDP's buckets and hooks are made anew.
+    GradientSyncOptions sync = options_.gradient_sync;
+    sync.reduce_dtype = policy.reduce_dtype;
+    state_->prepared.ReplaceSynchronizer(
+        model.get(),
+        std::make_unique<GradientSynchronizer>(
+            communicator(), model->parameters(), sync, model->buffers()));
+  }
+  if (zero->mixed_precision() && is_main_process()) {
+    ACCEL_LOG(INFO) << "mixed precision under ZeRO stage " << stage
+                    << ": parameters computed in "
+                    << c10::toString(*policy.param_dtype)
+                    << ", gradients reduced in "
+                    << c10::toString(*policy.reduce_dtype)
+                    << ", the optimizer steps master shards in their own "
+                       "dtype";
   }
   std::shared_ptr<PreparedOptimizer> prepared =
       state_->prepared.AddOptimizer(optimizer);

@@ -288,7 +288,20 @@ class ShardPlan {
 
 std::optional<ShardedTensors> Accelerator::ShardedTensorsOfPrepared() {
   for (const auto& prepared : state_->prepared.optimizers()) {
-    if (!KnowsParamState(*prepared->optimizer)) return std::nullopt;
+    if (KnowsParamState(*prepared->optimizer)) continue;
+    if (prepared->zero != nullptr && prepared->zero->mixed_precision()) {
+      // The whole-weights format would save the parameters as computed
+      // (bf16), not the master shards the optimizer steps.
+      throw UsageError(
+          "save_state / load_state: mixed-precision parameters keep their "
+          "master copy in shards, which only accel's sharded format holds, "
+          "and it needs to know the optimizer's state: this optimizer is "
+          "not one of Adam, AdamW, SGD, Adagrad, RMSprop or "
+          "AdamWScheduleFree (accel/optim/param_state_codec.h); set "
+          "mixed_precision_policy.param_dtype to the parameters' dtype to "
+          "train without master shards");
+    }
+    return std::nullopt;
   }
   auto plan = std::make_shared<ShardPlan>(state_->prepared.models(),
                                           state_->prepared.optimizers(),

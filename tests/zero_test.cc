@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -219,14 +220,97 @@ TEST(ZeroTest, Bf16AutocastAndASchedulerAsUnderDdp) {
   const Result ddp =
       Train({.steps = 12, .precision = "bf16", .schedule = true});
   for (int stage : {1, 2, 3}) {
-    const Result zero = Train(
-        {.stage = stage, .steps = 12, .precision = "bf16", .schedule = true});
+    // param_dtype float32: autocast alone, the parameters float32 (without
+    // it ZeRO computes with bf16 parameters: the next test).
+    const Result zero = Train({.stage = stage,
+                               .steps = 12,
+                               .precision = "bf16",
+                               .schedule = true,
+                               .param_dtype = torch::kFloat32});
     EXPECT_LE(MaxDifference(zero.parameters, ddp.parameters), 1e-6)
         << "stage " << stage;
   }
   // Autocast and the schedule did change the run.
   EXPECT_GT(MaxDifference(ddp.parameters, Train({.steps = 12}).parameters),
             1e-4);
+}
+
+// --mixed_precision=bf16 under ZeRO is FSDP's MixedPrecisionPolicy, as
+// Accelerate sets it: the parameters are bf16 (gathered, computed and
+// reduced in it) and the optimizer steps float32 master shards.
+TEST(ZeroTest, Bf16ParametersKeepFloat32MasterShards) {
+  const bool sharded = SharedAccelerator().num_processes() > 1;
+  const Result fp32 = Train({});
+  const std::set<c10::ScalarType> float32 = {torch::kFloat32};
+  for (int stage : {1, 2, 3}) {
+    const Result mixed = Train({.stage = stage, .precision = "bf16"});
+    EXPECT_EQ(mixed.stepped_dtypes, float32) << "stage " << stage;
+    EXPECT_EQ(mixed.state_dtypes, float32) << "stage " << stage;
+    if (SharedAccelerator().is_main_process()) {
+      EXPECT_EQ(mixed.state_dict_dtypes, float32) << "stage " << stage;
+    }
+    // One process shards nothing: its parameters stay float32 (autocast).
+    const std::set<c10::ScalarType> computed = {sharded ? torch::kBFloat16
+                                                        : torch::kFloat32};
+    EXPECT_EQ(mixed.parameter_dtypes, computed) << "stage " << stage;
+    // bf16's rounding moved the run, which still trains as float32 does.
+    const double difference = MaxDifference(mixed.parameters, fp32.parameters);
+    if (SharedAccelerator().is_main_process()) {
+      EXPECT_GT(difference, 1e-4) << "stage " << stage;
+      EXPECT_LT(difference, 0.1) << "stage " << stage;
+      std::printf(
+          "bf16 parameters, stage %d, %d process(es): max |difference| from "
+          "float32 %.3g after %d steps; last loss %.4f (float32 %.4f)\n",
+          stage, SharedAccelerator().num_processes(), difference, kSteps,
+          mixed.last_loss, fp32.last_loss);
+    }
+    EXPECT_NEAR(mixed.last_loss, fp32.last_loss, 0.02 * fp32.last_loss)
+        << "stage " << stage;
+  }
+}
+
+// reduce_dtype: what gradients are summed in, under DDP and ZeRO.
+TEST(ZeroTest, ReduceDtypeChoosesWhatGradientsAreSummedIn) {
+  if (SharedAccelerator().num_processes() == 1) {
+    GTEST_SKIP() << "one process reduces nothing";
+  }
+  const Result ddp = Train({.steps = 10});
+  const Result ddp_bf16 =
+      Train({.steps = 10, .reduce_dtype = torch::kBFloat16});
+  const double rounded = MaxDifference(ddp_bf16.parameters, ddp.parameters);
+  if (SharedAccelerator().is_main_process()) {
+    EXPECT_GT(rounded, 0);
+    EXPECT_LT(rounded, 0.05);
+  }
+  // bf16 parameters whose gradients are summed in float32 rather than bf16.
+  for (int stage : {1, 2, 3}) {
+    const Result in_bf16 =
+        Train({.stage = stage, .steps = 10, .precision = "bf16"});
+    const Result in_fp32 = Train({.stage = stage,
+                                  .steps = 10,
+                                  .precision = "bf16",
+                                  .reduce_dtype = torch::kFloat32});
+    // Under stages 2-3 the float32 sums land in float32 master gradients.
+    // Stage 1's gradients stay bf16 (DDP's buckets of the bf16
+    // parameters): float32 rounds each sum once, at the end, which for two
+    // ranks' a + b (exact in float32) is bf16's one rounding too.
+    const bool rounds_differently =
+        stage >= 2 || SharedAccelerator().num_processes() > 2;
+    if (SharedAccelerator().is_main_process() && rounds_differently) {
+      EXPECT_GT(MaxDifference(in_fp32.parameters, in_bf16.parameters), 0)
+          << "stage " << stage;
+    }
+    EXPECT_EQ(in_fp32.parameter_dtypes,
+              std::set<c10::ScalarType>{torch::kBFloat16});
+  }
+}
+
+TEST(ZeroTest, AMixedPrecisionPolicyOfAnIntegerDtypeIsAUsageError) {
+  AcceleratorOptions options = Options({});
+  options.mixed_precision_policy.reduce_dtype = torch::kInt32;
+  EXPECT_THAT(UsageErrorOf([&] { Accelerator accelerator(options); }),
+              HasSubstr("mixed_precision_policy.reduce_dtype must be a "
+                        "floating-point dtype, found Int"));
 }
 
 TEST(ZeroTest, AccumulationAndFrozenParametersAsUnderDdp) {
@@ -374,6 +458,27 @@ TEST(ZeroTest, ACheckpointResumesBitExactlyAtTheSameProcessCount) {
     EXPECT_EQ(MaxDifference(resumed.parameters, whole.parameters), 0.0)
         << "stage " << stage;
     EXPECT_EQ(resumed.state_elements, whole.state_elements);
+  }
+}
+
+// The master shards are what a checkpoint keeps: a resumed bf16 run
+// continues bit for bit.
+TEST(ZeroTest, AMixedPrecisionCheckpointResumesBitExactly) {
+  for (int stage : {1, 3}) {
+    const std::string dir = Folder("zero_bf16_" + std::to_string(stage));
+    const testing::Run run = {.stage = stage, .steps = 20, .precision = "bf16"};
+    const Result whole = Train(run);
+    testing::Run first = run;
+    first.steps = 10;
+    first.save_to = dir;
+    Train(first);
+    testing::Run second = run;
+    second.steps = 10;
+    second.first_step = 10;
+    second.load_from = dir;
+    const Result resumed = Train(second);
+    EXPECT_EQ(MaxDifference(resumed.parameters, whole.parameters), 0.0)
+        << "stage " << stage;
   }
 }
 

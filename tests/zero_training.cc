@@ -40,6 +40,8 @@ AcceleratorOptions Options(const Run& run) {
   options.mixed_precision = run.precision;
   options.gradient_accumulation_steps = run.accumulation;
   options.gradient_clipping = run.auto_clip;
+  options.mixed_precision_policy.param_dtype = run.param_dtype;
+  options.mixed_precision_policy.reduce_dtype = run.reduce_dtype;
   // Several buckets, so that stage 2 reduce-scatters during backward.
   options.gradient_sync.first_bucket_bytes = 512;
   options.gradient_sync.bucket_cap_bytes = 2048;
@@ -75,6 +77,7 @@ Result Train(const Run& run) {
           auto autocast = accelerator.autocast();
           loss = torch::nn::functional::cross_entropy(model->forward(x), y);
         }
+        result.last_loss = loss.item<double>();
         accelerator.backward(loss);
       }
       if (accelerator.sync_gradients()) {
@@ -103,12 +106,23 @@ Result Train(const Run& run) {
   // at a time onto the main process, and the others get nothing.
   std::vector<torch::Tensor> flat;
   for (const auto& [name, tensor] : accelerator.get_state_dict(model)) {
-    flat.push_back(tensor.reshape({-1}));
+    flat.push_back(tensor.reshape({-1}).to(torch::kFloat32));
+    result.state_dict_dtypes.insert(tensor.scalar_type());
+  }
+  for (const auto& p : model->parameters()) {
+    result.parameter_dtypes.insert(p.scalar_type());
+  }
+  for (const auto& group : adamw.param_groups()) {
+    for (const auto& p : group.params()) {
+      result.stepped_dtypes.insert(p.scalar_type());
+    }
   }
   if (!flat.empty()) result.parameters = torch::cat(flat).clone();
   for (const auto& [key, state] : adamw.state()) {
-    result.state_elements +=
-        static_cast<torch::optim::AdamWParamState&>(*state).exp_avg().numel();
+    const auto& adamw_state =
+        static_cast<torch::optim::AdamWParamState&>(*state);
+    result.state_elements += adamw_state.exp_avg().numel();
+    result.state_dtypes.insert(adamw_state.exp_avg().scalar_type());
   }
   return result;
 }

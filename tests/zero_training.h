@@ -12,6 +12,8 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -48,6 +50,9 @@ struct Run {
   // AcceleratorOptions::gradient_clipping: the prepared optimizer clips
   // (rather than clip_grad_norm_ with `clip`).
   double auto_clip = 0;
+  // AcceleratorOptions::mixed_precision_policy's.
+  std::optional<c10::ScalarType> param_dtype;
+  std::optional<c10::ScalarType> reduce_dtype;
 };
 
 struct Result {
@@ -56,6 +61,13 @@ struct Result {
   int parameters_with_grad = 0;
   std::vector<double> norms;   // clip_grad_norm_'s, per step.
   int64_t state_elements = 0;  // exp_avg elements this rank's AdamW holds.
+  // After the run: the model's parameters' dtypes, what the optimizer
+  // steps (its params) and its exp_avg, and get_state_dict's values.
+  std::set<c10::ScalarType> parameter_dtypes;
+  std::set<c10::ScalarType> stepped_dtypes;
+  std::set<c10::ScalarType> state_dtypes;
+  std::set<c10::ScalarType> state_dict_dtypes;
+  double last_loss = 0;  // The mean of the last step's losses, this rank.
 };
 
 // The shared Accelerator's options with `run`'s stage, precision,

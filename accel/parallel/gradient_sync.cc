@@ -132,22 +132,38 @@ struct GradientSynchronizer::State {
     }
   }
 
-  // The tensor a bucket's allreduce sums: the bucket itself, or under a
-  // compression hook its share of the average in 16 bits (divided first,
-  // as torch's hooks, so that the sum cannot overflow float16).
-  const torch::Tensor& Compress(Bucket& bucket) {
-    const auto type = bucket.flat.scalar_type();
-    if (options.comm_hook == DDPCommunicationHookType::kNo ||
-        options.comm_hook == DDPCommunicationHookType::kPowerSgd ||
-        (type != torch::kFloat32 && type != torch::kFloat64)) {
-      return bucket.flat;
+  // The dtype a bucket of `type` is summed in when it is not its own:
+  // reduce_dtype's, or a compression hook's for float32 and float64.
+  std::optional<c10::ScalarType> ReduceDtype(c10::ScalarType type) const {
+    if (!c10::isFloatingType(type)) return std::nullopt;
+    if (options.reduce_dtype) {
+      if (*options.reduce_dtype == type) return std::nullopt;
+      return options.reduce_dtype;
     }
+    if (type != torch::kFloat32 && type != torch::kFloat64) {
+      return std::nullopt;
+    }
+    switch (options.comm_hook) {
+      case DDPCommunicationHookType::kFp16:
+        return torch::kFloat16;
+      case DDPCommunicationHookType::kBf16:
+        return torch::kBFloat16;
+      default:
+        return std::nullopt;
+    }
+  }
+
+  // The tensor a bucket's allreduce sums: the bucket itself, or in
+  // reduce_dtype or under a compression hook its share of the average in 16
+  // bits (divided first, as torch's hooks, so that the sum cannot overflow
+  // float16).
+  const torch::Tensor& Compress(Bucket& bucket) {
+    const std::optional<c10::ScalarType> reduce_in =
+        ReduceDtype(bucket.flat.scalar_type());
+    if (!reduce_in) return bucket.flat;
     torch::NoGradGuard no_grad;
     if (!bucket.compressed.defined()) {
-      bucket.compressed = torch::empty_like(
-          bucket.flat, options.comm_hook == DDPCommunicationHookType::kFp16
-                           ? torch::kFloat16
-                           : torch::kBFloat16);
+      bucket.compressed = torch::empty_like(bucket.flat, *reduce_in);
     }
     bucket.compressed.copy_(bucket.flat);
     bucket.compressed.div_(comm.size());

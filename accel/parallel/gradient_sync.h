@@ -32,6 +32,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -78,6 +79,10 @@ struct GradientSyncOptions {
   bool gradient_as_bucket_view = true;
   DDPCommunicationHookType comm_hook = DDPCommunicationHookType::kNo;
   PowerSgdOptions powersgd;  // For kPowerSgd.
+  // FSDP's reduce_dtype: floating-point buckets of another dtype are
+  // averaged in this one (divided first, cast, summed, cast back), as the
+  // 16-bit hooks do; it takes the place of kFp16 / kBf16's dtype.
+  std::optional<c10::ScalarType> reduce_dtype;
 };
 
 // Which parameters share a bucket: indices into `parameters` (those that

@@ -57,13 +57,28 @@ void CheckShardsWholeModel(const std::vector<torch::Tensor>& sharded,
   }
 }
 
+void CheckPrecision(const ZeroPrecision& precision) {
+  const auto check = [](const std::optional<c10::ScalarType>& dtype,
+                        const char* what) {
+    if (dtype && !c10::isFloatingType(*dtype)) {
+      throw UsageError(std::string("prepare: mixed precision's ") + what +
+                       " must be a floating-point dtype, found " +
+                       c10::toString(*dtype));
+    }
+  };
+  check(precision.param_dtype, "param_dtype");
+  check(precision.reduce_dtype, "reduce_dtype");
+}
+
 }  // namespace
 
 ZeroOptimizer::ZeroOptimizer(
     Communicator& comm, int stage, torch::optim::Optimizer& optimizer,
     const std::vector<torch::Tensor>& model_parameters,
-    const std::vector<std::vector<torch::Tensor>>& units)
+    const std::vector<std::vector<torch::Tensor>>& units,
+    const ZeroPrecision& precision)
     : comm_(comm), stage_(stage), optimizer_(optimizer) {
+  CheckPrecision(precision);
   if (stage < 1 || stage > 3) {
     throw UsageError("ZeRO stage " + std::to_string(stage) +
                      " is not one that shards training state (1, 2 or 3)");
@@ -126,15 +141,23 @@ ZeroOptimizer::ZeroOptimizer(
     for (const auto& p : group->params) numels.push_back(p.numel());
     group->layout = ShardLayout(numels, comm.size());
     Flatten(*group);
+    const c10::ScalarType compute =
+        precision.param_dtype.value_or(group->flat.scalar_type());
+    group->mixed = compute != group->flat.scalar_type();
+    group->reduce_dtype = precision.reduce_dtype.value_or(compute);
     // The pieces are views of what this rank keeps: the flat buffer, or
-    // under stage 3 its share (starting at element `base` of the flat).
+    // under stage 3 or mixed precision its share (starting at element
+    // `base` of the flat), in the master dtype.
     torch::Tensor kept = group->flat;
     int64_t base = 0;
-    if (group->unit >= 0) {
+    if (group->unit >= 0 || group->mixed) {
       base = rank * group->layout.shard_size();
       group->shard =
           group->flat.narrow(0, base, group->layout.shard_size()).clone();
       kept = group->shard;
+    }
+    if (group->mixed) Flatten(*group, compute);
+    if (group->unit >= 0) {
       FreeStorage(group->flat);
       group->gathered = false;
     }
@@ -152,7 +175,7 @@ ZeroOptimizer::ZeroOptimizer(
     if (stage >= 2) {
       const int64_t own = group->layout.end(rank) - group->own_begin;
       group->shard_grad =
-          torch::zeros({own + 1}, group->flat.options()).narrow(0, 0, own);
+          torch::zeros({own + 1}, kept.options()).narrow(0, 0, own);
     }
   }
   // The optimizer now steps this rank's pieces in place of the parameters.
@@ -194,6 +217,8 @@ void ZeroOptimizer::AttachGradients() {
         const torch::Tensor& full = group->params[piece.tensor].grad();
         if (full.defined()) {
           grad = full.reshape({-1}).narrow(0, piece.begin, piece.length);
+          // Mixed precision: the master dtype's copy the optimizer steps.
+          if (group->mixed) grad = grad.to(group->shard.scalar_type());
         }
       }
       // detach(): a plain tensor to autograd, which zero_grad may detach.
@@ -209,14 +234,23 @@ void ZeroOptimizer::AllGatherParameters(CallSite site) {
   CollectiveOptions options;
   options.api = "optimizer.step (ZeRO all-gather of the updated parameters)";
   options.site = site;
+  torch::NoGradGuard no_grad;
   for (auto& group : groups_) {
     if (group->unit >= 0) continue;
     const int64_t share = group->layout.shard_size();
-    char* flat = static_cast<char*>(group->flat.data_ptr());
-    comm_.allgather(flat + comm_.rank() * share * group->flat.element_size(),
-                    flat, static_cast<size_t>(share),
+    torch::Tensor own = group->flat.narrow(0, comm_.rank() * share, share);
+    if (group->mixed) own.copy_(group->shard);  // The stepped master, cast.
+    comm_.allgather(own.data_ptr(), group->flat.data_ptr(),
+                    static_cast<size_t>(share),
                     ToDType(group->flat.scalar_type()), options);
   }
+}
+
+bool ZeroOptimizer::mixed_precision() const {
+  for (const auto& group : groups_) {
+    if (group->mixed) return true;
+  }
+  return false;
 }
 
 std::vector<ZeroOptimizer::Piece> ZeroOptimizer::Pieces() const {
@@ -251,24 +285,61 @@ void ZeroOptimizer::ReshardEveryUnit(bool adopt) {
   }
 }
 
-void ZeroOptimizer::ForEachGathered(const std::vector<torch::Tensor>& tensors,
-                                    const std::function<void(size_t)>& visit) {
-  std::map<const void*, int> unit_of;
+void ZeroOptimizer::ForEachGathered(
+    const std::vector<torch::Tensor>& tensors,
+    const std::function<void(size_t, const torch::Tensor&)>& visit) {
+  std::map<const void*, std::pair<ZeroGroup*, size_t>> where;
   for (const auto& group : groups_) {
-    for (const auto& p : group->params) unit_of[Key(p)] = group->unit;
+    for (size_t t = 0; t < group->params.size(); ++t) {
+      where[Key(group->params[t])] = {group.get(), t};
+    }
   }
-  int current = -1;
+  int current = -1;  // The unit gathered.
+  const ZeroGroup* master_of = nullptr;
+  torch::Tensor master;  // master_of's master values, whole.
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const auto found = unit_of.find(Key(tensors[i]));
-    const int unit = found == unit_of.end() ? -1 : found->second;
+    const auto found = where.find(Key(tensors[i]));
+    ZeroGroup* group = found == where.end() ? nullptr : found->second.first;
+    if (group != nullptr && group->mixed) {
+      if (group != master_of) {
+        master = torch::Tensor();  // One group's master whole at a time.
+        master = zero_internal::GatherMaster(
+            comm_, *group, "get_state_dict (ZeRO all-gather of the master)");
+        master_of = group;
+      }
+      const torch::Tensor& p = tensors[i];
+      visit(i, master
+                   .narrow(0, group->layout.offset(found->second.second),
+                           p.numel())
+                   .view(p.sizes()));
+      continue;
+    }
+    const int unit = group == nullptr ? -1 : group->unit;
     if (units_ != nullptr && unit >= 0 && unit != current) {
       if (current >= 0) units_->ReleaseUnit(current);
       units_->GatherUnit(unit, "get_state_dict (ZeRO-3 all-gather)");
       current = unit;
     }
-    visit(i);
+    visit(i, tensors[i]);
   }
   if (current >= 0) units_->ReleaseUnit(current);
+}
+
+void ZeroOptimizer::ReturnParameters() {
+  if (units_ != nullptr) units_->ReleaseAll();
+  torch::NoGradGuard no_grad;
+  for (auto& group : groups_) {
+    if (!group->shard.defined()) continue;  // Whole already (stages 1-2).
+    group->flat = zero_internal::GatherMaster(
+        comm_, *group, "free_memory (ZeRO all-gather of the parameters)");
+    for (size_t t = 0; t < group->params.size(); ++t) {
+      torch::Tensor& p = group->params[t];
+      p.set_data(group->flat.narrow(0, group->layout.offset(t), p.numel())
+                     .view(p.sizes()));
+    }
+    group->gathered = true;
+    group->unit = -1;  // Nothing frees it again.
+  }
 }
 
 void ZeroOptimizer::ZeroGrad() {

@@ -45,10 +45,23 @@
 // unit stay whole on every rank, stepped as under stage 2; frozen ones are
 // not sharded at all.
 //
-// Deliberate differences from DeepSpeed: no fp32 master copy (the
-// parameters' own dtype is stepped, as LibTorch optimizers do), and no
-// padding of parameters to alignment; the flat buffer pads its end to
-// N shares so that every all-gather has one count.
+// Mixed-precision parameters (ZeroPrecision, FSDP's MixedPrecisionPolicy):
+// with a param_dtype other than the parameters' own (bf16 for float32
+// ones), each flat buffer and the model's parameters, their views, hold
+// param_dtype, and every rank keeps its share in the parameters' own dtype
+// beside it (`shard`, under every stage): the master copy the optimizer
+// steps, whose state is then of that dtype too. An all-gather sends the
+// share cast to param_dtype (half the bytes of float32), so forward and
+// backward compute in param_dtype and autograd's gradients are of it.
+// Gradients are reduced in reduce_dtype (param_dtype unless set) and land
+// in the master dtype's shard_grad (under stage 1, DDP's reduction, then a
+// master-dtype copy of each piece). Without a param_dtype the parameters'
+// own dtype is stepped, as LibTorch optimizers do.
+//
+// Deliberate differences from DeepSpeed: no fp32 master copy unless
+// param_dtype asks for one, and no padding of parameters to alignment; the
+// flat buffer pads its end to N shares so that every all-gather has one
+// count.
 #pragma once
 
 #include <torch/optim/optimizer.h>
@@ -58,6 +71,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "accel/parallel/gradient_sync.h"
@@ -101,6 +115,14 @@ class ShardLayout {
   int world_size_ = 1;
 };
 
+// FSDP's MixedPrecisionPolicy for what ZeroOptimizer shards (see above):
+// unset members keep the parameters' dtype (param_dtype) or param_dtype
+// (reduce_dtype). Both must be floating-point.
+struct ZeroPrecision {
+  std::optional<c10::ScalarType> param_dtype;
+  std::optional<c10::ScalarType> reduce_dtype;
+};
+
 struct ZeroGroup;    // One flat buffer (zero_group.h).
 class UnitSchedule;  // Stage 3's gathers and frees (zero_units.h).
 
@@ -112,14 +134,18 @@ class ZeroOptimizer {
   // outside 1..3, an optimizer that already holds state, a parameter that
   // appears twice, under stages 2-3 an optimizer that does not hold
   // exactly the trainable parameters of its model (`model_parameters`),
-  // or stage 3 without units.
+  // stage 3 without units, or a precision dtype that is not floating-point.
   ZeroOptimizer(Communicator& comm, int stage,
                 torch::optim::Optimizer& optimizer,
                 const std::vector<torch::Tensor>& model_parameters,
-                const std::vector<std::vector<torch::Tensor>>& units = {});
+                const std::vector<std::vector<torch::Tensor>>& units = {},
+                const ZeroPrecision& precision = {});
   ~ZeroOptimizer();
 
   int stage() const { return stage_; }
+  // Whether some parameters compute in another dtype than the master
+  // shards the optimizer steps (ZeroPrecision::param_dtype).
+  bool mixed_precision() const;
   // The parameters it shards (the optimizer's trainable ones).
   const std::vector<torch::Tensor>& parameters() const { return parameters_; }
 
@@ -150,11 +176,19 @@ class ZeroOptimizer {
   // `adopt` false (a load that failed) frees them without taking values.
   void GatherEveryUnit();
   void ReshardEveryUnit(bool adopt = true);
-  // Calls visit(i) for each of `tensors` with its unit's parameters
-  // gathered, one unit at a time (in the order the tensors come); every
-  // rank calls it. Under stages 1-2 it only visits.
-  void ForEachGathered(const std::vector<torch::Tensor>& tensors,
-                       const std::function<void(size_t)>& visit);
+  // Calls visit(i, value) for each of `tensors` with its whole value,
+  // one unit at a time (in the order the tensors come); every rank calls
+  // it. The value is the tensor itself (under stage 3 with its unit
+  // gathered), or for a mixed-precision parameter its master values,
+  // gathered whole in the master dtype. Without either it only visits.
+  void ForEachGathered(
+      const std::vector<torch::Tensor>& tensors,
+      const std::function<void(size_t, const torch::Tensor&)>& visit);
+  // The model's parameters whole again, as before the optimizer was
+  // sharded (under mixed precision in the master dtype), for a program
+  // that drops the prepared objects (free_memory); the sharding is over
+  // after it. Every rank calls it.
+  void ReturnParameters();
   // This rank's pieces, for sharded checkpoints: elements [begin, begin +
   // values.numel()) of the model's `parameter` (flattened), `values` being
   // the 1-D tensor the optimizer steps for them (its state is keyed by it).

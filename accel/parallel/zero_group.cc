@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "accel/core/tensor_ops.h"
 #include "accel/memory/released_memory.h"
 
 namespace accel {
@@ -58,11 +59,13 @@ std::string Shape(const torch::Tensor& t) {
   return text + "]";
 }
 
-void Flatten(ZeroGroup& group) {
+void Flatten(ZeroGroup& group, std::optional<c10::ScalarType> dtype) {
   torch::NoGradGuard no_grad;
   const torch::Tensor& first = group.params.front();
   group.flat = torch::zeros({group.layout.padded()},
-                            first.options().requires_grad(false));
+                            first.options()
+                                .dtype(dtype.value_or(first.scalar_type()))
+                                .requires_grad(false));
   for (size_t i = 0; i < group.params.size(); ++i) {
     torch::Tensor& param = group.params[i];
     torch::Tensor place =
@@ -70,6 +73,27 @@ void Flatten(ZeroGroup& group) {
     place.copy_(param.reshape({-1}));
     param.set_data(place.view(param.sizes()));
   }
+}
+
+void* SendBuffer(ZeroGroup& group) {
+  if (group.shard.scalar_type() == group.flat.scalar_type()) {
+    return group.shard.data_ptr();
+  }
+  torch::NoGradGuard no_grad;
+  group.sending = group.shard.to(group.flat.scalar_type());
+  return group.sending.data_ptr();
+}
+
+torch::Tensor GatherMaster(Communicator& comm, const ZeroGroup& group,
+                           const char* api) {
+  torch::Tensor whole =
+      torch::empty({group.layout.padded()}, group.shard.options());
+  CollectiveOptions options;
+  options.api = api;
+  comm.allgather(group.shard.data_ptr(), whole.data_ptr(),
+                 static_cast<size_t>(group.layout.shard_size()),
+                 ToDType(whole.scalar_type()), options);
+  return whole;
 }
 
 c10::DataPtr AllocateDetached(const torch::Tensor& flat) {

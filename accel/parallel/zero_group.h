@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,13 @@ struct ZeroGroup {
   // it); `flat` has storage only while gathered.
   int unit = -1;
   torch::Tensor shard;
+  // Mixed precision (zero.h): `flat` holds the compute dtype and `shard`,
+  // kept under every stage, the master dtype; an all-gather sends
+  // `sending`, the share cast to flat's dtype.
+  bool mixed = false;
+  torch::Tensor sending;
+  // The dtype gradients are reduced in.
+  c10::ScalarType reduce_dtype = c10::ScalarType::Float;
   bool gathered = true;
   // The all-gather filling `arriving`, memory that becomes flat's storage
   // only when the unit is about to run: until then its parameters still
@@ -61,9 +69,20 @@ const void* Key(const torch::Tensor& t);
 // "[4, 2]".
 std::string Shape(const torch::Tensor& t);
 
-// Makes every parameter a view of its place in group.flat, holding its
-// values.
-void Flatten(ZeroGroup& group);
+// Makes every parameter a view of its place in a new group.flat (of
+// `dtype`, by default the first parameter's), holding its values.
+void Flatten(ZeroGroup& group,
+             std::optional<c10::ScalarType> dtype = std::nullopt);
+
+// The share of the flat buffer an all-gather sends from this rank: the
+// shard, cast to flat's dtype when they differ (kept in group.sending
+// until the all-gather is done).
+void* SendBuffer(ZeroGroup& group);
+
+// A blocking all-gather of every rank's master share (`shard`) into a new
+// tensor of the master dtype (layout.padded() elements).
+torch::Tensor GatherMaster(Communicator& comm, const ZeroGroup& group,
+                           const char* api);
 
 // Stage 3's storage resizing: the flat buffer's storage (which its
 // parameters, their views and autograd's saved tensors share) gets memory

@@ -128,6 +128,10 @@ class ShardedGradientReducer : public GradientReducer {
     int64_t lo = 0;
     size_t pending = 0;
     torch::Tensor buffer;  // The gradients, while the bucket is reduced.
+    // When reduce_dtype is not the master dtype: this rank's sum, and
+    // where it goes (a view of shard_grad or incoming).
+    torch::Tensor result;
+    torch::Tensor target;
     std::shared_ptr<Work> work;
   };
   struct Slot {
@@ -168,6 +172,8 @@ class ShardedGradientReducer : public GradientReducer {
       for (auto& bucket : buckets) {
         bucket.pending = bucket.members.size();
         bucket.buffer = torch::Tensor();
+        bucket.result = torch::Tensor();
+        bucket.target = torch::Tensor();
         bucket.work.reset();
       }
       in_flight.clear();
@@ -185,7 +191,7 @@ class ShardedGradientReducer : public GradientReducer {
       torch::NoGradGuard no_grad;
       const torch::Tensor& grad = param.grad();
       if (bucket.members.size() == 1 && grad.defined() &&
-          grad.is_contiguous() && grad.dtype() == group.flat.dtype()) {
+          grad.is_contiguous() && grad.scalar_type() == group.reduce_dtype) {
         // A bucket of one gradient reduces it where autograd left it: no
         // copy, and no second gradient-sized buffer alive.
         bucket.buffer = grad.reshape({-1});
@@ -195,7 +201,8 @@ class ShardedGradientReducer : public GradientReducer {
       }
       if (!bucket.buffer.defined()) {
         bucket.buffer =
-            torch::empty({bucket.hi - bucket.lo}, group.flat.options());
+            torch::empty({bucket.hi - bucket.lo},
+                         group.flat.options().dtype(group.reduce_dtype));
       }
       torch::Tensor place = bucket.buffer.narrow(
           0, group.layout.offset(slot.tensor) - bucket.lo, param.numel());
@@ -240,9 +247,17 @@ class ShardedGradientReducer : public GradientReducer {
             std::max(bucket.lo, group.own_begin) - group.own_begin;
         torch::Tensor& into_tensor =
             group.shard_grad_held ? Incoming(group) : group.shard_grad;
-        char* output =
-            static_cast<char*>(into_tensor.data_ptr()) +
-            (counts[comm.rank()] > 0 ? into : 0) * into_tensor.element_size();
+        const int64_t count = static_cast<int64_t>(counts[comm.rank()]);
+        char* output = static_cast<char*>(into_tensor.data_ptr()) +
+                       (count > 0 ? into : 0) * into_tensor.element_size();
+        if (bucket.buffer.scalar_type() != into_tensor.scalar_type()) {
+          // Reduced in reduce_dtype, kept in the master dtype: the sum
+          // lands beside its place, and is copied in when it is done.
+          bucket.result = torch::empty({count + 1}, bucket.buffer.options())
+                              .narrow(0, 0, count);
+          if (count > 0) bucket.target = into_tensor.narrow(0, into, count);
+          output = static_cast<char*>(bucket.result.data_ptr());
+        }
         CollectiveOptions options;
         options.api = "backward (ZeRO reduce-scatter)";
         options.site = site;
@@ -259,10 +274,14 @@ class ShardedGradientReducer : public GradientReducer {
       in_flight.pop_front();
       try {
         bucket.work->wait();
+        torch::NoGradGuard no_grad;
+        if (bucket.target.defined()) bucket.target.copy_(bucket.result);
       } catch (...) {
         if (!failure) failure = std::current_exception();
       }
       bucket.buffer = torch::Tensor();
+      bucket.result = torch::Tensor();
+      bucket.target = torch::Tensor();
     }
 
     void WaitAll() {

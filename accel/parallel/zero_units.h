@@ -120,10 +120,10 @@ class UnitSchedule : public UnitRunner {
       // Called from inside the model's forward or backward: no line of the
       // program's is known (not this one's either).
       options.site = CallSite{};
-      group->gathering =
-          comm_.allgather_async(group->shard.data_ptr(), group->arriving.get(),
-                                static_cast<size_t>(group->layout.shard_size()),
-                                ToDType(group->flat.scalar_type()), options);
+      group->gathering = comm_.allgather_async(
+          zero_internal::SendBuffer(*group), group->arriving.get(),
+          static_cast<size_t>(group->layout.shard_size()),
+          ToDType(group->flat.scalar_type()), options);
     }
   }
   void Finish(ZeroGroup& group) {
@@ -131,6 +131,7 @@ class UnitSchedule : public UnitRunner {
     std::shared_ptr<Work> work = std::move(group.gathering);
     group.gathering.reset();
     work->wait();
+    group.sending = torch::Tensor();
     zero_internal::InstallStorage(group.flat, std::move(group.arriving));
     group.gathered = true;
   }
