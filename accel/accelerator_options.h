@@ -76,9 +76,9 @@ struct DataLoaderConfiguration {
 //     gradients' own under DDP.
 //   buffer_dtype: floating-point buffers are cast to it at prepare.
 struct MixedPrecisionPolicy {
-  std::optional<c10::ScalarType> param_dtype;
-  std::optional<c10::ScalarType> reduce_dtype;
-  std::optional<c10::ScalarType> buffer_dtype;
+  std::optional<c10::ScalarType> param_dtype = std::nullopt;
+  std::optional<c10::ScalarType> reduce_dtype = std::nullopt;
+  std::optional<c10::ScalarType> buffer_dtype = std::nullopt;
 };
 
 struct AcceleratorOptions {

@@ -51,8 +51,8 @@ struct Run {
   // (rather than clip_grad_norm_ with `clip`).
   double auto_clip = 0;
   // AcceleratorOptions::mixed_precision_policy's.
-  std::optional<c10::ScalarType> param_dtype;
-  std::optional<c10::ScalarType> reduce_dtype;
+  std::optional<c10::ScalarType> param_dtype = std::nullopt;
+  std::optional<c10::ScalarType> reduce_dtype = std::nullopt;
 };
 
 struct Result {

@@ -119,8 +119,8 @@ class ShardLayout {
 // unset members keep the parameters' dtype (param_dtype) or param_dtype
 // (reduce_dtype). Both must be floating-point.
 struct ZeroPrecision {
-  std::optional<c10::ScalarType> param_dtype;
-  std::optional<c10::ScalarType> reduce_dtype;
+  std::optional<c10::ScalarType> param_dtype = std::nullopt;
+  std::optional<c10::ScalarType> reduce_dtype = std::nullopt;
 };
 
 struct ZeroGroup;    // One flat buffer (zero_group.h).

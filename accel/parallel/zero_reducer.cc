@@ -47,7 +47,10 @@ class ShardedGradientReducer : public GradientReducer {
         const bool fits = !s.buckets.empty() && s.buckets.back().group == g &&
                           bucket_bytes + bytes <= cap;
         if (!fits) {
-          s.buckets.push_back({g, group.layout.offset(t) + p.numel(), {}});
+          Bucket next;
+          next.group = g;
+          next.hi = group.layout.offset(t) + p.numel();
+          s.buckets.push_back(std::move(next));
           bucket_bytes = 0;
         }
         Bucket& bucket = s.buckets.back();
@@ -122,8 +125,8 @@ class ShardedGradientReducer : public GradientReducer {
 
  private:
   struct Bucket {
-    size_t group;
-    int64_t hi;                   // [lo, hi) of the group's flat buffer.
+    size_t group = 0;
+    int64_t hi = 0;               // [lo, hi) of the group's flat buffer.
     std::vector<size_t> members;  // Indices into slots.
     int64_t lo = 0;
     size_t pending = 0;
