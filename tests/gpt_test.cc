@@ -46,6 +46,8 @@ struct GptRun {
   bool activation_checkpointing = false;  // accel::checkpoint in forward.
   // Each block marked fully_shard(block, {.activation_checkpointing = true}).
   bool checkpointed_units = false;
+  // Each block marked fully_shard(block, {.reshard_after_forward = false}).
+  bool units_kept_gathered = false;
   int steps = kGptSteps;
   std::string precision = "no";  // mixed_precision.
   bool learnable = false;        // LearnableTokens rather than Tokens.
@@ -99,9 +101,10 @@ std::map<std::string, torch::Tensor> TrainGpt(const GptRun& run) {
   Accelerator accelerator(options);
   torch::manual_seed(7);
   examples::Gpt gpt(SmallGpt(run.activation_checkpointing));
-  if (run.checkpointed_units) {
+  if (run.checkpointed_units || run.units_kept_gathered) {
     for (const examples::Block& block : gpt->blocks()) {
-      fully_shard(block, {.activation_checkpointing = true});
+      fully_shard(block, {.activation_checkpointing = run.checkpointed_units,
+                          .reshard_after_forward = !run.units_kept_gathered});
     }
   }
   torch::optim::AdamW adamw(gpt->parameters(),
@@ -322,6 +325,49 @@ TEST(GptTest, BlocksAreUnitsFreedOutsideTheirForward) {
   EXPECT_DEATH(blocks[1]->as<examples::BlockImpl>()->forward(x, mask),
                "a parameter of a ZeRO stage-3 unit was read");
   forward(gpt->blocks()[1], x, mask);  // Its gather ends on every rank.
+}
+
+// reshard_after_forward = false: the units' parameters stay from their
+// forward to their backward (no second all-gather); nothing else changes.
+TEST(GptTest, UnitsKeptGatheredAfterForwardChangeNoBit) {
+  const auto resharded = TrainGpt({.stage = 3});
+  const auto kept = TrainGpt({.stage = 3, .units_kept_gathered = true});
+  if (SharedAccelerator().is_main_process()) {
+    EXPECT_TRUE(BitIdentical(kept, resharded));
+  }
+}
+
+TEST(GptTest, AUnitThatDoesNotReshardHoldsItsParametersUntilBackward) {
+  if (SharedAccelerator().num_processes() == 1) {
+    GTEST_SKIP() << "one process shards nothing";
+  }
+  AcceleratorOptions options = TestAcceleratorOptions();
+  options.zero_stage = 3;
+  Accelerator accelerator(options);
+  examples::Gpt gpt(SmallGpt(false));
+  const auto& blocks = gpt->blocks();
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    fully_shard(blocks[b], {.reshard_after_forward = b != 0});
+  }
+  torch::optim::AdamW adamw(gpt->parameters(),
+                            torch::optim::AdamWOptions(1e-3));
+  auto [model, optimizer] = accelerator.prepare(gpt, adamw);
+  const auto released = [](const examples::Block& block) {
+    for (const auto& p : block->parameters()) {
+      if (p.storage().data() != ReleasedMemory(0)) return false;
+    }
+    return true;
+  };
+  auto [tokens, targets] = Tokens(0, accelerator.process_index());
+  const torch::Tensor loss = examples::LanguageModelLoss(
+      model->forward(tokens, examples::CausalMask(16)), targets);
+  EXPECT_FALSE(released(blocks[0]));  // Kept for its backward.
+  EXPECT_TRUE(released(blocks[1]));
+  EXPECT_TRUE(released(blocks[2]));
+  accelerator.backward(loss);
+  EXPECT_TRUE(released(blocks[0]));  // Its gradients are in.
+  optimizer.step();
+  optimizer.zero_grad();
 }
 
 // A block run twice in one forward, each run inside activation

@@ -43,6 +43,11 @@ class UnitRegistry {
     const UnitEntry* entry = Find(module);
     return entry != nullptr && entry->options.activation_checkpointing;
   }
+  bool ReshardsAfterForward(const torch::nn::Module& module) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const UnitEntry* entry = Find(module);
+    return entry == nullptr || entry->options.reshard_after_forward;
+  }
   bool Marked(const torch::nn::Module& module) {
     std::lock_guard<std::mutex> lock(mutex_);
     const UnitEntry* entry = Find(module);
@@ -257,6 +262,9 @@ UnitCall::UnitCall(const torch::nn::Module& module) {
   // backward (the previous unit prefetched) and stay until their gradients
   // are in.
   recomputing_ = InActivationRecompute();
+  // Kept gathered only for a backward that follows and frees it.
+  reshard_ = !torch::GradMode::is_enabled() ||
+             UnitRegistry::Get().ReshardsAfterForward(module);
   if (recomputing_) {
     runner_->BeforeBackward(index_);
   } else {
@@ -265,7 +273,9 @@ UnitCall::UnitCall(const torch::nn::Module& module) {
 }
 
 UnitCall::~UnitCall() {
-  if (runner_ != nullptr && !recomputing_) runner_->AfterForward(index_);
+  if (runner_ != nullptr && !recomputing_ && reshard_) {
+    runner_->AfterForward(index_);
+  }
 }
 
 void UnitCall::HookOutput(const torch::Tensor& output) {
@@ -284,7 +294,7 @@ void UnitCall::Finish() {
   if (runner_ == nullptr) return;
   std::shared_ptr<UnitRunner> runner = std::move(runner_);
   runner_.reset();
-  if (!recomputing_) runner->AfterForward(index_);
+  if (!recomputing_ && reshard_) runner->AfterForward(index_);
 }
 
 }  // namespace unit_internal

@@ -82,6 +82,12 @@ struct FullyShardOptions {
   // (accel::checkpoint, activation_checkpoint.h), at any ZeRO stage:
   // Accelerate's fsdp_activation_checkpointing, per unit.
   bool activation_checkpointing = false;
+  // FSDP2's reshard_after_forward, under ZeRO stage 3: false keeps the
+  // unit's parameters gathered from its forward until its gradients are
+  // in (no second all-gather in backward, at the cost of the whole unit's
+  // parameters meanwhile: ZeRO-2 for this unit). A forward without grad
+  // mode, or one that activation checkpointing runs, reshards anyway.
+  bool reshard_after_forward = true;
 };
 
 // Marks `module` as a unit for ZeRO stage 3 (FSDP2's fully_shard): once
@@ -139,6 +145,7 @@ class UnitCall {
   std::shared_ptr<UnitRunner> runner_;  // Null: no unit, nothing to do.
   size_t index_ = 0;
   bool recomputing_ = false;
+  bool reshard_ = true;  // AfterForward frees the unit (reshard_after_forward).
 };
 
 // Whether fully_shard asked for the module's activations to be recomputed
