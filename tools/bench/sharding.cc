@@ -47,6 +47,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -155,11 +156,19 @@ torch::Tensor LossOf(Model& model, const torch::Tensor& inputs,
   }
 }
 
-// save_state and load_state after the steps: each one's time and the peak
-// of held bytes during it, and the bytes of this rank's own files.
+// save_state and load_state after the steps: each one's time (wall, and
+// this process's CPU time, which oversubscribed ranks do not inflate) and
+// the peak of held bytes during it, and the bytes of this rank's own files.
 struct Checkpointing {
   double save_s = 0, load_s = 0, save_peak = 0, load_peak = 0, rank_bytes = 0;
+  double save_cpu_s = 0, load_cpu_s = 0;
 };
+
+double ProcessCpuSeconds() {
+  timespec now;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + now.tv_nsec / 1e9;
+}
 
 Checkpointing MeasureCheckpoint(accel::Accelerator& accelerator,
                                 accel::HostMemoryTracker& counter) {
@@ -167,16 +176,20 @@ Checkpointing MeasureCheckpoint(accel::Accelerator& accelerator,
   if (!FLAGS_checkpoint) return c;
   const std::string dir = FLAGS_checkpoint_dir + "/checkpoint";
   const auto timed = [&](const std::function<void()>& work, double* seconds,
-                         double* peak) {
+                         double* cpu_seconds, double* peak) {
     accelerator.wait_for_everyone();
     counter.ResetPeak();
     const auto start = Clock::now();
+    const double cpu_start = ProcessCpuSeconds();
     work();
+    *cpu_seconds = ProcessCpuSeconds() - cpu_start;
     *seconds = std::chrono::duration<double>(Clock::now() - start).count();
     *peak = static_cast<double>(counter.peak_bytes());
   };
-  timed([&] { accelerator.save_state(dir); }, &c.save_s, &c.save_peak);
-  timed([&] { accelerator.load_state(dir); }, &c.load_s, &c.load_peak);
+  timed([&] { accelerator.save_state(dir); }, &c.save_s, &c.save_cpu_s,
+        &c.save_peak);
+  timed([&] { accelerator.load_state(dir); }, &c.load_s, &c.load_cpu_s,
+        &c.load_peak);
   const int rank = accelerator.process_index();
   for (const std::string& name :
        {accel::ShardFileName(rank, accelerator.num_processes()),
@@ -250,10 +263,11 @@ void MeasureRank(accel::HostMemoryTracker& counter) {
   // The peak over the timed steps, and what stays between steps (the
   // model state itself), of the largest rank.
   // The step's figures come before the checkpoint's (held bytes included).
-  double bytes[8] = {step_peak,       step_state,      activations,
-                     saved.save_s,    saved.load_s,    saved.save_peak,
-                     saved.load_peak, saved.rank_bytes};
-  accelerator.communicator().allreduce(bytes, 8, accel::DType::kFloat64,
+  double bytes[10] = {step_peak,       step_state,       activations,
+                      saved.save_s,    saved.load_s,     saved.save_peak,
+                      saved.load_peak, saved.rank_bytes, saved.save_cpu_s,
+                      saved.load_cpu_s};
+  accelerator.communicator().allreduce(bytes, 10, accel::DType::kFloat64,
                                        accel::ReduceOp::kMax);
   if (accelerator.is_main_process()) {
     nlohmann::json results = {{"step_s", step_s},
@@ -265,6 +279,8 @@ void MeasureRank(accel::HostMemoryTracker& counter) {
                               {"save_peak_bytes", bytes[5]},
                               {"load_peak_bytes", bytes[6]},
                               {"rank_file_bytes", bytes[7]},
+                              {"save_cpu_s", bytes[8]},
+                              {"load_cpu_s", bytes[9]},
                               {"parameters", static_cast<double>(parameters)}};
     std::printf("%s\n", results.dump().c_str());
   }
@@ -277,6 +293,7 @@ struct Cell {
   Spread peak_mb, model_peak_mb, state_mb, step_s;
   // save_state and load_state: time, the peak during each, a rank's files.
   Spread save_s, load_s, save_peak_mb, load_peak_mb, rank_file_mb;
+  Spread save_cpu_s, load_cpu_s;  // This process's CPU time.
   double parameters = 0;
 };
 
@@ -358,22 +375,25 @@ void PrintCheckpointTable(int ranks, std::map<int, Cell>& cells, int units) {
   if (!FLAGS_checkpoint) return;
   std::printf(
       "save_state / load_state after the steps, largest rank: its own files, "
-      "time, and the peak of held bytes during each (stage 3 bound: 16/%d + "
-      "12/%d bytes a parameter)\n",
+      "time (wall, and the process's CPU time), and the peak of held bytes "
+      "during each (stage 3 bound: 16/%d + 12/%d bytes a parameter)\n",
       ranks, units);
-  std::printf("%-8s %14s %16s %16s %16s %16s %12s\n", "stage", "rank files MB",
-              "save ms", "load ms", "save peak MB", "load peak MB", "bound MB");
+  std::printf("%-8s %14s %16s %16s %16s %16s %16s %16s %12s\n", "stage",
+              "rank files MB", "save ms", "save cpu ms", "load ms",
+              "load cpu ms", "save peak MB", "load peak MB", "bound MB");
   for (auto& [stage, cell] : cells) {
     char bound[32] = "";
     if (stage == 3) {
       std::snprintf(bound, sizeof(bound), "%.0f",
                     CheckpointBoundMb(ranks, cell.parameters, units));
     }
-    std::printf("%-8s %14s %16s %16s %16s %16s %12s\n",
+    std::printf("%-8s %14s %16s %16s %16s %16s %16s %16s %12s\n",
                 stage == 0 ? "0 (DDP)" : std::to_string(stage).c_str(),
                 accel::bench::Plain(cell.rank_file_mb, "%.1f").c_str(),
                 accel::bench::Ms(cell.save_s).c_str(),
+                accel::bench::Ms(cell.save_cpu_s).c_str(),
                 accel::bench::Ms(cell.load_s).c_str(),
+                accel::bench::Ms(cell.load_cpu_s).c_str(),
                 accel::bench::Plain(cell.save_peak_mb, "%.0f").c_str(),
                 accel::bench::Plain(cell.load_peak_mb, "%.0f").c_str(), bound);
   }
@@ -475,6 +495,8 @@ int Main(int, char**) {
             cell.save_peak_mb.values.push_back(r.at("save_peak_bytes") / 1e6);
             cell.load_peak_mb.values.push_back(r.at("load_peak_bytes") / 1e6);
             cell.rank_file_mb.values.push_back(r.at("rank_file_bytes") / 1e6);
+            cell.save_cpu_s.values.push_back(r.at("save_cpu_s"));
+            cell.load_cpu_s.values.push_back(r.at("load_cpu_s"));
           }
         }
       }
