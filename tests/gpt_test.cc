@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <set>
@@ -423,6 +424,59 @@ TEST(GptTest, ABlockRunTwiceUnderCheckpointingIsAClearError) {
                   ::testing::HasSubstr("got a second gradient in one backward"))
           << "stage " << stage;
     }
+  }
+}
+
+// Last: a sharded checkpoint of another model (wider, or deeper) is refused
+// by every rank before anything changes, naming the tensor.
+TEST(GptTest, ACheckpointOfAnotherModelIsRefusedOnEveryRank) {
+  if (SharedAccelerator().num_processes() == 1) {
+    GTEST_SKIP() << "one process writes no sharded checkpoint";
+  }
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) +
+                          "/gpt_changed_" +
+                          std::to_string(SharedAccelerator().num_processes());
+  AcceleratorOptions options = TestAcceleratorOptions();
+  options.zero_stage = 3;
+  {
+    Accelerator accelerator(options);
+    examples::Gpt gpt(SmallGpt(false));
+    torch::optim::AdamW adamw(gpt->parameters(),
+                              torch::optim::AdamWOptions(1e-3));
+    auto [model, optimizer] = accelerator.prepare(gpt, adamw);
+    auto [tokens, targets] = Tokens(0, accelerator.process_index());
+    accelerator.backward(examples::LanguageModelLoss(
+        model->forward(tokens, examples::CausalMask(16)), targets));
+    optimizer.step();
+    accelerator.save_state(dir);
+    accelerator.wait_for_everyone();
+  }
+  examples::GptConfig wider = SmallGpt(false);
+  wider.n_embd = 48;
+  examples::GptConfig deeper = SmallGpt(false);
+  deeper.n_layer = 4;
+  for (const auto& [config, expected] :
+       {std::make_pair(wider,
+                       std::string("token_embedding.weight of shape [32, 32], "
+                                   "but this program's is [32, 48]")),
+        std::make_pair(
+            deeper,
+            std::string(
+                "hold no model_0/blocks.3.ln1.weight: the model changed"))}) {
+    Accelerator accelerator(options);
+    examples::Gpt gpt(config);
+    torch::optim::AdamW adamw(gpt->parameters(),
+                              torch::optim::AdamWOptions(1e-3));
+    auto [model, optimizer] = accelerator.prepare(gpt, adamw);
+    const auto before = model->parameters().front().detach().clone();
+    try {
+      accelerator.load_state(dir);
+      ADD_FAILURE() << "loaded a checkpoint of another model";
+    } catch (const CheckpointError& e) {
+      std::printf("rank %d: %s\n", accelerator.process_index(), e.what());
+      EXPECT_THAT(e.what(), ::testing::HasSubstr(expected));
+    }
+    EXPECT_TRUE(torch::equal(model->parameters().front(), before));
   }
 }
 
