@@ -3,8 +3,9 @@
 # and any stage 0-3: //examples:gpt saves at step 15 of 30 (mid-epoch), then
 # resumes elsewhere. At every count all stages give the same parameters bit
 # for bit as stage 0 (DDP, the reference at that count); at the saving count
-# they are the uninterrupted run's. A damaged shard fails on every rank,
-# naming the file, before any step.
+# they are the uninterrupted run's. A damaged shard (truncated, or its data
+# changed) fails on every rank, naming the file, before any step, and
+# --resume passes over it.
 set -euo pipefail
 gpt=examples/gpt
 dir="$TEST_TMPDIR/reshard"
@@ -61,6 +62,35 @@ grep -q "Resumed from $dir/saved4-3/checkpoints/checkpoint_1 at step 15" \
   <<<"$out" || fail "did not fall back to checkpoint_1: $out"
 grep -q "rank-00001-of-00004.safetensors" <<<"$out" ||
   fail "the skipped checkpoint's problem is not named: $out"
+
+# Damaged data (size and header intact, so only the checksums can tell):
+# --resume passes over it for the checkpoint before, and a load of it fails
+# on every rank before anything changes, naming the file and the checksum.
+damaged="$dir/saved3-1/checkpoints/checkpoint_2/rank-00002-of-00003.safetensors"
+python3 - "$damaged" <<'PY'
+import struct, sys
+with open(sys.argv[1], "r+b") as f:
+    header = struct.unpack("<Q", f.read(8))[0]
+    f.seek(8 + header + 100)
+    byte = f.read(1)
+    f.seek(8 + header + 100)
+    f.write(bytes([byte[0] ^ 0x10]))
+PY
+out=$(timeout 120 "$gpt" --main_process_port=0 --batch_size=12 \
+      --num_processes=3 --zero_stage=1 --max_steps=30 \
+      --output_dir="$dir/saved3-1" --resume 2>&1) || fail "resume: $out"
+grep -q "Resumed from $dir/saved3-1/checkpoints/checkpoint_1 at step 15" \
+  <<<"$out" || fail "did not pass over damaged data: $out"
+grep -q "rank-00002-of-00003.safetensors.*checksum" <<<"$out" ||
+  fail "the damaged data is not named: $out"
+if out=$(timeout 120 "$gpt" --main_process_port=0 --batch_size=12 \
+         --num_processes=2 --zero_stage=3 --output_dir="$dir/damaged_data" \
+         --resume_from="$dir/saved3-1/checkpoints/checkpoint_2" 2>&1); then
+  fail "loaded damaged data: $out"
+fi
+[ "$(grep -c '^error: \[rank.*checksum' <<<"$out")" = 2 ] ||
+  fail "not every rank named the checksum: $out"
+grep -q "^step " <<<"$out" && fail "a step ran: $out"
 
 # A truncated shard: every rank fails before any step, naming the file.
 victim="$dir/saved2-3/checkpoints/checkpoint_1/rank-00001-of-00002.safetensors"

@@ -208,9 +208,16 @@ CheckpointProblem CheckCheckpoint(const std::string& dir, int rank,
     const CheckpointIdentity shared =
         VerifyCheckpointFile(state, "accelerator_state");
     // Sharded tensors: every shard file and the index, checked as a load
-    // would (headers only), so that every rank names the problem and
-    // load_state() passes over a damaged checkpoint for an older one.
-    if (HoldsShardedTensors(dir)) ShardedStateReader::Open(dir);
+    // would (headers), and the data's checksums, each rank those of every
+    // world_size-th file from its own: every rank then names the problem,
+    // load_state() passes over a damaged checkpoint for an older one, and
+    // a load never stops half done on damaged data.
+    if (HoldsShardedTensors(dir)) {
+      const ShardedStateReader reader = ShardedStateReader::Open(dir);
+      for (int file = rank; file < reader.world_size(); file += world_size) {
+        reader.VerifyFile(file);
+      }
+    }
     const std::string random = Join(dir, RandomStatesFile(rank));
     // A sharded checkpoint loads at any process count: the new ranks have
     // no file of their own (their RNG state is not restored).

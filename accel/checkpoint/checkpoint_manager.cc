@@ -210,11 +210,19 @@ bool Sharded(const CheckpointContents& contents) {
 void CheckpointManager::Load(const std::string& dir,
                              CheckpointContents& contents, const Hook& before,
                              CallSite site) {
-  // Alone, loading checks the same and says more about what it found.
   if (job_.size > 1) {
     const std::string why = Describe(Problems(dir, site, Sharded(contents)));
     if (!why.empty()) {
       throw CheckpointError("cannot load checkpoint '" + dir + "': " + why);
+    }
+  } else {
+    // Alone, loading checks the same and says more about what it found,
+    // except for damaged shard data, which it meets only while loading.
+    const CheckpointProblem problem =
+        CheckCheckpoint(dir, job_.rank, job_.size, Sharded(contents));
+    if (problem.kind == CheckpointProblem::Kind::kDamaged) {
+      throw CheckpointError("cannot load checkpoint '" + dir +
+                            "': " + problem.detail);
     }
   }
   if (before) before(dir);

@@ -398,6 +398,25 @@ torch::Tensor ShardedStateReader::ReadWhole(const std::string& name) const {
   return whole;
 }
 
+void ShardedStateReader::VerifyFile(int rank) const {
+  if (rank < 0 || rank >= world_size()) {
+    throw UsageError("ShardedStateReader::VerifyFile(" + std::to_string(rank) +
+                     "): the checkpoint has ranks 0 to " +
+                     std::to_string(world_size() - 1));
+  }
+  for (const auto& [name, tensor] : state_->catalog.tensors) {
+    for (const Piece& piece : tensor.pieces) {
+      if (piece.rank != rank) continue;
+      // An empty range: Copy reads the whole piece only for its checksum.
+      RangeRead range(state_->catalog, tensor, name, piece.offset,
+                      torch::empty({0}, tensor.info.dtype));
+      range.Copy(piece);
+      state_->data_bytes += range.bytes();
+      state_->reads += range.calls();
+    }
+  }
+}
+
 int ShardedStateReader::world_size() const {
   return state_->catalog.world_size;
 }

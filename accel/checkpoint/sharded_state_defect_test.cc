@@ -237,6 +237,30 @@ TEST_F(ShardedStateDefectTest, DamagedDataFailsTheChecksumOnRead) {
   }
 }
 
+// VerifyFile reads one file's pieces for their checksums: the damaged file
+// fails it, naming the tensor; the others pass, and a wrong rank is a
+// usage error.
+TEST_F(ShardedStateDefectTest, VerifyFileFindsDamagedDataBeforeAnyRead) {
+  const ShardPiece cut = CutPiece(tensors_);
+  const std::string bytes = testing::ReadBytes(File(1));
+  const auto layout = safetensors::internal::ParseHeader(
+      File(1), HeaderText(bytes), bytes.size());
+  std::string damaged = bytes;
+  damaged[layout.tensors.at(cut.name).begin + 1] ^= 0x01;
+  testing::WriteBytes(File(1), damaged);
+  const auto reader = ShardedStateReader::Open(dir_);
+  reader.VerifyFile(0);
+  EXPECT_GT(reader.io_counts().data_bytes, 0u);
+  try {
+    reader.VerifyFile(1);
+    ADD_FAILURE() << "damaged data verified";
+  } catch (const CheckpointError& e) {
+    EXPECT_THAT(e.what(), AllOf(HasSubstr(Name(1)), HasSubstr(cut.name),
+                                HasSubstr("checksum")));
+  }
+  EXPECT_THROW(reader.VerifyFile(reader.world_size()), UsageError);
+}
+
 // A reshard reads parts of pieces: the damage outside the part read fails
 // it all the same (the rest of the piece is read for its checksum).
 TEST_F(ShardedStateDefectTest, DamageOutsideAPartialReadFailsIt) {
