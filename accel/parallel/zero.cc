@@ -228,11 +228,11 @@ void ZeroOptimizer::AttachGradients() {
   }
 }
 
-void ZeroOptimizer::AllGatherParameters(CallSite site) {
+void ZeroOptimizer::AllGatherParameters(CallSite site, const char* api) {
   // A unit gathered now would hold its parameters from before the step.
   if (units_ != nullptr) units_->ReleaseAll();
   CollectiveOptions options;
-  options.api = "optimizer.step (ZeRO all-gather of the updated parameters)";
+  options.api = api;
   options.site = site;
   torch::NoGradGuard no_grad;
   for (auto& group : groups_) {

@@ -164,7 +164,10 @@ class ZeroOptimizer {
   // (under stage 3, of the parameters in no unit; the units' are gathered
   // when they next run).
   // `site`: the program's optimizer.step(), for diagnostics.
-  void AllGatherParameters(CallSite site);
+  void AllGatherParameters(CallSite site) {
+    AllGatherParameters(
+        site, "optimizer.step (ZeRO all-gather of the updated parameters)");
+  }
 
   // Stage 3: what the units call around their forward and backward (null
   // under stages 1-2).
@@ -201,7 +204,10 @@ class ZeroOptimizer {
   // After a load wrote every rank's pieces' values: every rank gets the
   // parameters it keeps whole (stages 1-2, and under stage 3 those in no
   // unit). Every rank calls it.
-  void ShareLoadedPieces(CallSite site) { AllGatherParameters(site); }
+  void ShareLoadedPieces(CallSite site) {
+    AllGatherParameters(
+        site, "load_state (ZeRO all-gather of the loaded parameters)");
+  }
 
   // Zeroes the parameters' gradients and the pieces' (the optimizer alone
   // would zero only the pieces).
@@ -215,6 +221,9 @@ class ZeroOptimizer {
       std::vector<const void*>* covered) const;
 
  private:
+  // `api`: what diagnostics call the all-gathers.
+  void AllGatherParameters(CallSite site, const char* api);
+
   Communicator& comm_;
   int stage_;
   torch::optim::Optimizer& optimizer_;
