@@ -41,20 +41,32 @@ void Say(const char* text) {
   (void)ignored;
 }
 
+// Appends `text` to the message (async-signal-safe), cutting what does not
+// fit.
+void Append(char* message, size_t capacity, size_t* size, const char* text) {
+  while (*text != '\0' && *size + 1 < capacity) message[(*size)++] = *text++;
+}
+
 void OnFault(int signal_number, siginfo_t* info, void* context) {
   const char* at = static_cast<const char*>(info->si_addr);
   if (g_region != nullptr && at >= g_region && at < g_region + kReserved) {
-    // Async-signal-safe: write(2) of fixed pieces.
-    Say("\naccel: ");
-    Say(g_rank);
-    Say("a parameter of a ZeRO stage-3 unit was ");
-    Say(AccessOf(context));
-    Say(" while its unit was not running: between uses a rank holds only "
-        "its share of it. Read the weights with "
-        "accelerator.get_state_dict(model) (every rank calls it), change "
-        "them through the prepared optimizer or load_state, and run a unit "
-        "through the prepared model or accel::forward(layer, ...), not "
-        "layer->forward.\n");
+    // Async-signal-safe, and one write(2), so that the lines of ranks
+    // failing at once do not interleave.
+    char message[1024];
+    size_t size = 0;
+    for (const char* piece :
+         {"\naccel: ", static_cast<const char*>(g_rank),
+          "a parameter of a ZeRO stage-3 unit was ", AccessOf(context),
+          " while its unit was not running: between uses a rank holds only "
+          "its share of it. Read the weights with "
+          "accelerator.get_state_dict(model) (every rank calls it), change "
+          "them through the prepared optimizer or load_state, and run a unit "
+          "through the prepared model or accel::forward(layer, ...), not "
+          "layer->forward.\n"}) {
+      Append(message, sizeof(message), &size, piece);
+    }
+    message[size] = '\0';
+    Say(message);
     signal(SIGSEGV, SIG_DFL);  // The access runs again and ends the process.
     return;
   }
