@@ -92,6 +92,19 @@ fi
   fail "not every rank named the checksum: $out"
 grep -q "^step " <<<"$out" && fail "a step ran: $out"
 
+# A sharded checkpoint that lost its index, loaded at another count: the
+# index is named (not the new ranks' random-state files).
+cp -r "$dir/saved4-3/checkpoints/checkpoint_1" "$dir/no_index"
+rm "$dir/no_index/sharded_state.index.json"
+if out=$(timeout 120 "$gpt" --main_process_port=0 --batch_size=12 \
+         --num_processes=3 --zero_stage=3 --output_dir="$dir/no_index_run" \
+         --resume_from="$dir/no_index" 2>&1); then
+  fail "loaded without an index: $out"
+fi
+grep -q "sharded_state.index.json': is missing" <<<"$out" ||
+  fail "the missing index is not named: $out"
+grep -q "random_states" <<<"$out" && fail "blamed random-state files: $out"
+
 # A truncated shard: every rank fails before any step, naming the file.
 victim="$dir/saved2-3/checkpoints/checkpoint_1/rank-00001-of-00002.safetensors"
 truncate -s -8 "$victim"

@@ -271,7 +271,11 @@ ShardedStateReader OpenShards(const std::string& dir, const CheckedFiles& files,
                           "' by run " + files.state.identity.run +
                           ": the files come from different saves");
   }
-  contents.sharded_tensors->check(reader);
+  try {
+    contents.sharded_tensors->check(reader);
+  } catch (const CheckpointError& e) {
+    throw CheckpointError("load_state('" + dir + "'): " + e.what());
+  }
   return reader;
 }
 

@@ -266,7 +266,8 @@ std::string CheckpointManager::LoadNewest(CheckpointContents& contents,
     if (why.empty()) {
       if (job_.rank == 0) {
         for (const std::string& note : skipped) {
-          ACCEL_LOG(INFO) << "skipped checkpoint " << note;
+          ACCEL_LOG(WARNING) << "skipped checkpoint " << note
+                             << "; resuming from an older one";
         }
       }
       if (before) before(dir);

@@ -20,7 +20,17 @@ bool IsShardFileName(const std::string& name) {
 }
 
 bool HoldsShardedTensors(const std::string& dir) {
-  return Exists(Join(dir, kShardIndexName));
+  if (Exists(Join(dir, kShardIndexName))) return true;
+  // Shard files without their index: a damaged sharded checkpoint, which
+  // the reader names as such (not as a folder of missing rank files).
+  for (const std::string& name : ListFolder(dir)) {
+    if (name.rfind("rank-", 0) == 0 && name.find("-of-") != std::string::npos &&
+        name.size() > 12 &&
+        name.compare(name.size() - 12, 12, ".safetensors") == 0) {
+      return true;
+    }
+  }
+  return false;
 }
 
 bool SavesShardedTensors(const CheckpointContents& contents, int world_size) {
