@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "accel/accelerator.h"
@@ -65,7 +66,10 @@ class EventAverages {
  public:
   EventAverages(std::vector<EventAverage> rows, bool with_memory);
 
-  const std::vector<EventAverage>& rows() const { return rows_; }
+  // By value from a temporary, so that
+  // `for (auto& row : profiler.key_averages().rows())` holds its rows.
+  const std::vector<EventAverage>& rows() const& { return rows_; }
+  std::vector<EventAverage> rows() && { return std::move(rows_); }
   // The row of `key` (the first, when grouped by shape); nullptr if none.
   const EventAverage* find(const std::string& key) const;
   // torch's table: sort_by one of cpu_time_total, self_cpu_time_total,
