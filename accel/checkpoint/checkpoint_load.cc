@@ -207,13 +207,13 @@ CheckpointProblem CheckCheckpoint(const std::string& dir, int rank,
     if (!Exists(state)) return {Kind::kMissing, "'" + state + "' is missing"};
     const CheckpointIdentity shared =
         VerifyCheckpointFile(state, "accelerator_state");
-    // Sharded tensors: every shard file and the index, checked as a load
-    // would (headers), and the data's checksums, each rank those of every
-    // world_size-th file from its own: every rank then names the problem,
-    // load_state() passes over a damaged checkpoint for an older one, and
-    // a load never stops half done on damaged data.
+    // Sharded tensors: the index, and each rank every world_size-th shard
+    // file from its own, header and data checksums: every rank then names
+    // the problem (the verdicts are gathered), load_state() passes over a
+    // damaged checkpoint for an older one, and a load never stops half done
+    // on damaged data. No rank parses every header.
     if (HoldsShardedTensors(dir)) {
-      const ShardedStateReader reader = ShardedStateReader::Open(dir);
+      const ShardedStateReader reader = ShardedStateReader::OpenIndex(dir);
       for (int file = rank; file < reader.world_size(); file += world_size) {
         reader.VerifyFile(file);
       }
@@ -264,7 +264,9 @@ ShardedStateReader OpenShards(const std::string& dir, const CheckedFiles& files,
         "accel/optim/param_state_codec.h); resume with Adam, AdamW, SGD, "
         "Adagrad, RMSprop or AdamWScheduleFree");
   }
-  ShardedStateReader reader = ShardedStateReader::Open(dir);
+  // The files it reads are checked as it reads them (CheckCheckpoint
+  // checked them all, shared out among the ranks).
+  ShardedStateReader reader = ShardedStateReader::OpenIndex(dir);
   if (reader.run_id() != files.state.identity.run) {
     throw CheckpointError("'" + dir + "': its shard files were saved by run " +
                           reader.run_id() + ", but '" + files.state_path +

@@ -178,15 +178,10 @@ Entry HeaderParser::ParseEntry(const std::string& name,
   entry.name = name;
   if (!dtype->is_string()) Fail(where + ": dtype must be a string");
   const std::string& dtype_name = dtype->get_ref<const std::string&>();
-  const DTypeName* known = nullptr;
-  for (const DTypeName& candidate : kDTypes) {
-    if (dtype_name == candidate.name) known = &candidate;
-  }
-  if (known == nullptr) {
+  if (!safetensors::internal::DtypeOfName(dtype_name, &entry.dtype)) {
     Fail(where + ": dtype '" + dtype_name +
          "' is not one LibTorch 1.13 holds (" + SupportedNames() + ")");
   }
-  entry.dtype = known->type;
 
   if (!shape->is_array()) Fail(where + ": shape must be an array");
   // Counts elements, and also the product of max(dim, 1), which LibTorch's
@@ -420,6 +415,18 @@ std::map<std::string, std::string> LoadMetadata(const std::string& path) {
 }
 
 namespace internal {
+
+const char* DtypeName(torch::ScalarType dtype) { return FormatName(dtype); }
+
+bool DtypeOfName(const std::string& name, torch::ScalarType* dtype) {
+  for (const DTypeName& candidate : kDTypes) {
+    if (name == candidate.name) {
+      *dtype = candidate.type;
+      return true;
+    }
+  }
+  return false;
+}
 
 Layout ParseHeader(const std::string& path, const std::string& header,
                    uint64_t file_size) {

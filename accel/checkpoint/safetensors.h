@@ -79,6 +79,11 @@ struct Layout {
   std::map<std::string, TensorSpan> tensors;
 };
 
+// The format's name of a dtype ("F32", "BF16"), or nullptr when it has none.
+const char* DtypeName(torch::ScalarType dtype);
+// The dtype a format name stands for; false when none does.
+bool DtypeOfName(const std::string& name, torch::ScalarType* dtype);
+
 // Checks `header` (the JSON text after the 8-byte length) as Load does, for
 // a file of `file_size` bytes; `path` names the file in errors.
 Layout ParseHeader(const std::string& path, const std::string& header,

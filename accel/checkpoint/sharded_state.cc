@@ -8,7 +8,9 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <utility>
 
 #include "accel/checkpoint/sharded_state_catalog.h"
@@ -31,9 +33,8 @@ using sharded_state_internal::NumelOf;
 using sharded_state_internal::Piece;
 using sharded_state_internal::PieceChecksum;
 using sharded_state_internal::RangeText;
-using sharded_state_internal::RankFile;
 using sharded_state_internal::ReadCatalog;
-using sharded_state_internal::ReadIndexAndFiles;
+using sharded_state_internal::ReadIndex;
 using sharded_state_internal::ShapeText;
 using sharded_state_internal::TensorEntry;
 
@@ -144,8 +145,56 @@ void WriteShardIndex(const std::string& dir, int world_size,
 
 // ---- The reader -------------------------------------------------------------
 
+namespace {
+
+// The rank files a reader has checked against its index (CheckRankFile):
+// each the first time the reader opens it, and after that that it is still
+// the file it checked.
+class CheckedFiles {
+ public:
+  explicit CheckedFiles(const Catalog& catalog)
+      : catalog_(catalog), seen_(catalog.world_size) {}
+
+  // Opens rank `rank`'s file for a read; CheckpointError when it is not the
+  // file the index records. Safe to call from several threads at once.
+  std::unique_ptr<File> Open(int rank) {
+    std::unique_ptr<File> file = sharded_state_internal::OpenRankFile(
+        catalog_, rank,
+        ": the index lists it, so it was lost or moved after the save");
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::optional<File::Identity>& seen = seen_[rank];
+    if (!seen) {
+      header_bytes_ +=
+          sharded_state_internal::CheckRankFile(catalog_, rank, *file);
+      seen = file->identity();
+    } else if (!(file->identity() == *seen) ||
+               file->size() != catalog_.files[rank].record.bytes) {
+      catalog_.FailFile(rank,
+                        "was replaced or changed since the checkpoint was "
+                        "opened (another save into the same folder?)");
+    }
+    return file;
+  }
+
+  uint64_t header_bytes() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return header_bytes_;
+  }
+
+ private:
+  const Catalog& catalog_;
+  mutable std::mutex mutex_;
+  std::vector<std::optional<File::Identity>> seen_;
+  uint64_t header_bytes_ = 0;
+};
+
+}  // namespace
+
 struct ShardedStateReader::State {
-  Catalog catalog;
+  explicit State(Catalog read) : catalog(std::move(read)), files(catalog) {}
+
+  const Catalog catalog;
+  CheckedFiles files;  // Refers to catalog.
   std::atomic<uint64_t> data_bytes{0};
   std::atomic<uint64_t> reads{0};
 
@@ -161,25 +210,22 @@ struct ShardedStateReader::State {
 
 namespace {
 
-// The files one Read call opens, each checked to be the one Open saw.
+// The files one Read call opens, each checked against the index.
 class OpenFiles {
  public:
-  OpenFiles(const Catalog& catalog, const std::string& tensor)
-      : catalog_(catalog), tensor_(tensor) {}
+  OpenFiles(const Catalog& catalog, CheckedFiles& checked,
+            const std::string& tensor)
+      : catalog_(catalog), checked_(checked), tensor_(tensor) {}
 
   const File& Get(int rank) {
     std::unique_ptr<File>& file = files_[rank];
-    if (file) return *file;
-    const RankFile& expected = catalog_.files[rank];
-    file = std::make_unique<File>(JoinPath(catalog_.dir, expected.name));
-    if (!file->ok()) {
-      Fail(rank, "cannot be opened any more: " + file->why_not());
-    }
-    if (!(file->identity() == expected.identity) ||
-        file->size() != expected.record.bytes) {
-      Fail(rank,
-           "was replaced or changed since the checkpoint was opened (another "
-           "save into the same folder?)");
+    if (!file) {
+      try {
+        file = checked_.Open(rank);
+      } catch (const CheckpointError& e) {
+        throw CheckpointError(std::string(e.what()) + " (reading tensor '" +
+                              tensor_ + "')");
+      }
     }
     return *file;
   }
@@ -190,6 +236,7 @@ class OpenFiles {
 
  private:
   const Catalog& catalog_;
+  CheckedFiles& checked_;
   const std::string& tensor_;
   std::map<int, std::unique_ptr<File>> files_;
 };
@@ -236,9 +283,10 @@ std::vector<Piece>::const_iterator PieceAt(const TensorEntry& tensor,
 // read (which Read adds to the reader's counts once it succeeded).
 class RangeRead {
  public:
-  RangeRead(const Catalog& catalog, const TensorEntry& tensor,
-            const std::string& name, int64_t offset, torch::Tensor out)
-      : files_(catalog, name),
+  RangeRead(const Catalog& catalog, CheckedFiles& checked,
+            const TensorEntry& tensor, const std::string& name, int64_t offset,
+            torch::Tensor out)
+      : files_(catalog, checked, name),
         dtype_(tensor.info.dtype),
         element_(static_cast<int64_t>(c10::elementSize(dtype_))),
         direct_(out.scalar_type() == dtype_),
@@ -355,9 +403,15 @@ ShardedStateReader& ShardedStateReader::operator=(
 ShardedStateReader::~ShardedStateReader() = default;
 
 ShardedStateReader ShardedStateReader::Open(const std::string& dir) {
-  auto state = std::make_unique<State>();
-  state->catalog = ReadIndexAndFiles(dir);
-  return ShardedStateReader(std::move(state));
+  ShardedStateReader reader = OpenIndex(dir);
+  for (int rank = 0; rank < reader.world_size(); ++rank) {
+    reader.state_->files.Open(rank);
+  }
+  return reader;
+}
+
+ShardedStateReader ShardedStateReader::OpenIndex(const std::string& dir) {
+  return ShardedStateReader(std::make_unique<State>(ReadIndex(dir)));
 }
 
 std::vector<std::string> ShardedStateReader::names() const {
@@ -382,7 +436,7 @@ void ShardedStateReader::Read(const std::string& name, int64_t offset,
   CheckRequest(state_->catalog, tensor, name, offset, out);
   const int64_t length = out.numel();
   if (length == 0) return;
-  RangeRead range(state_->catalog, tensor, name, offset, out);
+  RangeRead range(state_->catalog, state_->files, tensor, name, offset, out);
   for (auto piece = PieceAt(tensor, offset);
        piece != tensor.pieces.end() && piece->offset < offset + length;
        ++piece) {
@@ -404,12 +458,13 @@ void ShardedStateReader::VerifyFile(int rank) const {
                      "): the checkpoint has ranks 0 to " +
                      std::to_string(world_size() - 1));
   }
+  state_->files.Open(rank);  // Its header, also when it holds no piece.
   for (const auto& [name, tensor] : state_->catalog.tensors) {
     for (const Piece& piece : tensor.pieces) {
       if (piece.rank != rank) continue;
       // An empty range: Copy reads the whole piece only for its checksum.
-      RangeRead range(state_->catalog, tensor, name, piece.offset,
-                      torch::empty({0}, tensor.info.dtype));
+      RangeRead range(state_->catalog, state_->files, tensor, name,
+                      piece.offset, torch::empty({0}, tensor.info.dtype));
       range.Copy(piece);
       state_->data_bytes += range.bytes();
       state_->reads += range.calls();
@@ -437,7 +492,8 @@ const std::map<std::string, std::string>& ShardedStateReader::metadata(
 
 ShardedStateReader::IoCounts ShardedStateReader::io_counts() const {
   IoCounts counts;
-  counts.index_and_header_bytes = state_->catalog.header_bytes;
+  counts.index_and_header_bytes =
+      state_->catalog.header_bytes + state_->files.header_bytes();
   counts.data_bytes = state_->data_bytes.load();
   counts.reads = state_->reads.load();
   return counts;

@@ -11,6 +11,8 @@
 //
 //   // Loading, on any rank of any world size:
 //   auto reader = accel::ShardedStateReader::Open(dir);  // Checks it all.
+//   // Or the index alone; each file checked as a Read first touches it:
+//   auto lazy = accel::ShardedStateReader::OpenIndex(dir);
 //   torch::Tensor mine = torch::empty({length}, torch::kFloat);
 //   reader.Read("layers.0.weight", offset, mine);   // My range, nothing else.
 //   torch::Tensor whole = reader.ReadWhole("layers.0.bias");
@@ -35,18 +37,35 @@
 // then h ^= the byte count, and murmur3's fmix64. It catches accidental
 // damage, not tampering.
 // The index, written by one rank once every rank file is complete, is what
-// makes the checkpoint complete:
-//   {"format": "accel.sharded_state", "version": 1, "run_id": "...",
-//    "world_size": 4, "files": [{"rank": 0, "name": "rank-00000-of-00004...",
-//    "bytes": 4242, "header_fnv1a64": "89ab..."}, ...]}
+// makes the checkpoint complete; one line per file and per tensor:
+//   {"format": "accel.sharded_state", "version": 2, "run_id": "...",
+//    "world_size": 4,
+//   "files": [
+//    {"rank": 0, "name": "rank-00000-of-00004.safetensors", "bytes": 4242,
+//     "header_fnv1a64": "89ab...", "metadata": {...the caller's...}}, ...],
+//   "tensors": {
+//    "layers.0.weight": {"dtype": "F32", "shape": [7, 5],
+//                        "pieces": [[0, 0, 9, 1208, "1f0c..."], ...]}, ...}}
+// Each piece is [rank, offset, length, byte of its data in that file,
+// checksum], every non-empty piece of every file: a reader learns where each
+// element lies from the index alone, and opens only the files it reads.
+// An index of version 1 (no "tensors", no "metadata") still loads: the
+// pieces are then learnt from every file's header.
 // Data is little-endian (like safetensors; accel builds only on
 // little-endian hosts).
 //
-// What is checked, and when: WriteShardIndex and Open check every header
-// (nothing else) before an index is written or any data is used: each file
-// present, of the recorded size and header hash, of this run, rank and world
-// size; each tensor of one dtype and global shape in every file; its pieces
-// tiling [0, numel) exactly (no gap, no overlap). Read checks the checksum
+// What is checked, and when: WriteShardIndex checks every header before it
+// writes the index: each file present, of this run, rank and world size;
+// each tensor of one dtype and global shape in every file; its pieces tiling
+// [0, numel) exactly (no gap, no overlap). OpenIndex checks the index and
+// the tiling of its table. Before a reader uses a file's data, the first
+// time it opens it, it checks the file against the index: present, of the
+// recorded size and header hash, of this run, rank and world size, its
+// header describing exactly the pieces the index lists in it (so an index
+// changed after the save is caught too). Open does that for every file at
+// once, before returning; OpenIndex as Read and VerifyFile reach each file,
+// so that a rank of a large job parses the headers of the files it reads
+// and no others. Read checks the checksum
 // of every piece it reads any of: the rest of a piece partly in the range
 // is read too (through a buffer), so a reshard meets damage as a whole read
 // would; it reads at most the pieces that overlap the range.
@@ -99,14 +118,22 @@ class ShardedStateReader {
  public:
   // Bytes read since Open, for logs and tests.
   struct IoCounts {
-    uint64_t index_and_header_bytes = 0;  // By Open.
-    uint64_t data_bytes = 0;              // By Read.
-    uint64_t reads = 0;                   // pread calls by Read.
+    uint64_t index_and_header_bytes =
+        0;                    // By Open, and by checks of files since.
+    uint64_t data_bytes = 0;  // By Read.
+    uint64_t reads = 0;       // pread calls by Read.
   };
 
   // Reads the index and each file's header (no tensor data) and checks
   // everything listed above; keeps no file open.
   static ShardedStateReader Open(const std::string& dir);
+  // Reads and checks only the index: each rank file is checked as Open
+  // would the first time a Read or VerifyFile opens it, and a defect it has
+  // surfaces there, as a CheckpointError naming it. What a loading job uses:
+  // its ranks share out VerifyFile (every file's header and data checked by
+  // one rank) and then parse the headers of the files they read, so a
+  // rank's time follows the bytes it reads rather than the file count.
+  static ShardedStateReader OpenIndex(const std::string& dir);
 
   ShardedStateReader(ShardedStateReader&&) noexcept;
   ShardedStateReader& operator=(ShardedStateReader&&) noexcept;

@@ -19,12 +19,11 @@
 #include "accel/runtime/base/files.h"
 
 namespace accel::sharded_state_internal {
-namespace {
 
 using Json = nlohmann::json;
 
-constexpr char kFormat[] = "accel.sharded_state";
-constexpr uint64_t kMaxIndexBytes = 64 << 20;
+namespace {
+
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;  // safetensors' own limit.
 
 // The hash of a header that the index records (FNV-1a, 64 bits).
@@ -32,23 +31,6 @@ uint64_t Fnv1a(const std::string& bytes) {
   uint64_t hash = 0xcbf29ce484222325ull;
   for (const unsigned char c : bytes) hash = (hash ^ c) * 0x100000001b3ull;
   return hash;
-}
-
-// 16 lowercase hex digits, or false.
-bool ParseHex(const Json& value, uint64_t* out) {
-  if (!value.is_string()) return false;
-  const std::string& text = value.get_ref<const std::string&>();
-  if (text.size() != 16) return false;
-  uint64_t result = 0;
-  for (const char c : text) {
-    const int digit = c >= '0' && c <= '9'   ? c - '0'
-                      : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                                             : -1;
-    if (digit < 0) return false;
-    result = result << 4 | static_cast<uint64_t>(digit);
-  }
-  *out = result;
-  return true;
 }
 
 // A little-endian word: the host's order (sharded_state_catalog.h checks).
@@ -111,6 +93,43 @@ std::string Hex(uint64_t value) {
 }
 
 // ---- Small helpers ----------------------------------------------------------
+
+bool ParseHex(const Json& value, uint64_t* out) {
+  if (!value.is_string()) return false;
+  const std::string& text = value.get_ref<const std::string&>();
+  if (text.size() != 16) return false;
+  uint64_t result = 0;
+  for (const char c : text) {
+    const int digit = c >= '0' && c <= '9'   ? c - '0'
+                      : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                             : -1;
+    if (digit < 0) return false;
+    result = result << 4 | static_cast<uint64_t>(digit);
+  }
+  *out = result;
+  return true;
+}
+
+bool Int64Of(const Json& value, int64_t* out) {
+  if (!value.is_number_unsigned() ||
+      value.get<uint64_t>() >
+          static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return false;
+  }
+  *out = value.get<int64_t>();
+  return true;
+}
+
+bool ShapeOf(const Json& value, std::vector<int64_t>* shape, int64_t* numel) {
+  if (!value.is_array()) return false;
+  shape->clear();
+  for (const Json& dim : value) {
+    shape->emplace_back();
+    if (!Int64Of(dim, &shape->back())) return false;
+  }
+  *numel = NumelOf(*shape);
+  return *numel >= 0;
+}
 
 std::string ShapeText(const std::vector<int64_t>& shape) {
   std::string text = "[";
@@ -346,16 +365,11 @@ void AddPiece(Catalog* catalog, int rank, const std::string& name,
         description.dump());
   }
   std::vector<int64_t> shape;
-  for (const Json& dim : shape_json) {
-    if (!dim.is_number_unsigned() ||
-        dim.get<uint64_t>() >
-            static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      fail("global_shape " + shape_json.dump() + " is not a shape");
-    }
-    shape.push_back(dim.get<int64_t>());
+  int64_t numel = 0;
+  if (!ShapeOf(shape_json, &shape, &numel)) {
+    fail("global_shape " + shape_json.dump() +
+         " is not a shape of at most 2^63 - 1 elements");
   }
-  const int64_t numel = NumelOf(shape);
-  if (numel < 0) fail("global_shape " + shape_json.dump() + " is too large");
   if (span.info.shape.size() != 1) {
     fail("a piece must be 1-D, found shape " + ShapeText(span.info.shape));
   }
@@ -387,47 +401,46 @@ void AddPiece(Catalog* catalog, int rank, const std::string& name,
   if (length > 0) {
     tensor.pieces.push_back(
         {rank, static_cast<int64_t>(offset), length, span.begin, checksum});
+    ++catalog->pieces_per_rank[rank];
   }
 }
 
-// Reads rank `rank`'s header and adds its pieces; `recorded` is what the
-// index says of the file (nullptr while the index is being written).
-void AddRankFile(Catalog* catalog, int rank, const FileRecord* recorded) {
-  const std::string name = ShardFileName(rank, catalog->world_size);
-  const std::string path = JoinPath(catalog->dir, name);
-  const std::string why_not = WhyNotARegularFile(path);
-  if (!why_not.empty()) {
-    catalog->FailFile(rank, "is missing (" + why_not + ")" +
-                                (recorded != nullptr
-                                     ? ""
-                                     : ": did every rank call WriteShardFile, "
-                                       "and all of them return (a barrier), "
-                                       "before WriteShardIndex?"));
-  }
-  const File file(path);
-  if (!file.ok()) {
-    catalog->FailFile(rank, "cannot be opened: " + file.why_not());
-  }
-  const std::string text = ReadHeaderText(*catalog, rank, file, recorded);
-  catalog->header_bytes += 8 + text.size();
-  if (recorded != nullptr && Fnv1a(text) != recorded->header_hash) {
-    FailChangedHeader(*catalog, rank, text, file, *recorded);
+// A rank file's header, read and checked: of the recorded size and hash
+// (when `recorded` is given), of this checkpoint's run, rank and world size.
+struct CheckedHeader {
+  std::string text;
+  safetensors::internal::Layout layout;
+  Json identity;  // The accel metadata.
+};
+
+CheckedHeader ReadRankHeader(const Catalog& catalog, int rank, const File& file,
+                             const FileRecord* recorded) {
+  CheckedHeader header;
+  header.text = ReadHeaderText(catalog, rank, file, recorded);
+  if (recorded != nullptr && Fnv1a(header.text) != recorded->header_hash) {
+    FailChangedHeader(catalog, rank, header.text, file, *recorded);
   }
   // Checked against the size the index records, so that a truncated file
   // can say which tensors it lost.
-  const auto layout = safetensors::internal::ParseHeader(
-      path, text, recorded != nullptr ? recorded->bytes : file.size());
-  const Json identity = AccelMetadata(*catalog, rank, layout);
-  const std::string mismatch = IdentityMismatch(*catalog, rank, identity);
-  if (!mismatch.empty()) catalog->FailFile(rank, mismatch);
+  header.layout = safetensors::internal::ParseHeader(
+      JoinPath(catalog.dir, ShardFileName(rank, catalog.world_size)),
+      header.text, recorded != nullptr ? recorded->bytes : file.size());
+  header.identity = AccelMetadata(catalog, rank, header.layout);
+  const std::string mismatch = IdentityMismatch(catalog, rank, header.identity);
+  if (!mismatch.empty()) catalog.FailFile(rank, mismatch);
   if (recorded != nullptr && file.size() != recorded->bytes) {
-    FailSize(*catalog, rank, file, *recorded, layout);
+    FailSize(catalog, rank, file, *recorded, header.layout);
   }
+  return header;
+}
 
-  const Json pieces = identity.value("pieces", Json::object());
-  if (!pieces.is_object())
+// Adds the pieces a checked header describes.
+void AddPieces(Catalog* catalog, int rank, const CheckedHeader& header) {
+  const Json pieces = header.identity.value("pieces", Json::object());
+  if (!pieces.is_object()) {
     catalog->FailFile(rank, "\"pieces\" is not an object");
-  for (const auto& [tensor, span] : layout.tensors) {
+  }
+  for (const auto& [tensor, span] : header.layout.tensors) {
     if (!pieces.contains(tensor)) {
       catalog->FailFile(rank, "tensor '" + tensor +
                                   "' has no piece description (offset, "
@@ -436,20 +449,126 @@ void AddRankFile(Catalog* catalog, int rank, const FileRecord* recorded) {
     AddPiece(catalog, rank, tensor, span, pieces[tensor]);
   }
   for (const auto& [tensor, description] : pieces.items()) {
-    if (layout.tensors.count(tensor) == 0) {
+    if (header.layout.tensors.count(tensor) == 0) {
       catalog->FailFile(rank, "tensor '" + tensor +
                                   "' is described in the metadata but the "
                                   "file holds no data for it");
     }
   }
+}
 
+// The piece of rank `rank` that starts at `offset`, or nullptr.
+const Piece* PieceOf(const TensorEntry& tensor, int rank, int64_t offset) {
+  const auto found = std::lower_bound(
+      tensor.pieces.begin(), tensor.pieces.end(), offset,
+      [](const Piece& piece, int64_t value) { return piece.offset < value; });
+  return found != tensor.pieces.end() && found->offset == offset &&
+                 found->rank == rank
+             ? &*found
+             : nullptr;
+}
+
+std::string PieceText(const TensorEntry& tensor, const Piece& piece) {
+  return c10::toString(tensor.info.dtype) + std::string(" ") +
+         ShapeText(tensor.info.shape) + ", elements " +
+         RangeText(piece.offset, piece.offset + piece.length) + " at byte " +
+         std::to_string(piece.begin) + ", checksum " + Hex(piece.checksum);
+}
+
+// The pieces of one file's header (`mine`, a catalog of that file alone)
+// against the ones the index lists in it.
+void CompareWithIndex(const Catalog& catalog, int rank, const Catalog& mine) {
+  const auto fail = [&](const std::string& defect) {
+    catalog.FailFile(rank, defect +
+                               ": the index was changed, or written for "
+                               "other files, after the save");
+  };
+  int64_t pieces = 0;
+  for (const auto& [name, entry] : mine.tensors) {
+    const auto listed = catalog.tensors.find(name);
+    if (listed == catalog.tensors.end()) {
+      fail("its header holds tensor '" + name + "', which the index lacks");
+    }
+    const TensorEntry& tensor = listed->second;
+    if (tensor.info.dtype != entry.info.dtype ||
+        tensor.info.shape != entry.info.shape) {
+      fail("tensor '" + name + "' is " + c10::toString(entry.info.dtype) + " " +
+           ShapeText(entry.info.shape) + " in its header, " +
+           c10::toString(tensor.info.dtype) + " " +
+           ShapeText(tensor.info.shape) + " in the index");
+    }
+    for (const Piece& piece : entry.pieces) {
+      ++pieces;
+      const Piece* indexed = PieceOf(tensor, rank, piece.offset);
+      if (indexed == nullptr || indexed->length != piece.length ||
+          indexed->begin != piece.begin ||
+          indexed->checksum != piece.checksum) {
+        fail("tensor '" + name + "': its header holds " +
+             PieceText(entry, piece) + ", the index " +
+             (indexed != nullptr ? PieceText(tensor, *indexed)
+                                 : std::string("no such piece in it")));
+      }
+    }
+  }
+  if (pieces != catalog.pieces_per_rank[rank]) {
+    fail("the index lists " + std::to_string(catalog.pieces_per_rank[rank]) +
+         " non-empty pieces in it, its header " + std::to_string(pieces));
+  }
+}
+
+// Reads rank `rank`'s header and adds its pieces; `recorded` is what the
+// index says of the file (nullptr while the index is being written).
+void AddRankFile(Catalog* catalog, int rank, const FileRecord* recorded) {
+  const std::unique_ptr<File> file = OpenRankFile(
+      *catalog, rank,
+      recorded != nullptr ? ""
+                          : ": did every rank call WriteShardFile, and all of "
+                            "them return (a barrier), before WriteShardIndex?");
+  const CheckedHeader header = ReadRankHeader(*catalog, rank, *file, recorded);
+  catalog->header_bytes += 8 + header.text.size();
+  AddPieces(catalog, rank, header);
   RankFile rank_file;
-  rank_file.name = name;
-  rank_file.record = {file.size(), Fnv1a(text)};
-  rank_file.identity = file.identity();
-  rank_file.metadata = layout.metadata;
+  rank_file.name = ShardFileName(rank, catalog->world_size);
+  rank_file.record = {file->size(), Fnv1a(header.text)};
+  rank_file.metadata = header.layout.metadata;
   rank_file.metadata.erase(kMetadataKey);
   catalog->files.push_back(std::move(rank_file));
+}
+
+}  // namespace
+
+Catalog EmptyCatalog(const std::string& dir, int world_size,
+                     const std::string& run_id) {
+  Catalog catalog;
+  catalog.dir = dir;
+  catalog.world_size = world_size;
+  catalog.run_id = run_id;
+  catalog.pieces_per_rank.assign(world_size, 0);
+  return catalog;
+}
+
+std::unique_ptr<File> OpenRankFile(const Catalog& catalog, int rank,
+                                   const std::string& hint) {
+  const std::string path =
+      JoinPath(catalog.dir, ShardFileName(rank, catalog.world_size));
+  const std::string why_not = WhyNotARegularFile(path);
+  if (!why_not.empty()) {
+    catalog.FailFile(rank, "is missing (" + why_not + ")" + hint);
+  }
+  auto file = std::make_unique<File>(path);
+  if (!file->ok()) {
+    catalog.FailFile(rank, "cannot be opened: " + file->why_not());
+  }
+  return file;
+}
+
+uint64_t CheckRankFile(const Catalog& catalog, int rank, const File& file) {
+  const CheckedHeader header =
+      ReadRankHeader(catalog, rank, file, &catalog.files[rank].record);
+  Catalog mine = EmptyCatalog(catalog.dir, catalog.world_size, catalog.run_id);
+  AddPieces(&mine, rank, header);
+  CompareWithIndex(catalog, rank, mine);
+  return 8 + header.text.size();
 }
 
 // Each tensor's non-empty pieces, sorted, must tile [0, numel) exactly.
@@ -497,101 +616,16 @@ void CheckTiling(Catalog* catalog) {
   }
 }
 
-}  // namespace
-
 Catalog ReadCatalog(const std::string& dir, int world_size,
                     const std::string& run_id,
                     const std::vector<FileRecord>* recorded) {
-  Catalog catalog;
-  catalog.dir = dir;
-  catalog.world_size = world_size;
-  catalog.run_id = run_id;
+  Catalog catalog = EmptyCatalog(dir, world_size, run_id);
   for (int rank = 0; rank < world_size; ++rank) {
     AddRankFile(&catalog, rank,
                 recorded != nullptr ? &(*recorded)[rank] : nullptr);
   }
   CheckTiling(&catalog);
   return catalog;
-}
-
-// ---- The index --------------------------------------------------------------
-
-Catalog ReadIndexAndFiles(const std::string& dir) {
-  const std::string path = JoinPath(dir, kShardIndexName);
-  const auto fail = [&](const std::string& defect) -> void {
-    throw CheckpointError("sharded state '" + dir + "': index '" + path +
-                          "': " + defect);
-  };
-  const std::string why_not = WhyNotARegularFile(path);
-  if (!why_not.empty()) {
-    fail("is missing (" + why_not +
-         "): the save did not finish, or the folder holds no sharded state");
-  }
-  const std::string text =
-      ReadSmallFile(path, kMaxIndexBytes, "sharded-state index");
-  Json index;
-  try {
-    index = Json::parse(text);
-  } catch (const Json::exception& e) {
-    fail(std::string("not valid JSON: ") + e.what());
-  }
-  if (!index.is_object() || index.value("format", Json()) != kFormat) {
-    fail(std::string("not a sharded-state index (expected \"format\": \"") +
-         kFormat + "\")");
-  }
-  if (index.value("version", Json()) != kVersion) {
-    fail("format version " + index.value("version", Json()).dump() +
-         ", this build reads version " + std::to_string(kVersion));
-  }
-  const Json run_id = index.value("run_id", Json());
-  const Json world = index.value("world_size", Json());
-  const Json files = index.value("files", Json());
-  if (!run_id.is_string() || run_id.get<std::string>().empty() ||
-      !world.is_number_unsigned() || world.get<uint64_t>() < 1 ||
-      world.get<uint64_t>() > kMaxWorldSize || !files.is_array() ||
-      files.size() != world.get<uint64_t>()) {
-    fail("needs run_id (a string), world_size (1 to " +
-         std::to_string(kMaxWorldSize) +
-         ") and one entry of \"files\" per rank");
-  }
-  const int world_size = world.get<int>();
-  std::vector<FileRecord> records(world_size);
-  for (int rank = 0; rank < world_size; ++rank) {
-    const Json& entry = files[rank];
-    const std::string expected = ShardFileName(rank, world_size);
-    if (!entry.is_object() || entry.value("rank", Json()) != rank ||
-        entry.value("name", Json()) != expected ||
-        !entry.value("bytes", Json()).is_number_unsigned() ||
-        !ParseHex(entry.value("header_fnv1a64", Json()),
-                  &records[rank].header_hash)) {
-      fail("files[" + std::to_string(rank) +
-           "] must be {\"rank\": " + std::to_string(rank) + ", \"name\": \"" +
-           expected + "\", \"bytes\": ..., \"header_fnv1a64\": ...}, found " +
-           entry.dump());
-    }
-    records[rank].bytes = entry["bytes"].get<uint64_t>();
-  }
-  Catalog catalog =
-      ReadCatalog(dir, world_size, run_id.get<std::string>(), &records);
-  catalog.header_bytes += text.size();
-  return catalog;
-}
-
-std::string IndexText(const Catalog& catalog) {
-  nlohmann::ordered_json index = {{"format", kFormat},
-                                  {"version", kVersion},
-                                  {"run_id", catalog.run_id},
-                                  {"world_size", catalog.world_size}};
-  nlohmann::ordered_json files = nlohmann::ordered_json::array();
-  for (size_t rank = 0; rank < catalog.files.size(); ++rank) {
-    const RankFile& file = catalog.files[rank];
-    files.push_back({{"rank", rank},
-                     {"name", file.name},
-                     {"bytes", file.record.bytes},
-                     {"header_fnv1a64", Hex(file.record.header_hash)}});
-  }
-  index["files"] = std::move(files);
-  return index.dump(1) + "\n";
 }
 
 }  // namespace accel::sharded_state_internal

@@ -6,8 +6,9 @@
 // the format's checks can be read (and changed) in one place; the format
 // itself is described in sharded_state.h.
 //
-//   Catalog catalog = ReadIndexAndFiles(dir);  // Open: index, then headers.
+//   Catalog catalog = ReadIndex(dir);  // Open: the index's piece table.
 //   const TensorEntry& w = catalog.tensors.at("w");  // Its pieces, tiled.
+//   CheckRankFile(catalog, 2, *OpenRankFile(catalog, 2));  // Before a read.
 //   Catalog fresh = ReadCatalog(dir, world_size, run_id, nullptr);  // Writer.
 //   WriteFileAtomically(index_path, IndexText(fresh));
 #pragma once
@@ -17,6 +18,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -32,8 +35,12 @@ namespace accel::sharded_state_internal {
 
 // The key of a rank file's metadata that describes its pieces.
 inline constexpr char kMetadataKey[] = "accel_sharded_state";
-// The format version of both the index and the rank files' metadata.
+// The format version of the rank files' metadata.
 inline constexpr int kVersion = 1;
+// The index's: 2 adds the piece table and the files' metadata (so that a
+// rank reads the headers of only the files it reads); an index of version 1
+// still loads, from every file's header.
+inline constexpr int kIndexVersion = 2;
 // The most ranks an index may list: bounds what a damaged index allocates.
 inline constexpr int kMaxWorldSize = 1 << 20;
 
@@ -61,6 +68,15 @@ uint64_t ChecksumOf(const void* data, uint64_t size);
 
 // 16 lowercase hex digits: how checksums and header hashes are written.
 std::string Hex(uint64_t value);
+// Hex's text back; false for anything else.
+bool ParseHex(const nlohmann::json& value, uint64_t* out);
+
+// A JSON integer in [0, 2^63); false for anything else.
+bool Int64Of(const nlohmann::json& value, int64_t* out);
+// A JSON shape (an array of such integers) and its element count; false when
+// it is not one or the count overflows int64.
+bool ShapeOf(const nlohmann::json& value, std::vector<int64_t>* shape,
+             int64_t* numel);
 
 // ---- Small helpers for messages and paths -----------------------------------
 
@@ -138,7 +154,6 @@ struct FileRecord {
 struct RankFile {
   std::string name;  // ShardFileName(rank, world_size).
   FileRecord record;
-  File::Identity identity;
   std::map<std::string, std::string> metadata;  // The caller's.
 };
 
@@ -148,13 +163,18 @@ struct Catalog {
   int world_size = 0;
   std::vector<RankFile> files;
   std::map<std::string, TensorEntry> tensors;
-  uint64_t header_bytes = 0;  // Read to build it.
+  std::vector<int64_t> pieces_per_rank;  // The non-empty ones in each file.
+  uint64_t header_bytes = 0;             // Read to build it.
 
   // A CheckpointError naming the folder, and the file of rank `rank`.
   [[noreturn]] void Fail(const std::string& defect) const;
   [[noreturn]] void FailFile(int rank, const std::string& defect) const;
   std::string FileOf(int rank) const;  // Its name, quoted.
 };
+
+// A catalog of no files and no tensors yet.
+Catalog EmptyCatalog(const std::string& dir, int world_size,
+                     const std::string& run_id);
 
 // Reads every rank file's header and checks them (identity, pieces, tiling).
 // `recorded` is what the index says of each file, checked too; nullptr while
@@ -163,12 +183,29 @@ Catalog ReadCatalog(const std::string& dir, int world_size,
                     const std::string& run_id,
                     const std::vector<FileRecord>* recorded);
 
-// ---- The index --------------------------------------------------------------
+// Each tensor's non-empty pieces, sorted, must tile [0, numel) exactly.
+void CheckTiling(Catalog* catalog);
 
-// Reads and checks dir's index, then the files it lists (ReadCatalog).
-Catalog ReadIndexAndFiles(const std::string& dir);
+// Opens the file of rank `rank`; CheckpointError when it is missing (`hint`
+// follows the reason) or cannot be opened.
+std::unique_ptr<File> OpenRankFile(const Catalog& catalog, int rank,
+                                   const std::string& hint = "");
 
-// The index that records `catalog`'s files, as WriteShardIndex writes it.
+// Checks an open rank file against a catalog read from the index: of the
+// recorded size and header hash, of this run, rank and world size, and its
+// header describing exactly the pieces the index lists in it. Returns the
+// header bytes it read.
+uint64_t CheckRankFile(const Catalog& catalog, int rank, const File& file);
+
+// ---- The index (sharded_state_index.cc) -------------------------------------
+
+// Reads and checks dir's index and its piece table, reading no rank file
+// (CheckRankFile checks each before it is used); for an index of version 1,
+// which has no table, every file's header (ReadCatalog).
+Catalog ReadIndex(const std::string& dir);
+
+// The index that records `catalog`'s files and pieces, as WriteShardIndex
+// writes it.
 std::string IndexText(const Catalog& catalog);
 
 }  // namespace accel::sharded_state_internal

@@ -293,6 +293,101 @@ TEST_F(ShardedStateDefectTest, FileReplacedAfterOpen) {
                         HasSubstr("replaced"))));
 }
 
+// ---- OpenIndex: the index alone, each file checked where it is read -------
+
+// Rewrites the index through `edit`.
+void EditIndex(const std::string& dir, const std::function<void(Json&)>& edit) {
+  const std::string path = dir + "/" + kShardIndexName;
+  Json index = Json::parse(testing::ReadBytes(path));
+  edit(index);
+  testing::WriteBytes(path, index.dump());
+}
+
+// A non-empty piece that rank `rank`'s file holds.
+ShardPiece PieceIn(const std::vector<Named>& tensors, int rank) {
+  for (const ShardPiece& piece : PiecesOf(tensors, 4, rank)) {
+    if (piece.data.numel() > 0) return piece;
+  }
+  ADD_FAILURE() << "rank " << rank << " holds no piece";
+  return {};
+}
+
+TEST_F(ShardedStateDefectTest, OpenIndexMeetsAMissingFileWhereItReadsIt) {
+  ASSERT_EQ(std::remove(File(3).c_str()), 0);
+  EXPECT_THAT(OpenError(dir_), AllOf(HasSubstr(Name(3)), HasSubstr("missing")));
+  const auto reader = ShardedStateReader::OpenIndex(dir_);  // The index only.
+  reader.VerifyFile(0);  // The others are read as ever.
+  const ShardPiece lost = PieceIn(tensors_, 3);
+  torch::Tensor out = torch::empty({lost.data.numel()}, lost.data.dtype());
+  EXPECT_THAT([&] { reader.Read(lost.name, lost.offset, out); },
+              ::testing::ThrowsMessage<CheckpointError>(
+                  AllOf(HasSubstr(Name(3)), HasSubstr("missing"),
+                        HasSubstr("reading tensor '" + lost.name + "'"))));
+  EXPECT_THAT([&] { reader.VerifyFile(3); },
+              ::testing::ThrowsMessage<CheckpointError>(
+                  AllOf(HasSubstr(Name(3)), HasSubstr("missing"))));
+}
+
+// The piece table and the headers are compared for each file before its
+// data is used: an index edited after the save is refused, naming the file
+// and the tensor, by Open and by a Read after OpenIndex.
+TEST_F(ShardedStateDefectTest, AnIndexChangedAfterTheSaveIsRefused) {
+  const ShardPiece piece = PieceIn(tensors_, 1);
+  const std::string original = testing::ReadBytes(dir_ + "/" + kShardIndexName);
+  // `file`: the first file checked that holds the tensor.
+  const auto expect_refused = [&](const std::string& what,
+                                  const std::string& file) {
+    SCOPED_TRACE(what);
+    const std::vector<std::string> words = {file, "'" + piece.name + "'",
+                                            "the index was changed"};
+    EXPECT_THAT(OpenError(dir_), AllOf(HasSubstr(words[0]), HasSubstr(words[1]),
+                                       HasSubstr(words[2])));
+    const auto reader = ShardedStateReader::OpenIndex(dir_);
+    EXPECT_THAT(
+        [&] { reader.ReadWhole(piece.name); },
+        ::testing::ThrowsMessage<CheckpointError>(AllOf(
+            HasSubstr(words[0]), HasSubstr(words[1]), HasSubstr(words[2]))));
+    testing::WriteBytes(dir_ + "/" + kShardIndexName, original);
+  };
+  EditIndex(dir_, [&](Json& index) {
+    for (Json& listed : index["tensors"][piece.name]["pieces"]) {
+      if (listed[0] == 1) listed[3] = listed[3].get<uint64_t>() + 4;
+    }
+  });
+  expect_refused("a piece's byte moved", Name(1));
+  EditIndex(dir_, [&](Json& index) {
+    for (Json& listed : index["tensors"][piece.name]["pieces"]) {
+      if (listed[0] == 1) listed[4] = "0123456789abcdef";
+    }
+  });
+  expect_refused("a piece's checksum", Name(1));
+  EditIndex(dir_, [&](Json& index) {
+    index["tensors"][piece.name]["dtype"] =
+        piece.data.scalar_type() == torch::kDouble ? "I64" : "F64";
+  });
+  // Rank 0's file, checked first, lists that tensor too.
+  expect_refused("the tensor's dtype", Name(0));
+  EXPECT_EQ(OpenError(dir_), "");  // Restored, it opens.
+}
+
+// An index written before the piece table (version 1) loads from the
+// headers, metadata included.
+TEST_F(ShardedStateDefectTest, AVersion1IndexStillLoads) {
+  EditIndex(dir_, [](Json& index) {
+    index["version"] = 1;
+    index.erase("tensors");
+    for (Json& file : index["files"]) file.erase("metadata");
+  });
+  const auto reader = ShardedStateReader::OpenIndex(dir_);
+  EXPECT_EQ(reader.metadata(2).at("rank_note"), "written by 2");
+  for (const Named& t : tensors_) {
+    EXPECT_TRUE(testing::SameBytes(reader.ReadWhole(t.name), t.tensor))
+        << t.name;
+  }
+  EditIndex(dir_, [](Json& index) { index["version"] = 3; });
+  EXPECT_THAT(OpenError(dir_), HasSubstr("reads versions 1 to 2"));
+}
+
 // Pieces of a {7, 5} tensor "w" cut by a faulty sharder.
 std::string WriteFaulty(const std::vector<std::vector<ShardPiece>>& ranks) {
   const std::string dir = testing::MakeTempDir("faulty");

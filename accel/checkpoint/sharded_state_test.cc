@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "accel/checkpoint/sharded_state_test_util.h"
@@ -129,6 +130,34 @@ TEST(ShardedStateTest, ReadOfOneRanksShareReadsOnlyThatShare) {
         static_cast<unsigned long long>(counts.reads),
         static_cast<unsigned long long>(opened.index_and_header_bytes));
   }
+}
+
+// OpenIndex reads the index alone; a Read then parses the header of the file
+// it reads and of no other: what keeps a load's cost per rank to its bytes.
+TEST(ShardedStateTest, OpenIndexReadsTheHeadersOfOnlyTheFilesItReads) {
+  const std::vector<Named> tensors = Originals();
+  const std::string dir = testing::MakeTempDir("lazy");
+  WriteAll(dir, tensors, 4, "lazy");
+  const auto reader = ShardedStateReader::OpenIndex(dir);
+  const uint64_t index_bytes =
+      testing::ReadBytes(dir + "/" + kShardIndexName).size();
+  EXPECT_EQ(reader.io_counts().index_and_header_bytes, index_bytes);
+  EXPECT_EQ(reader.metadata(3).at("rank_note"), "written by 3");  // Indexed.
+  const std::string file = testing::ReadBytes(FileIn(dir, 2, 4));
+  uint64_t header_length = 0;
+  std::memcpy(&header_length, file.data(), 8);
+  int pieces = 0;
+  for (const ShardPiece& piece : PiecesOf(tensors, 4, 2)) {
+    if (piece.data.numel() == 0) continue;
+    torch::Tensor out = torch::empty({piece.data.numel()}, piece.data.dtype());
+    reader.Read(piece.name, piece.offset, out);  // Held by rank 2's file.
+    EXPECT_TRUE(testing::SameBytes(out, piece.data)) << piece.name;
+    ++pieces;
+  }
+  ASSERT_GT(pieces, 0);
+  // Rank 2's header, once, however many of its pieces were read.
+  EXPECT_EQ(reader.io_counts().index_and_header_bytes,
+            index_bytes + 8 + header_length);
 }
 
 TEST(ShardedStateTest, PythonReadsARankFileWithJsonAndStruct) {
