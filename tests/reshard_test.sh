@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# A sharded checkpoint (ZeRO, several processes) resumes at any process count
-# and any stage 0-3: //examples:gpt saves at step 15 of 30 (mid-epoch), then
-# resumes elsewhere. At every count all stages give the same parameters bit
-# for bit as stage 0 (DDP, the reference at that count); at the saving count
-# they are the uninterrupted run's. A damaged shard (truncated, or its data
+# A sharded checkpoint (several processes, DDP or ZeRO) resumes at any
+# process count and any stage 0-3: //examples:gpt saves at step 15 of 30
+# (mid-epoch) under stage 3, stage 1 or DDP, then resumes elsewhere. At every
+# count all stages give the same parameters bit for bit as stage 0 (DDP, the
+# reference at that count); at the saving count they are the uninterrupted
+# run's. A damaged shard (truncated, or its data
 # changed) fails on every rank, naming the file, before any step, and
 # --resume passes over it.
 set -euo pipefail
@@ -51,6 +52,8 @@ check() {
 check 2 3 "1 2 3 4"
 check 4 3 "2"
 check 3 1 "2"
+# DDP (stage 0) saves sharded too: it resumes under ZeRO, at another count.
+check 2 0 "2 3"
 
 # --resume passes over a newest checkpoint that lost a shard file for the
 # one before it.

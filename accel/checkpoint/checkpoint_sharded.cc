@@ -34,8 +34,11 @@ bool HoldsShardedTensors(const std::string& dir) {
 }
 
 bool SavesShardedTensors(const CheckpointContents& contents, int world_size) {
-  return contents.sharded_tensors.has_value() && contents.zero_stage > 0 &&
-         world_size > 1 && !contents.optimizers.empty();
+  // DDP (stage 0) too: each rank writes 1/N of the state rather than the
+  // main process all of it, and the checkpoint then loads at any count and
+  // stage, ZeRO's included.
+  return contents.sharded_tensors.has_value() && world_size > 1 &&
+         !contents.optimizers.empty();
 }
 
 std::string WriteRankShards(const std::string& dir, int rank, int world_size,

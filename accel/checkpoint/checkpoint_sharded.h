@@ -25,8 +25,9 @@ bool IsShardFileName(const std::string& name);
 // Whether `dir` holds a sharded checkpoint's index.
 bool HoldsShardedTensors(const std::string& dir);
 
-// Whether this save writes sharded tensors: ZeRO at several processes,
-// with state the Accelerator can cut (contents.sharded_tensors).
+// Whether this save writes sharded tensors: several processes (DDP or
+// ZeRO) training with state the Accelerator can cut
+// (contents.sharded_tensors).
 bool SavesShardedTensors(const CheckpointContents& contents, int world_size);
 
 // This rank's shard file; returns its path. Shard files of another process
