@@ -187,8 +187,9 @@ void WriteSharedFile(const std::string& dir, int world_size, bool sharded,
   }
   for (const StatefulKind& kind : StatefulKinds(contents)) {
     state.write("num_" + kind.plural, c10::IValue(int64_t(kind.parts.size())));
-    // Sharded optimizer state is in each rank's file.
-    if (sharded && kind.singular == "optimizer") continue;
+    // Sharded optimizer state is in each rank's file (its random_states, or
+    // its shard file with the options above).
+    if ((sharded || shards) && kind.singular == "optimizer") continue;
     for (size_t i = 0; i < kind.parts.size(); ++i) {
       torch::serialize::OutputArchive archive;
       kind.parts[i].save(archive);
