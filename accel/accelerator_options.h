@@ -79,6 +79,12 @@ struct MixedPrecisionPolicy {
   std::optional<c10::ScalarType> param_dtype = std::nullopt;
   std::optional<c10::ScalarType> reduce_dtype = std::nullopt;
   std::optional<c10::ScalarType> buffer_dtype = std::nullopt;
+  // FSDP2's cast_forward_inputs, for ZeRO stage 3's units: a unit's
+  // floating-point tensor arguments are cast to param_dtype before its
+  // forward runs (a float32 mask or feature tensor meets bf16 weights
+  // without a dtype error). Tensors inside vectors or tuples, and those
+  // passed by non-const reference, are passed as they are.
+  bool cast_forward_inputs = true;
 };
 
 struct AcceleratorOptions {

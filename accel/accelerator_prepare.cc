@@ -140,7 +140,8 @@ std::shared_ptr<PreparedOptimizer> Accelerator::PrepareOptimizer(
   const MixedPrecisionPolicy policy = PrecisionPolicy();
   auto zero = std::make_shared<ZeroOptimizer>(
       communicator(), stage, optimizer, model->parameters(), unit_parameters,
-      ZeroPrecision{policy.param_dtype, policy.reduce_dtype});
+      ZeroPrecision{policy.param_dtype, policy.reduce_dtype,
+                    policy.cast_forward_inputs});
   for (size_t u = 0; u < units.size(); ++u) {
     AttachUnit(units[u], zero->unit_runner(), u);
   }

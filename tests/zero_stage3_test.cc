@@ -207,6 +207,37 @@ TEST(ZeroTest, Stage3MisuseIsOneClearErrorOnEveryRank) {
               HasSubstr("module of type 'TransformerEncoderLayer'"));
 }
 
+// cast_forward_inputs (FSDP2's, on by default): bf16 parameters without
+// autocast, FSDP's way; a unit given the float32 batch computes in bf16.
+// Turned off, LibTorch's linear refuses the two dtypes, on every rank.
+TEST(ZeroTest, Stage3UnitsCastFloatInputsToTheParametersDtype) {
+  if (SharedAccelerator().num_processes() == 1) {
+    GTEST_SKIP() << "one process shards nothing";
+  }
+  for (const bool cast : {true, false}) {
+    SCOPED_TRACE(cast ? "cast" : "not cast");
+    AcceleratorOptions options = Options({.stage = 3,
+                                          .param_dtype = torch::kBFloat16,
+                                          .cast_forward_inputs = cast});
+    options.autocast.enabled = false;
+    Accelerator accelerator(options);
+    torch::nn::Sequential net = MakeModel();
+    torch::optim::AdamW adamw(net->parameters(),
+                              torch::optim::AdamWOptions(1e-2));
+    auto [model, optimizer] = accelerator.prepare(net, adamw);
+    const auto [x, y] = Batch(0, accelerator.process_index());
+    ASSERT_EQ(x.scalar_type(), torch::kFloat32);
+    if (!cast) {
+      EXPECT_THROW(model->forward(x), c10::Error);
+      continue;
+    }
+    const torch::Tensor out = model->forward(x);
+    EXPECT_EQ(out.scalar_type(), torch::kBFloat16);
+    accelerator.backward(torch::nn::functional::cross_entropy(out, y));
+    optimizer.step();
+  }
+}
+
 TEST(ZeroTest, Stage3SavesDdpsWeightsGatheredOnTheMainProcess) {
   const std::string ddp_dir = Folder("weights_ddp");
   const std::string zero_dir = Folder("weights_zero3");

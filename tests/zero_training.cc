@@ -42,6 +42,7 @@ AcceleratorOptions Options(const Run& run) {
   options.gradient_clipping = run.auto_clip;
   options.mixed_precision_policy.param_dtype = run.param_dtype;
   options.mixed_precision_policy.reduce_dtype = run.reduce_dtype;
+  options.mixed_precision_policy.cast_forward_inputs = run.cast_forward_inputs;
   // Several buckets, so that stage 2 reduce-scatters during backward.
   options.gradient_sync.first_bucket_bytes = 512;
   options.gradient_sync.bucket_cap_bytes = 2048;

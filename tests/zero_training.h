@@ -53,6 +53,7 @@ struct Run {
   // AcceleratorOptions::mixed_precision_policy's.
   std::optional<c10::ScalarType> param_dtype = std::nullopt;
   std::optional<c10::ScalarType> reduce_dtype = std::nullopt;
+  bool cast_forward_inputs = true;
 };
 
 struct Result {

@@ -272,6 +272,10 @@ UnitCall::UnitCall(const torch::nn::Module& module) {
   }
 }
 
+std::optional<c10::ScalarType> UnitCall::input_dtype() const {
+  return runner_ != nullptr ? runner_->InputDtype(index_) : std::nullopt;
+}
+
 UnitCall::~UnitCall() {
   if (runner_ != nullptr && !recomputing_ && reshard_) {
     runner_->AfterForward(index_);

@@ -50,6 +50,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -68,6 +69,11 @@ class UnitRunner {
   virtual void BeforeForward(size_t unit) = 0;
   virtual void AfterForward(size_t unit) = 0;
   virtual void BeforeBackward(size_t unit) = 0;
+  // What the unit's floating-point tensor arguments are cast to before its
+  // forward (mixed precision's cast_forward_inputs), or nothing.
+  virtual std::optional<c10::ScalarType> InputDtype(size_t unit) const {
+    return std::nullopt;
+  }
 };
 
 // A unit: a module of the model and its name in it ("blocks.3").
@@ -140,6 +146,8 @@ class UnitCall {
 
   void HookOutput(const torch::Tensor& output);
   void Finish();
+  // UnitRunner::InputDtype of this unit.
+  std::optional<c10::ScalarType> input_dtype() const;
 
  private:
   std::shared_ptr<UnitRunner> runner_;  // Null: no unit, nothing to do.
@@ -208,6 +216,26 @@ auto& ModuleOf(Layer& layer) {
   }
 }
 
+// An argument of a unit's forward: a floating-point tensor passed by value
+// or const reference goes to `dtype` (when there is one); anything else as
+// it is.
+template <typename T>
+decltype(auto) CastInput(const std::optional<c10::ScalarType>& dtype, T&& arg) {
+  using Bare = std::remove_reference_t<T>;
+  constexpr bool kMutableReference =
+      std::is_lvalue_reference_v<T> && !std::is_const_v<Bare>;
+  if constexpr (std::is_same_v<std::remove_const_t<Bare>, torch::Tensor> &&
+                !kMutableReference) {
+    if (dtype && arg.defined() && arg.is_floating_point() &&
+        arg.scalar_type() != *dtype) {
+      return torch::Tensor(arg.to(*dtype));
+    }
+    return torch::Tensor(std::forward<T>(arg));
+  } else {
+    return std::forward<T>(arg);
+  }
+}
+
 // What accel::checkpoint returns: a tensor, a vector or a tuple of them.
 template <typename T>
 inline constexpr bool kCheckpointable = false;
@@ -251,7 +279,8 @@ Output unit_internal::CallUnit(const torch::nn::Module& unit,
                                const CallForward& call_forward,
                                Args&&... args) {
   UnitCall call(unit);
-  Output output = call_forward(std::forward<Args>(args)...);
+  const std::optional<c10::ScalarType> dtype = call.input_dtype();
+  Output output = call_forward(CastInput(dtype, std::forward<Args>(args))...);
   HookOutputs(call, output);
   call.Finish();
   return output;

@@ -197,7 +197,8 @@ ZeroOptimizer::ZeroOptimizer(
     param_group.params() = std::move(stepped);
   }
   if (stage == 3) {
-    units_ = std::make_shared<UnitSchedule>(comm, groups_, units.size());
+    units_ = std::make_shared<UnitSchedule>(comm, groups_, units.size(),
+                                            precision.cast_forward_inputs);
   }
 }
 

@@ -121,6 +121,8 @@ class ShardLayout {
 struct ZeroPrecision {
   std::optional<c10::ScalarType> param_dtype = std::nullopt;
   std::optional<c10::ScalarType> reduce_dtype = std::nullopt;
+  // Stage 3: a unit's floating-point tensor arguments go to param_dtype.
+  bool cast_forward_inputs = true;
 };
 
 struct ZeroGroup;    // One flat buffer (zero_group.h).

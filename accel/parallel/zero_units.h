@@ -10,6 +10,7 @@
 #include <array>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,12 +25,18 @@ namespace accel {
 // match; the mutex covers autograd's threads.
 class UnitSchedule : public UnitRunner {
  public:
+  // `cast_forward_inputs`: a unit's floating-point inputs go to the dtype
+  // its mixed-precision parameters compute in.
   UnitSchedule(Communicator& comm,
                const std::vector<std::shared_ptr<ZeroGroup>>& groups,
-               size_t units)
-      : comm_(comm), units_(units), names_(units) {
+               size_t units, bool cast_forward_inputs)
+      : comm_(comm), units_(units), names_(units), input_dtypes_(units) {
     for (const auto& group : groups) {
-      if (group->unit >= 0) units_[group->unit].push_back(group);
+      if (group->unit < 0) continue;
+      units_[group->unit].push_back(group);
+      if (cast_forward_inputs && group->mixed) {
+        input_dtypes_[group->unit] = group->flat.scalar_type();
+      }
     }
     // What diagnostics call each gather: these run inside the model's
     // forward and backward, where no line of the program is known, so the
@@ -68,6 +75,9 @@ class UnitSchedule : public UnitRunner {
   void AfterForward(size_t unit) override {
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto& group : units_[unit]) Release(*group);
+  }
+  std::optional<c10::ScalarType> InputDtype(size_t unit) const override {
+    return input_dtypes_[unit];
   }
   void BeforeBackward(size_t unit) override {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -151,6 +161,7 @@ class UnitSchedule : public UnitRunner {
   std::vector<std::vector<std::shared_ptr<ZeroGroup>>> units_;
   // Per unit: forward gather and prefetch, backward gather and prefetch.
   std::vector<std::array<std::string, 4>> names_;
+  std::vector<std::optional<c10::ScalarType>> input_dtypes_;
   std::mutex mutex_;
 };
 
