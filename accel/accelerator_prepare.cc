@@ -2,6 +2,7 @@
 // gets rank 0's weights and its gradient reducer (DDP buckets, the invariant
 // reduction, or ZeRO stage 3's units), an optimizer is registered or sharded
 // under ZeRO, a loader is recorded.
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -145,6 +146,11 @@ std::shared_ptr<PreparedOptimizer> Accelerator::PrepareOptimizer(
   for (size_t u = 0; u < units.size(); ++u) {
     AttachUnit(units[u], zero->unit_runner(), u);
   }
+  std::map<const void*, std::string> names;
+  for (const auto& named : model->named_parameters()) {
+    names.emplace(named.value().unsafeGetTensorImpl(), named.key());
+  }
+  zero->NameReleasedParameters(names);
   if (stage >= 2) {
     state_->prepared.ReplaceSynchronizer(
         model.get(),

@@ -7,18 +7,33 @@
 // would have (LibTorch reads a tensor's data without checking that its
 // storage holds any, so a null pointer would crash with no word).
 //
-//   void* at = accel::ReleasedMemory(flat.nbytes());  // null: not guarded
-//   storage->set_data_ptr_noswap(c10::DataPtr(at, flat.device()));
+//   void* at = accel::ReleasedMemory(storage, flat.nbytes());  // null: not
+//   storage->set_data_ptr_noswap(c10::DataPtr(at, flat.device()));  // guarded
+//   accel::NameReleasedBytes(storage, flat.nbytes(), 0, 64, "fc.weight");
 //
-// Faults elsewhere go to the handler that was installed before.
+// Each owner (a flat buffer's storage) gets a part of the range of its own,
+// the same on every call, so that the handler can name the parameter whose
+// bytes were touched. Faults elsewhere go to the handler that was installed
+// before.
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 namespace accel {
 
-// The reserved range's start when `bytes` fit in it (and it could be
-// reserved), else null.
-void* ReleasedMemory(size_t bytes);
+// The part of the reserved range that `owner`'s `bytes` point at while
+// released (the same part on every call, once it was given); the range's
+// start, shared and nameless, when no part is left; null when the range
+// could not be reserved.
+void* ReleasedMemory(const void* owner, size_t bytes);
+
+// Names bytes [offset, offset + bytes) of owner's part (of `owner_bytes`):
+// a fault there names `name` (cut to 95 characters). At most 65,536 names.
+void NameReleasedBytes(const void* owner, size_t owner_bytes, size_t offset,
+                       size_t bytes, const std::string& name);
+
+// Whether `at` lies in the reserved range (for tests).
+bool IsReleasedMemory(const void* at);
 
 }  // namespace accel

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "accel/core/tensor_ops.h"
+#include "accel/memory/released_memory.h"
 #include "accel/parallel/zero_group.h"
 #include "accel/parallel/zero_units.h"
 #include "accel/runtime/base/errors.h"
@@ -244,6 +245,22 @@ void ZeroOptimizer::AllGatherParameters(CallSite site, const char* api) {
     comm_.allgather(own.data_ptr(), group->flat.data_ptr(),
                     static_cast<size_t>(share),
                     ToDType(group->flat.scalar_type()), options);
+  }
+}
+
+void ZeroOptimizer::NameReleasedParameters(
+    const std::map<const void*, std::string>& names) {
+  for (const auto& group : groups_) {
+    if (group->unit < 0 || !group->flat.device().is_cpu()) continue;
+    const void* owner = group->flat.storage().unsafeGetStorageImpl();
+    const size_t element = group->flat.element_size();
+    const size_t owner_bytes = group->flat.numel() * element;
+    for (const torch::Tensor& p : group->params) {
+      const auto name = names.find(zero_internal::Key(p));
+      if (name == names.end()) continue;
+      NameReleasedBytes(owner, owner_bytes, p.storage_offset() * element,
+                        p.numel() * element, name->second);
+    }
   }
 }
 

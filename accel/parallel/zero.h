@@ -70,8 +70,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "accel/parallel/gradient_sync.h"
@@ -174,6 +176,9 @@ class ZeroOptimizer {
   // Stage 3: what the units call around their forward and backward (null
   // under stages 1-2).
   std::shared_ptr<UnitRunner> unit_runner() const;
+  // Stage 3: `names` (a parameter's TensorImpl to its name) are what a read
+  // of a released parameter names (released_memory.h).
+  void NameReleasedParameters(const std::map<const void*, std::string>& names);
   // Stage 3: every unit's parameters whole on every rank, for save_state
   // and load_state; ReshardEveryUnit then takes each rank's share of them
   // back as it is (a load's values) and frees them. No-ops under stages

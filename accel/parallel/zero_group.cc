@@ -110,7 +110,8 @@ void InstallStorage(const torch::Tensor& flat, c10::DataPtr data) {
 void FreeStorage(const torch::Tensor& flat) {
   c10::StorageImpl* storage = flat.storage().unsafeGetStorageImpl();
   const size_t bytes = flat.numel() * flat.element_size();
-  void* released = flat.device().is_cpu() ? ReleasedMemory(bytes) : nullptr;
+  void* released =
+      flat.device().is_cpu() ? ReleasedMemory(storage, bytes) : nullptr;
   storage->set_data_ptr_noswap(c10::DataPtr(released, flat.device()));
   storage->set_nbytes(released != nullptr ? bytes : 0);
 }
