@@ -71,7 +71,7 @@ class UnitRunner {
   virtual void BeforeBackward(size_t unit) = 0;
   // What the unit's floating-point tensor arguments are cast to before its
   // forward (mixed precision's cast_forward_inputs), or nothing.
-  virtual std::optional<c10::ScalarType> InputDtype(size_t unit) const {
+  virtual std::optional<c10::ScalarType> InputDtype(size_t /*unit*/) const {
     return std::nullopt;
   }
 };
