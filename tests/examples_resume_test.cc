@@ -289,17 +289,18 @@ TEST(ExamplesTest, ClosedStandardStreamsAtLaunchChangeNothing) {
 // A file-size limit (ulimit -f) ends a save with the I/O error, named, and
 // nothing half-written stays; before, SIGXFSZ killed the rank, leaving a
 // .partial file. At start-up it is as clear (shared memory counts too).
+// The limit is below each rank's shard file (about 159 KB at 2 processes).
 TEST(ExamplesTest, AFileSizeLimitIsAnIoErrorNotASignal) {
   const std::string out = MakeTempDir("fsize") + "/out";
   const ProcessResult r =
       RunProcess({"/bin/bash", "-c",
-                  "ulimit -f 200; exec \"$0\" --num_processes=2 --epochs=2 "
+                  "ulimit -f 100; exec \"$0\" --num_processes=2 --epochs=2 "
                   "--hidden=2000 --main_process_port=0 --output_dir=\"$1\"",
                   Runfile("examples/train_demo"), out},
                  {{"ACCEL_SHARED_MEMORY", "0"}}, kTimeout);
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_THAT(r.output, HasSubstr("accelerator_state.pt'): File too large (the "
-                                  "file-size limit, ulimit -f, is 204800 "
+  EXPECT_THAT(r.output, HasSubstr("-of-00002.safetensors'): File too large "
+                                  "(the file-size limit, ulimit -f, is 102400 "
                                   "bytes)"))
       << r.output;
   EXPECT_THAT(r.output, ::testing::Not(HasSubstr("signal 25")));
