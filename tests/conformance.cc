@@ -193,6 +193,10 @@ TEST_P(ConformanceFailureTest, MissingRankTimesOutNamingOperationAndRank) {
           EXPECT_THAT(
               e.what(),
               HasSubstr("not run because an earlier collective failed"));
+          // The cause leads: the barrier that failed, then this call.
+          const std::string message = e.what();
+          EXPECT_LT(message.find("barrier #1"), message.find("allreduce #2"))
+              << message;
         }
       },
       options);

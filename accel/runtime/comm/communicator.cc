@@ -538,18 +538,24 @@ std::exception_ptr Communicator::Failed(const Op& op,
                            std::to_string(op.sequence) +
                            op.site.Parenthesized() + ": ";
   if (error == nullptr) {
-    const std::string not_run =
-        what + "not run because an earlier collective failed: ";
+    // The earlier failure first: it is the cause, and the line a reader of
+    // several ranks' errors looks for.
+    const std::string not_run = std::string("; then ") + op.api + " #" +
+                                std::to_string(op.sequence) +
+                                op.site.Parenthesized() +
+                                ": not run because an earlier collective "
+                                "failed (above)";
     try {
       std::rethrow_exception(broken_);
     } catch (const InterruptedError& e) {
       return std::make_exception_ptr(
-          InterruptedError(not_run + e.what(), e.failed_rank()));
+          InterruptedError(e.what() + not_run, e.failed_rank()));
     } catch (const std::exception& e) {
-      return std::make_exception_ptr(PeerError(not_run + e.what()));
+      return std::make_exception_ptr(PeerError(e.what() + not_run));
     } catch (...) {
     }
-    return std::make_exception_ptr(PeerError(not_run + "unknown error"));
+    return std::make_exception_ptr(
+        PeerError(Where() + "an unknown error" + not_run));
   }
   try {
     std::rethrow_exception(error);
