@@ -198,6 +198,20 @@ void NameReleasedBytes(const void* owner, size_t owner_bytes, size_t offset,
   g_name_count = g_name_count + 1;
 }
 
+void ForgetReleasedNames(const void* owner) {
+  if (g_region == nullptr) return;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  for (size_t p = 0; p < g_part_count; ++p) {
+    if (g_parts[p].owner != owner) continue;
+    for (size_t n = 0; n < g_name_count; ++n) {
+      if (g_names[n].begin >= g_parts[p].begin &&
+          g_names[n].begin < g_parts[p].end) {
+        g_names[n].end = g_names[n].begin;  // Matches no address.
+      }
+    }
+  }
+}
+
 bool IsReleasedMemory(const void* at) {
   const char* byte = static_cast<const char*>(at);
   return g_region != nullptr && byte >= g_region &&

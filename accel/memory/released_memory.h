@@ -33,6 +33,10 @@ void* ReleasedMemory(const void* owner, size_t bytes);
 void NameReleasedBytes(const void* owner, size_t owner_bytes, size_t offset,
                        size_t bytes, const std::string& name);
 
+// Drops the names in owner's part: a new buffer whose storage has the
+// address of a freed one (whose part it then shares) starts nameless.
+void ForgetReleasedNames(const void* owner);
+
 // Whether `at` lies in the reserved range (for tests).
 bool IsReleasedMemory(const void* at);
 

@@ -159,6 +159,8 @@ ZeroOptimizer::ZeroOptimizer(
     }
     if (group->mixed) Flatten(*group, compute);
     if (group->unit >= 0) {
+      // Its storage may sit where a freed buffer's did: not its names.
+      ForgetReleasedNames(group->flat.storage().unsafeGetStorageImpl());
       FreeStorage(group->flat);
       group->gathered = false;
     }
