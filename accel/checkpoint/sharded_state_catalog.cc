@@ -523,7 +523,9 @@ void AddRankFile(Catalog* catalog, int rank, const FileRecord* recorded) {
       *catalog, rank,
       recorded != nullptr ? ""
                           : ": did every rank call WriteShardFile, and all of "
-                            "them return (a barrier), before WriteShardIndex?");
+                            "them return (a barrier), before WriteShardIndex? "
+                            "Ranks on other machines must write into a folder "
+                            "this one sees too (a shared disk)");
   const CheckedHeader header = ReadRankHeader(*catalog, rank, *file, recorded);
   catalog->header_bytes += 8 + header.text.size();
   AddPieces(catalog, rank, header);
