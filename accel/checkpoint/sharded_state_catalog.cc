@@ -457,65 +457,6 @@ void AddPieces(Catalog* catalog, int rank, const CheckedHeader& header) {
   }
 }
 
-// The piece of rank `rank` that starts at `offset`, or nullptr.
-const Piece* PieceOf(const TensorEntry& tensor, int rank, int64_t offset) {
-  const auto found = std::lower_bound(
-      tensor.pieces.begin(), tensor.pieces.end(), offset,
-      [](const Piece& piece, int64_t value) { return piece.offset < value; });
-  return found != tensor.pieces.end() && found->offset == offset &&
-                 found->rank == rank
-             ? &*found
-             : nullptr;
-}
-
-std::string PieceText(const TensorEntry& tensor, const Piece& piece) {
-  return c10::toString(tensor.info.dtype) + std::string(" ") +
-         ShapeText(tensor.info.shape) + ", elements " +
-         RangeText(piece.offset, piece.offset + piece.length) + " at byte " +
-         std::to_string(piece.begin) + ", checksum " + Hex(piece.checksum);
-}
-
-// The pieces of one file's header (`mine`, a catalog of that file alone)
-// against the ones the index lists in it.
-void CompareWithIndex(const Catalog& catalog, int rank, const Catalog& mine) {
-  const auto fail = [&](const std::string& defect) {
-    catalog.FailFile(rank, defect +
-                               ": the index was changed, or written for "
-                               "other files, after the save");
-  };
-  int64_t pieces = 0;
-  for (const auto& [name, entry] : mine.tensors) {
-    const auto listed = catalog.tensors.find(name);
-    if (listed == catalog.tensors.end()) {
-      fail("its header holds tensor '" + name + "', which the index lacks");
-    }
-    const TensorEntry& tensor = listed->second;
-    if (tensor.info.dtype != entry.info.dtype ||
-        tensor.info.shape != entry.info.shape) {
-      fail("tensor '" + name + "' is " + c10::toString(entry.info.dtype) + " " +
-           ShapeText(entry.info.shape) + " in its header, " +
-           c10::toString(tensor.info.dtype) + " " +
-           ShapeText(tensor.info.shape) + " in the index");
-    }
-    for (const Piece& piece : entry.pieces) {
-      ++pieces;
-      const Piece* indexed = PieceOf(tensor, rank, piece.offset);
-      if (indexed == nullptr || indexed->length != piece.length ||
-          indexed->begin != piece.begin ||
-          indexed->checksum != piece.checksum) {
-        fail("tensor '" + name + "': its header holds " +
-             PieceText(entry, piece) + ", the index " +
-             (indexed != nullptr ? PieceText(tensor, *indexed)
-                                 : std::string("no such piece in it")));
-      }
-    }
-  }
-  if (pieces != catalog.pieces_per_rank[rank]) {
-    fail("the index lists " + std::to_string(catalog.pieces_per_rank[rank]) +
-         " non-empty pieces in it, its header " + std::to_string(pieces));
-  }
-}
-
 // Reads rank `rank`'s header and adds its pieces; `recorded` is what the
 // index says of the file (nullptr while the index is being written).
 void AddRankFile(Catalog* catalog, int rank, const FileRecord* recorded) {

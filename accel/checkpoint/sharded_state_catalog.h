@@ -199,6 +199,10 @@ uint64_t CheckRankFile(const Catalog& catalog, int rank, const File& file);
 
 // ---- The index (sharded_state_index.cc) -------------------------------------
 
+// Checks the pieces of rank `rank`'s header (`mine`, a catalog of that file
+// alone) against the ones the index lists in that file.
+void CompareWithIndex(const Catalog& catalog, int rank, const Catalog& mine);
+
 // Reads and checks dir's index and its piece table, reading no rank file
 // (CheckRankFile checks each before it is used); for an index of version 1,
 // which has no table, every file's header (ReadCatalog).

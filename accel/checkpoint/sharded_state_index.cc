@@ -3,7 +3,9 @@
 // 2 it holds the piece table, so that a rank learns where every element
 // lies from one file and then opens (and checks) only the rank files it
 // reads: what keeps a load's time per rank to the bytes it reads rather
-// than to the number of files (docs/benchmarks.md).
+// than to the number of files (docs/benchmarks.md). CompareWithIndex holds
+// each file's header to the table before its data is used.
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -139,7 +141,66 @@ void AddIndexedTensor(const IndexDefects& index, Catalog* catalog,
   catalog->tensors.emplace(name, std::move(tensor));
 }
 
+// The piece of rank `rank` that starts at `offset`, or nullptr.
+const Piece* PieceAt(const TensorEntry& tensor, int rank, int64_t offset) {
+  const auto found = std::lower_bound(
+      tensor.pieces.begin(), tensor.pieces.end(), offset,
+      [](const Piece& piece, int64_t value) { return piece.offset < value; });
+  return found != tensor.pieces.end() && found->offset == offset &&
+                 found->rank == rank
+             ? &*found
+             : nullptr;
+}
+
+std::string PieceText(const TensorEntry& tensor, const Piece& piece) {
+  return c10::toString(tensor.info.dtype) + std::string(" ") +
+         ShapeText(tensor.info.shape) + ", elements " +
+         RangeText(piece.offset, piece.offset + piece.length) + " at byte " +
+         std::to_string(piece.begin) + ", checksum " + Hex(piece.checksum);
+}
+
 }  // namespace
+
+// The pieces of one file's header (`mine`, a catalog of that file alone)
+// against the ones the index lists in it.
+void CompareWithIndex(const Catalog& catalog, int rank, const Catalog& mine) {
+  const auto fail = [&](const std::string& defect) {
+    catalog.FailFile(rank, defect +
+                               ": the index was changed, or written for "
+                               "other files, after the save");
+  };
+  int64_t pieces = 0;
+  for (const auto& [name, entry] : mine.tensors) {
+    const auto listed = catalog.tensors.find(name);
+    if (listed == catalog.tensors.end()) {
+      fail("its header holds tensor '" + name + "', which the index lacks");
+    }
+    const TensorEntry& tensor = listed->second;
+    if (tensor.info.dtype != entry.info.dtype ||
+        tensor.info.shape != entry.info.shape) {
+      fail("tensor '" + name + "' is " + c10::toString(entry.info.dtype) + " " +
+           ShapeText(entry.info.shape) + " in its header, " +
+           c10::toString(tensor.info.dtype) + " " +
+           ShapeText(tensor.info.shape) + " in the index");
+    }
+    for (const Piece& piece : entry.pieces) {
+      ++pieces;
+      const Piece* indexed = PieceAt(tensor, rank, piece.offset);
+      if (indexed == nullptr || indexed->length != piece.length ||
+          indexed->begin != piece.begin ||
+          indexed->checksum != piece.checksum) {
+        fail("tensor '" + name + "': its header holds " +
+             PieceText(entry, piece) + ", the index " +
+             (indexed != nullptr ? PieceText(tensor, *indexed)
+                                 : std::string("no such piece in it")));
+      }
+    }
+  }
+  if (pieces != catalog.pieces_per_rank[rank]) {
+    fail("the index lists " + std::to_string(catalog.pieces_per_rank[rank]) +
+         " non-empty pieces in it, its header " + std::to_string(pieces));
+  }
+}
 
 Catalog ReadIndex(const std::string& dir) {
   const IndexDefects index(dir);
