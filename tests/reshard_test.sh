@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A sharded checkpoint (several processes, DDP or ZeRO) resumes at any
+# A sharded checkpoint (any process count, DDP or ZeRO) resumes at any
 # process count and any stage 0-3: //examples:gpt saves at step 15 of 30
 # (mid-epoch) under stage 3, stage 1 or DDP, then resumes elsewhere. At every
 # count all stages give the same parameters bit for bit as stage 0 (DDP, the
@@ -54,6 +54,8 @@ check 4 3 "2"
 check 3 1 "2"
 # DDP (stage 0) saves sharded too: it resumes under ZeRO, at another count.
 check 2 0 "2 3"
+# So does a one-process run: its checkpoint resumes a ZeRO job at 4.
+check 1 0 "4"
 
 # --resume passes over a newest checkpoint that lost a shard file for the
 # one before it.

@@ -37,8 +37,7 @@ bool SavesShardedTensors(const CheckpointContents& contents, int world_size) {
   // DDP (stage 0) too: each rank writes 1/N of the state rather than the
   // main process all of it, and the checkpoint then loads at any count and
   // stage, ZeRO's included.
-  return contents.sharded_tensors.has_value() && world_size > 1 &&
-         !contents.optimizers.empty();
+  return contents.sharded_tensors.has_value() && !contents.optimizers.empty();
 }
 
 std::string WriteRankShards(const std::string& dir, int rank, int world_size,
