@@ -191,19 +191,6 @@ void Accelerator::ClipBeforeEachStep() {
   };
 }
 
-void Accelerator::MakeCheckpointManager() {
-  CheckpointManager::Job job;
-  job.rank = process_index();
-  job.size = num_processes();
-  job.local_size = env_.local_world_size;
-  job.comm = [this]() -> Communicator& { return communicator(); };
-  job.from_main = [this](const std::string& name, const std::string& value) {
-    return FromMainProcess(name, value);
-  };
-  checkpoints_ = std::make_unique<CheckpointManager>(
-      options_.project_dir, options_.total_limit, std::move(job));
-}
-
 void Accelerator::JoinOrShareTheJob() {
   SharedJob& job = Job();
   std::lock_guard<std::mutex> lock(job.mutex);
@@ -521,49 +508,6 @@ ZeroOptimizer* Accelerator::ParameterShardingOf(
     }
   }
   return nullptr;
-}
-
-namespace {
-
-// The module's state with ZeRO-3 units gathered one at a time; the main
-// process keeps CPU copies (in state_dict order), the others nothing.
-std::vector<std::pair<std::string, torch::Tensor>> GatheredState(
-    ZeroOptimizer& zero, const torch::nn::Module& model, bool keep) {
-  const std::vector<StateEntry> entries = StateDict(model);
-  std::vector<torch::Tensor> tensors;
-  for (const StateEntry& entry : entries) tensors.push_back(entry.tensor);
-  std::vector<std::pair<std::string, torch::Tensor>> kept;
-  zero.ForEachGathered(tensors, [&](size_t i, const torch::Tensor& value) {
-    if (!keep) return;
-    kept.emplace_back(entries[i].name,
-                      value.detach().to(torch::kCPU, true, true));
-  });
-  return kept;
-}
-
-}  // namespace
-
-std::map<std::string, torch::Tensor> Accelerator::StateDictOf(
-    const torch::nn::Module& model) {
-  ZeroOptimizer* zero = ParameterShardingOf(model);
-  if (zero == nullptr) return StateDictOnCpu(model);
-  std::map<std::string, torch::Tensor> state;
-  for (auto& [name, tensor] : GatheredState(*zero, model, is_main_process())) {
-    state[name] = std::move(tensor);
-  }
-  return state;
-}
-
-void Accelerator::SaveModelOf(const torch::nn::Module& model,
-                              const std::string& dir,
-                              const std::string& max_shard_size) {
-  ZeroOptimizer* zero = ParameterShardingOf(model);
-  if (zero == nullptr) {
-    if (is_main_process()) SaveModelWeights(model, dir, max_shard_size);
-    return;
-  }
-  const auto state = GatheredState(*zero, model, is_main_process());
-  if (is_main_process()) SaveModelWeights(state, dir, max_shard_size);
 }
 
 void Accelerator::set_seed(uint64_t seed, bool device_specific) {

@@ -375,20 +375,14 @@ class Accelerator {
   // load_state already do it).
   template <typename Dataset, typename Batch>
   DataLoader<Dataset, Batch> skip_first_batches(
-      const DataLoader<Dataset, Batch>& loader, int64_t batches) const {
-    return loader.SkipFirstBatches(batches);
-  }
+      const DataLoader<Dataset, Batch>& loader, int64_t batches) const;
   // Called with the models and the folder before save_state writes, or
   // before load_state reads (Accelerate's register_save_state_pre_hook).
   using StateHook = std::function<void(
       const std::vector<std::shared_ptr<torch::nn::Module>>& models,
       const std::string& dir)>;
-  void register_save_state_pre_hook(StateHook hook) {
-    save_hooks_.push_back(std::move(hook));
-  }
-  void register_load_state_pre_hook(StateHook hook) {
-    load_hooks_.push_back(std::move(hook));
-  }
+  void register_save_state_pre_hook(StateHook hook);
+  void register_load_state_pre_hook(StateHook hook);
   // Number of the next automatically named checkpoint.
   int64_t save_iteration() const;
 
@@ -397,18 +391,14 @@ class Accelerator {
   // stage 3 every rank calls it: the units are gathered one at a time and
   // the main process gets the copies (the others an empty map).
   template <typename Model>
-  std::map<std::string, torch::Tensor> get_state_dict(const Model& model) {
-    return StateDictOf(*detail::ModulePointer(model));
-  }
+  std::map<std::string, torch::Tensor> get_state_dict(const Model& model);
   // Writes the model's weights as safetensors (model.safetensors, or shards
   // of at most max_shard_size with model.safetensors.index.json) on the main
   // process; read them back with accel::LoadModelWeightsInto. Under ZeRO
   // stage 3 every rank calls it (as get_state_dict).
   template <typename Model>
   void save_model(const Model& model, const std::string& dir,
-                  const std::string& max_shard_size = "10GB") {
-    SaveModelOf(*detail::ModulePointer(model), dir, max_shard_size);
-  }
+                  const std::string& max_shard_size = "10GB");
   // torch::save(value, path) on the main process, written aside and renamed
   // into place.
   template <typename T>

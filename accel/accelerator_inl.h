@@ -168,6 +168,24 @@ void Accelerator::register_for_checkpointing(T& object) {
        [&object](torch::serialize::InputArchive& a) { object.load(a); }});
 }
 
+template <typename Dataset, typename Batch>
+DataLoader<Dataset, Batch> Accelerator::skip_first_batches(
+    const DataLoader<Dataset, Batch>& loader, int64_t batches) const {
+  return loader.SkipFirstBatches(batches);
+}
+
+template <typename Model>
+std::map<std::string, torch::Tensor> Accelerator::get_state_dict(
+    const Model& model) {
+  return StateDictOf(*detail::ModulePointer(model));
+}
+
+template <typename Model>
+void Accelerator::save_model(const Model& model, const std::string& dir,
+                             const std::string& max_shard_size) {
+  SaveModelOf(*detail::ModulePointer(model), dir, max_shard_size);
+}
+
 template <typename T>
 void Accelerator::save(const T& value, const std::string& path) const {
   if (!is_main_process()) return;

@@ -1,14 +1,80 @@
-// The Accelerator's checkpoints and trackers, over CheckpointManager and
-// TrackerSet (see accelerator.h).
+// The Accelerator's checkpoints, weights (get_state_dict, save_model) and
+// trackers, over CheckpointManager and TrackerSet (see accelerator.h).
 #include <string>
+#include <utility>
 
 #include "accel/accelerator.h"
 #include "accel/checkpoint/checkpoint_manager.h"
 #include "accel/core/tensor_ops.h"
+#include "accel/parallel/zero.h"
 #include "accel/runtime/base/logging.h"
 #include "accel/tracking/tracker_set.h"
 
 namespace accel {
+
+void Accelerator::MakeCheckpointManager() {
+  CheckpointManager::Job job;
+  job.rank = process_index();
+  job.size = num_processes();
+  job.local_size = env_.local_world_size;
+  job.comm = [this]() -> Communicator& { return communicator(); };
+  job.from_main = [this](const std::string& name, const std::string& value) {
+    return FromMainProcess(name, value);
+  };
+  checkpoints_ = std::make_unique<CheckpointManager>(
+      options_.project_dir, options_.total_limit, std::move(job));
+}
+
+namespace {
+
+// The module's state with ZeRO-3 units gathered one at a time; the main
+// process keeps CPU copies (in state_dict order), the others nothing.
+std::vector<std::pair<std::string, torch::Tensor>> GatheredState(
+    ZeroOptimizer& zero, const torch::nn::Module& model, bool keep) {
+  const std::vector<StateEntry> entries = StateDict(model);
+  std::vector<torch::Tensor> tensors;
+  for (const StateEntry& entry : entries) tensors.push_back(entry.tensor);
+  std::vector<std::pair<std::string, torch::Tensor>> kept;
+  zero.ForEachGathered(tensors, [&](size_t i, const torch::Tensor& value) {
+    if (!keep) return;
+    kept.emplace_back(entries[i].name,
+                      value.detach().to(torch::kCPU, true, true));
+  });
+  return kept;
+}
+
+}  // namespace
+
+std::map<std::string, torch::Tensor> Accelerator::StateDictOf(
+    const torch::nn::Module& model) {
+  ZeroOptimizer* zero = ParameterShardingOf(model);
+  if (zero == nullptr) return StateDictOnCpu(model);
+  std::map<std::string, torch::Tensor> state;
+  for (auto& [name, tensor] : GatheredState(*zero, model, is_main_process())) {
+    state[name] = std::move(tensor);
+  }
+  return state;
+}
+
+void Accelerator::SaveModelOf(const torch::nn::Module& model,
+                              const std::string& dir,
+                              const std::string& max_shard_size) {
+  ZeroOptimizer* zero = ParameterShardingOf(model);
+  if (zero == nullptr) {
+    if (is_main_process()) SaveModelWeights(model, dir, max_shard_size);
+    return;
+  }
+  const auto state = GatheredState(*zero, model, is_main_process());
+  if (is_main_process()) SaveModelWeights(state, dir, max_shard_size);
+}
+
+void Accelerator::register_save_state_pre_hook(StateHook hook) {
+  save_hooks_.push_back(std::move(hook));
+}
+
+void Accelerator::register_load_state_pre_hook(StateHook hook) {
+  load_hooks_.push_back(std::move(hook));
+}
 
 CheckpointContents Accelerator::Contents() {
   CheckpointContents contents = state_->prepared.Contents();
