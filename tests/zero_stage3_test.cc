@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adamw.h>
@@ -246,6 +247,57 @@ TEST(ZeroTest, Stage3UnitsCastFloatInputsToTheParametersDtype) {
     accelerator.backward(torch::nn::functional::cross_entropy(out, y));
     optimizer.step();
   }
+}
+
+// A block of a hand-written forward that notes the dtypes it was given.
+class NotingBlockImpl : public torch::nn::Module {
+ public:
+  NotingBlockImpl()
+      : linear_(register_module("linear", torch::nn::Linear(12, 12))) {}
+  torch::Tensor forward(torch::Tensor x, const torch::Tensor& mask) {
+    seen = {x.scalar_type(), mask.scalar_type()};
+    return linear_->forward(x) * mask;
+  }
+  // A layer that takes a tensor by non-const reference gets the caller's.
+  torch::Tensor forward(torch::Tensor& x) {
+    seen = {x.scalar_type()};
+    return x;
+  }
+  std::vector<c10::ScalarType> seen;
+
+ private:
+  torch::nn::Linear linear_;
+};
+TORCH_MODULE(NotingBlock);
+
+// The trial's finding: accel::forward(block, x, mask) with named tensors
+// (non-const lvalues) left the float32 mask uncast.
+TEST(ZeroTest, Stage3CastsNamedTensorArgumentsOfAHandWrittenForward) {
+  if (SharedAccelerator().num_processes() == 1) {
+    GTEST_SKIP() << "one process shards nothing";
+  }
+  AcceleratorOptions options =
+      Options({.stage = 3, .param_dtype = torch::kBFloat16});
+  options.autocast.enabled = false;
+  Accelerator accelerator(options);
+  NotingBlock first, second;
+  torch::nn::ModuleList blocks(first, second);
+  torch::optim::AdamW adamw(blocks->parameters(),
+                            torch::optim::AdamWOptions(1e-2));
+  auto [model, optimizer] = accelerator.prepare(blocks, adamw);
+  torch::Tensor x = Batch(0, accelerator.process_index()).first;
+  torch::Tensor mask = torch::ones_like(x);
+  torch::Tensor hidden = x;
+  for (NotingBlock* block : {&first, &second}) {
+    hidden = accel::forward(*block, hidden, mask);
+    EXPECT_EQ((*block)->seen, (std::vector<c10::ScalarType>{torch::kBFloat16,
+                                                            torch::kBFloat16}));
+  }
+  EXPECT_EQ(mask.scalar_type(), torch::kFloat32);  // The caller's is kept.
+  accelerator.backward(hidden.to(torch::kFloat32).sum());
+  optimizer.step();
+  torch::Tensor& same = x;
+  EXPECT_EQ(accel::forward(first, same).scalar_type(), torch::kFloat32);
 }
 
 TEST(ZeroTest, Stage3SavesDdpsWeightsGatheredOnTheMainProcess) {

@@ -218,7 +218,8 @@ auto& ModuleOf(Layer& layer) {
 
 // An argument of a unit's forward: a floating-point tensor passed by value
 // or const reference goes to `dtype` (when there is one); anything else as
-// it is.
+// it is. (accel::forward passes a named tensor as a copy of its handle when
+// the layer takes one: see TensorCopy.)
 template <typename T>
 decltype(auto) CastInput(const std::optional<c10::ScalarType>& dtype, T&& arg) {
   using Bare = std::remove_reference_t<T>;
@@ -235,6 +236,26 @@ decltype(auto) CastInput(const std::optional<c10::ScalarType>& dtype, T&& arg) {
     return std::forward<T>(arg);
   }
 }
+
+// How accel::forward passes an argument on: a tensor as a handle of its
+// own (so that CastInput may cast it), anything else as it came.
+template <typename T>
+using TensorCopy = std::conditional_t<
+    std::is_same_v<std::remove_cv_t<std::remove_reference_t<T>>, torch::Tensor>,
+    torch::Tensor, T&&>;
+template <typename T>
+TensorCopy<T> PassOn(T&& arg) {
+  return std::forward<T>(arg);
+}
+// Whether Module's forward takes the arguments so passed: not when it
+// takes a tensor by non-const reference (it may mean to change the
+// caller's handle, which then must be the caller's own).
+template <typename Void, typename Module, typename... Args>
+struct TakesTensorCopies : std::false_type {};
+template <typename Module, typename... Args>
+struct TakesTensorCopies<std::void_t<decltype(std::declval<Module&>().forward(
+                             std::declval<TensorCopy<Args>>()...))>,
+                         Module, Args...> : std::true_type {};
 
 // What accel::checkpoint returns: a tensor, a vector or a tuple of them.
 template <typename T>
@@ -270,8 +291,18 @@ auto forward(Layer& layer, Args&&... args) {
   const auto call_forward = [&module](auto&&... inputs) -> Output {
     return module.forward(std::forward<decltype(inputs)>(inputs)...);
   };
-  return unit_internal::RunUnit<Output>(module, call_forward,
-                                        std::forward<Args>(args)...);
+  using Module = std::remove_reference_t<decltype(module)>;
+  if constexpr (unit_internal::TakesTensorCopies<void, Module,
+                                                 Args...>::value) {
+    // A named tensor (x, mask) comes as a non-const reference; a copy of
+    // its handle lets cast_forward_inputs cast it as FSDP2 does.
+    return unit_internal::RunUnit<Output>(
+        module, call_forward,
+        unit_internal::PassOn<Args>(std::forward<Args>(args))...);
+  } else {
+    return unit_internal::RunUnit<Output>(module, call_forward,
+                                          std::forward<Args>(args)...);
+  }
 }
 
 template <typename Output, typename CallForward, typename... Args>
