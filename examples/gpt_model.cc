@@ -113,11 +113,14 @@ torch::Tensor GptImpl::forward(torch::Tensor tokens, torch::Tensor mask) {
       dropout_(token_embedding_(tokens) + position_embedding_(positions));
   for (Block& block : block_list_) {
     if (config_.activation_checkpointing) {
+      // The function runs again in backward, after this forward has
+      // returned: the mask goes in as an argument (kept until then), not
+      // by a reference to this frame's copy.
       x = accel::checkpoint(
-          [&](const torch::Tensor& input) {
-            return accel::forward(block, input, mask);
+          [&block](const torch::Tensor& input, const torch::Tensor& causal) {
+            return accel::forward(block, input, causal);
           },
-          x);
+          x, mask);
     } else {
       x = accel::forward(block, x, mask);
     }
