@@ -83,7 +83,13 @@ DEFINE_bool(checkpoint, true,
 DEFINE_string(checkpoint_dir, "",
               "Where the ranks save (default: a folder under /tmp, removed "
               "after).");
+DEFINE_bool(with_activation_checkpointing, false,
+            "Also run the gpt at every stage with each block's activations "
+            "recomputed in backward (accel::fully_shard's "
+            "activation_checkpointing), and compare the activations kept.");
 DEFINE_bool(worker, false, "Internal: run one measurement as a rank.");
+DEFINE_bool(activation_checkpointing, false,
+            "Internal: the worker's gpt recomputes its blocks' activations.");
 DEFINE_string(model, "mlp", "Internal: the model a worker measures.");
 
 namespace {
@@ -137,6 +143,7 @@ examples::GptConfig GptConfig() {
   config.n_head = 4;
   config.n_embd = 256;
   config.dropout = 0.0;
+  config.activation_checkpointing = FLAGS_activation_checkpointing;
   return config;
 }
 
@@ -290,7 +297,7 @@ void MeasureRank(accel::HostMemoryTracker& counter) {
 
 struct Cell {
   // model_peak_mb: the peak less the activations (model state at its peak).
-  Spread peak_mb, model_peak_mb, state_mb, step_s;
+  Spread peak_mb, model_peak_mb, state_mb, step_s, activation_mb;
   // save_state and load_state: time, the peak during each, a rank's files.
   Spread save_s, load_s, save_peak_mb, load_peak_mb, rank_file_mb;
   Spread save_cpu_s, load_cpu_s;  // This process's CPU time.
@@ -450,7 +457,81 @@ void PrintTorchTable(std::map<int, Cell>& ours, TorchCells& torch) {
   }
 }
 
+// One job of `ranks` workers at `stage`; its figures join cells[stage].
+void MeasureStage(const std::string& model, int ranks, int stage,
+                  bool recompute, std::map<int, Cell>& cells) {
+  char folder[] = "/tmp/accel_bench_sharding_XXXXXX";
+  const std::string dir =
+      mkdtemp(folder) != nullptr ? folder : "/tmp/accel_bench_sharding";
+  std::ostringstream command;
+  command << accel::bench::SelfPath() << " --worker --model=" << model
+          << " --num_processes=" << ranks
+          << " --transformer_layers=" << FLAGS_transformer_layers
+          << " --main_process_port=0 --backend=gloo --zero_stage=" << stage
+          << " --warmup=" << FLAGS_warmup << " --steps=" << FLAGS_steps
+          << " --checkpoint=" << (FLAGS_checkpoint ? "true" : "false")
+          << " --checkpoint_dir=" << dir
+          << " --activation_checkpointing=" << (recompute ? "true" : "false");
+  const accel::bench::Results r = accel::bench::RunAndParse(
+      "stage " + std::to_string(stage) + (recompute ? " recomputing" : ""),
+      command.str());
+  std::system(("rm -rf " + dir).c_str());
+  if (!r.count("step_s")) return;
+  Cell& cell = cells[stage];
+  cell.peak_mb.values.push_back(r.at("peak_bytes") / 1e6);
+  cell.activation_mb.values.push_back(r.at("activation_bytes") / 1e6);
+  cell.model_peak_mb.values.push_back(
+      (r.at("peak_bytes") - r.at("activation_bytes")) / 1e6);
+  cell.state_mb.values.push_back(r.at("state_bytes") / 1e6);
+  cell.step_s.values.push_back(r.at("step_s"));
+  cell.parameters = r.at("parameters");
+  if (FLAGS_checkpoint) {
+    cell.save_s.values.push_back(r.at("save_s"));
+    cell.load_s.values.push_back(r.at("load_s"));
+    cell.save_peak_mb.values.push_back(r.at("save_peak_bytes") / 1e6);
+    cell.load_peak_mb.values.push_back(r.at("load_peak_bytes") / 1e6);
+    cell.rank_file_mb.values.push_back(r.at("rank_file_bytes") / 1e6);
+    cell.save_cpu_s.values.push_back(r.at("save_cpu_s"));
+    cell.load_cpu_s.values.push_back(r.at("load_cpu_s"));
+  }
+}
+
+// What the blocks' recompute saves: the activations a forward leaves alive
+// for backward (issue 42's target: at most 0.25x), and the step time it
+// costs, at each stage.
+void PrintRecomputeTable(std::map<int, Cell>& kept,
+                         std::map<int, Cell>& recomputed) {
+  if (recomputed.empty()) return;
+  std::printf(
+      "activation checkpointing (every block recomputed in backward), "
+      "largest rank: activations kept for backward, and step time\n");
+  std::printf("%-8s %16s %16s %15s %-11s %18s %18s %15s\n", "stage", "kept MB",
+              "recomputed MB", "ratio", "target", "step ms", "recomputed ms",
+              "ratio");
+  for (auto& [stage, cell] : recomputed) {
+    const Cell& without = kept[stage];
+    std::printf(
+        "%-8s %16s %16s %15s %-11s %18s %18s %15s\n",
+        stage == 0 ? "0 (DDP)" : std::to_string(stage).c_str(),
+        accel::bench::Plain(without.activation_mb, "%.1f").c_str(),
+        accel::bench::Plain(cell.activation_mb, "%.1f").c_str(),
+        accel::bench::Ratio(cell.activation_mb, without.activation_mb).c_str(),
+        Verdict(cell.activation_mb, without.activation_mb, 0.25).c_str(),
+        accel::bench::Ms(without.step_s).c_str(),
+        accel::bench::Ms(cell.step_s).c_str(),
+        accel::bench::Ratio(cell.step_s, without.step_s).c_str());
+  }
+}
+
 int Main(int, char**) {
+  if (FLAGS_with_activation_checkpointing &&
+      accel::bench::ParseNames(FLAGS_models) !=
+          std::vector<std::string>{"gpt"}) {
+    throw accel::UsageError(
+        "--with_activation_checkpointing needs --models=gpt (its blocks go "
+        "through accel::forward at every stage); found --models=" +
+        FLAGS_models);
+  }
   if (FLAGS_worker) {
     MeasureRank(accel::HostMemoryTracker::Install());
     return 0;
@@ -458,7 +539,7 @@ int Main(int, char**) {
   const std::vector<int> stages = accel::bench::ParseList(FLAGS_stages);
   for (const std::string& model : accel::bench::ParseNames(FLAGS_models)) {
     for (int ranks : accel::bench::ParseList(FLAGS_ranks)) {
-      std::map<int, Cell> cells;
+      std::map<int, Cell> cells, recomputed;
       TorchCells torch;
       const bool with_torch = FLAGS_torch_baseline && ranks == 2;
       for (int rep = 0; rep < FLAGS_repetitions; ++rep) {
@@ -466,37 +547,9 @@ int Main(int, char**) {
         std::vector<int> order = stages;
         if (rep % 2 == 1) std::reverse(order.begin(), order.end());
         for (int stage : order) {
-          char folder[] = "/tmp/accel_bench_sharding_XXXXXX";
-          const std::string dir =
-              mkdtemp(folder) != nullptr ? folder : "/tmp/accel_bench_sharding";
-          std::ostringstream command;
-          command << accel::bench::SelfPath() << " --worker --model=" << model
-                  << " --num_processes=" << ranks
-                  << " --transformer_layers=" << FLAGS_transformer_layers
-                  << " --main_process_port=0 --backend=gloo --zero_stage="
-                  << stage << " --warmup=" << FLAGS_warmup
-                  << " --steps=" << FLAGS_steps
-                  << " --checkpoint=" << (FLAGS_checkpoint ? "true" : "false")
-                  << " --checkpoint_dir=" << dir;
-          const accel::bench::Results r = accel::bench::RunAndParse(
-              "stage " + std::to_string(stage), command.str());
-          std::system(("rm -rf " + dir).c_str());
-          if (!r.count("step_s")) continue;
-          Cell& cell = cells[stage];
-          cell.peak_mb.values.push_back(r.at("peak_bytes") / 1e6);
-          cell.model_peak_mb.values.push_back(
-              (r.at("peak_bytes") - r.at("activation_bytes")) / 1e6);
-          cell.state_mb.values.push_back(r.at("state_bytes") / 1e6);
-          cell.step_s.values.push_back(r.at("step_s"));
-          cell.parameters = r.at("parameters");
-          if (FLAGS_checkpoint) {
-            cell.save_s.values.push_back(r.at("save_s"));
-            cell.load_s.values.push_back(r.at("load_s"));
-            cell.save_peak_mb.values.push_back(r.at("save_peak_bytes") / 1e6);
-            cell.load_peak_mb.values.push_back(r.at("load_peak_bytes") / 1e6);
-            cell.rank_file_mb.values.push_back(r.at("rank_file_bytes") / 1e6);
-            cell.save_cpu_s.values.push_back(r.at("save_cpu_s"));
-            cell.load_cpu_s.values.push_back(r.at("load_cpu_s"));
+          MeasureStage(model, ranks, stage, false, cells);
+          if (FLAGS_with_activation_checkpointing) {
+            MeasureStage(model, ranks, stage, true, recomputed);
           }
         }
       }
@@ -510,6 +563,7 @@ int Main(int, char**) {
       PrintCheckpointTable(ranks, cells,
                            model == "mlp" ? 25 : FLAGS_transformer_layers);
       if (with_torch) PrintTorchTable(cells, torch);
+      PrintRecomputeTable(cells, recomputed);
     }
   }
   return 0;
