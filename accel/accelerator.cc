@@ -234,6 +234,9 @@ void Accelerator::LeaveTheJob() {
     last = std::move(job.parked);
   }
   state_->prepared.DropSynchronizers();
+  for (ZeroOptimizer* zero : state_->prepared.sharded_optimizers()) {
+    zero->LeaveJob();
+  }
   group_.reset();
 }
 
@@ -312,6 +315,9 @@ void Accelerator::ParkForTheReport() {
     Job().left = true;  // No Accelerator joins a job this rank is leaving.
   }
   state_->prepared.DropSynchronizers();
+  for (ZeroOptimizer* zero : state_->prepared.sharded_optimizers()) {
+    zero->LeaveJob();
+  }
   group_.reset();
 }
 

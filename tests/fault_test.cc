@@ -136,6 +136,16 @@ TEST(FaultTest, AStage3GatherIsNamedByItsUnit) {
   EXPECT_LT(r.elapsed, seconds(30)) << r.output;
 }
 
+TEST(FaultTest, Stage3FreeMemoryAfterEndTrainingIsAUsageError) {
+  const ProcessResult r = RunFault("stage3_free_after_end", {"--zero_stage=3"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output,
+              HasSubstr("after end_training: free_memory: this process has "
+                        "left the job (end_training(), or an error), and ZeRO "
+                        "needs every rank for it"));
+  EXPECT_LT(r.elapsed, seconds(30)) << r.output;
+}
+
 TEST(FaultTest, RankThatSkipsAGatherIsNamed) {
   const ProcessResult r = RunFault("skip_gather");
   EXPECT_NE(r.exit_code, 0);

@@ -20,7 +20,8 @@ DEFINE_string(scenario, "main_only_wait",
               "main_only_wait, main_only_wait_then_exit, skip_gather, "
               "late_rank, wrong_device, stop_main, burst_then_stop, "
               "shape_mismatch, idle_then_save, error_on_rank0, error_on_rank1, "
-              "uncaught_on_rank1, stage3_forward_alone or "
+              "uncaught_on_rank1, stage3_forward_alone, "
+              "stage3_free_after_end or "
               "accelerators_in_turn");
 DEFINE_int32(late_s, 6, "How late rank 1 is in --scenario=late_rank.");
 DEFINE_int32(idle_s, 6, "How long --scenario=idle_then_save idles.");
@@ -80,6 +81,21 @@ int Main(int argc, char** argv) {
       model->forward(torch::ones({1, 4}));
     } else {
       accelerator.gather(ones);
+    }
+  } else if (FLAGS_scenario == "stage3_free_after_end") {
+    // The trial's finding: free_memory after end_training under stage 3
+    // called into the group's freed communicator (SIGSEGV, no message).
+    torch::nn::Sequential net(torch::nn::Linear(4, 8), torch::nn::Tanh(),
+                              torch::nn::Linear(8, 2));
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+    auto [model, optimizer] = accelerator.prepare(net, sgd);
+    accelerator.backward(model->forward(torch::ones({1, 4})).sum());
+    optimizer.step();
+    accelerator.end_training();
+    try {
+      accelerator.free_memory(model, optimizer);
+    } catch (const accel::UsageError& e) {
+      std::printf("after end_training: %s\n", e.what());
     }
   } else if (FLAGS_scenario == "wrong_device") {
     accelerator.gather(torch::ones({2}, torch::kComplexFloat));

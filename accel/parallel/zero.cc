@@ -78,7 +78,7 @@ ZeroOptimizer::ZeroOptimizer(
     const std::vector<torch::Tensor>& model_parameters,
     const std::vector<std::vector<torch::Tensor>>& units,
     const ZeroPrecision& precision)
-    : comm_(comm), stage_(stage), optimizer_(optimizer) {
+    : comm_(&comm), rank_(comm.rank()), stage_(stage), optimizer_(optimizer) {
   CheckPrecision(precision);
   if (stage < 1 || stage > 3) {
     throw UsageError("ZeRO stage " + std::to_string(stage) +
@@ -242,11 +242,11 @@ void ZeroOptimizer::AllGatherParameters(CallSite site, const char* api) {
   for (auto& group : groups_) {
     if (group->unit >= 0) continue;
     const int64_t share = group->layout.shard_size();
-    torch::Tensor own = group->flat.narrow(0, comm_.rank() * share, share);
+    torch::Tensor own = group->flat.narrow(0, rank_ * share, share);
     if (group->mixed) own.copy_(group->shard);  // The stepped master, cast.
-    comm_.allgather(own.data_ptr(), group->flat.data_ptr(),
-                    static_cast<size_t>(share),
-                    ToDType(group->flat.scalar_type()), options);
+    Comm(api).allgather(own.data_ptr(), group->flat.data_ptr(),
+                        static_cast<size_t>(share),
+                        ToDType(group->flat.scalar_type()), options);
   }
 }
 
@@ -324,7 +324,8 @@ void ZeroOptimizer::ForEachGathered(
       if (group != master_of) {
         master = torch::Tensor();  // One group's master whole at a time.
         master = zero_internal::GatherMaster(
-            comm_, *group, "get_state_dict (ZeRO all-gather of the master)");
+            Comm("get_state_dict"), *group,
+            "get_state_dict (ZeRO all-gather of the master)");
         master_of = group;
       }
       const torch::Tensor& p = tensors[i];
@@ -345,13 +346,24 @@ void ZeroOptimizer::ForEachGathered(
   if (current >= 0) units_->ReleaseUnit(current);
 }
 
+Communicator& ZeroOptimizer::Comm(const char* api) const {
+  if (comm_ == nullptr) zero_internal::RefuseAfterLeavingTheJob(api);
+  return *comm_;
+}
+
+void ZeroOptimizer::LeaveJob() {
+  comm_ = nullptr;
+  if (units_ != nullptr) units_->LeaveJob();
+}
+
 void ZeroOptimizer::ReturnParameters() {
   if (units_ != nullptr) units_->ReleaseAll();
   torch::NoGradGuard no_grad;
   for (auto& group : groups_) {
     if (!group->shard.defined()) continue;  // Whole already (stages 1-2).
     group->flat = zero_internal::GatherMaster(
-        comm_, *group, "free_memory (ZeRO all-gather of the parameters)");
+        Comm("free_memory"), *group,
+        "free_memory (ZeRO all-gather of the parameters)");
     for (size_t t = 0; t < group->params.size(); ++t) {
       torch::Tensor& p = group->params[t];
       p.set_data(group->flat.narrow(0, group->layout.offset(t), p.numel())

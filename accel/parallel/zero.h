@@ -199,6 +199,10 @@ class ZeroOptimizer {
   // that drops the prepared objects (free_memory); the sharding is over
   // after it. Every rank calls it.
   void ReturnParameters();
+  // The process left the job (end_training): what needs the other ranks
+  // later (a gather, a step, free_memory) is a UsageError saying so, not a
+  // call into the group's freed communicator.
+  void LeaveJob();
   // This rank's pieces, for sharded checkpoints: elements [begin, begin +
   // values.numel()) of the model's `parameter` (flattened), `values` being
   // the 1-D tensor the optimizer steps for them (its state is keyed by it).
@@ -231,7 +235,10 @@ class ZeroOptimizer {
   // `api`: what diagnostics call the all-gathers.
   void AllGatherParameters(CallSite site, const char* api);
 
-  Communicator& comm_;
+  Communicator& Comm(const char* api) const;
+
+  Communicator* comm_;  // Null once the process left the job.
+  int rank_;
   int stage_;
   torch::optim::Optimizer& optimizer_;
   std::vector<torch::Tensor> parameters_;

@@ -1,9 +1,11 @@
 #include "accel/parallel/zero_group.h"
 
 #include <algorithm>
+#include <string>
 
 #include "accel/core/tensor_ops.h"
 #include "accel/memory/released_memory.h"
+#include "accel/runtime/base/errors.h"
 
 namespace accel {
 
@@ -114,6 +116,13 @@ void FreeStorage(const torch::Tensor& flat) {
       flat.device().is_cpu() ? ReleasedMemory(storage, bytes) : nullptr;
   storage->set_data_ptr_noswap(c10::DataPtr(released, flat.device()));
   storage->set_nbytes(released != nullptr ? bytes : 0);
+}
+
+void RefuseAfterLeavingTheJob(const char* api) {
+  throw UsageError(std::string(api) +
+                   ": this process has left the job (end_training(), or an "
+                   "error), and ZeRO needs every rank for it (each holds a "
+                   "shard of the parameters); call it before end_training()");
 }
 
 }  // namespace zero_internal

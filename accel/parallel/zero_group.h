@@ -93,6 +93,9 @@ void FreeStorage(const torch::Tensor& flat);
 // Memory for flat's data that is not yet its storage, and making it so.
 c10::DataPtr AllocateDetached(const torch::Tensor& flat);
 void InstallStorage(const torch::Tensor& flat, c10::DataPtr data);
+// UsageError: `api` needs the other ranks (their shards), but this process
+// left the job (end_training, or an error).
+[[noreturn]] void RefuseAfterLeavingTheJob(const char* api);
 
 }  // namespace zero_internal
 }  // namespace accel

@@ -349,8 +349,8 @@ class ShardedGradientReducer : public GradientReducer {
 std::unique_ptr<GradientReducer> ZeroOptimizer::MakeGradientReducer(
     const std::vector<torch::Tensor>& model_buffers,
     const GradientSyncOptions& options) {
-  return std::make_unique<ShardedGradientReducer>(comm_, groups_, units_,
-                                                  options, model_buffers);
+  return std::make_unique<ShardedGradientReducer>(
+      Comm("prepare"), groups_, units_, options, model_buffers);
 }
 
 }  // namespace accel

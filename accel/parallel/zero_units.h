@@ -30,7 +30,11 @@ class UnitSchedule : public UnitRunner {
   UnitSchedule(Communicator& comm,
                const std::vector<std::shared_ptr<ZeroGroup>>& groups,
                size_t units, bool cast_forward_inputs)
-      : comm_(comm), units_(units), names_(units), input_dtypes_(units) {
+      : comm_(&comm),
+        rank_(comm.rank()),
+        units_(units),
+        names_(units),
+        input_dtypes_(units) {
     for (const auto& group : groups) {
       if (group->unit < 0) continue;
       units_[group->unit].push_back(group);
@@ -113,12 +117,18 @@ class UnitSchedule : public UnitRunner {
         Finish(*group);
         if (!group->gathered) continue;
         const int64_t share = group->layout.shard_size();
-        group->shard.copy_(group->flat.narrow(0, comm_.rank() * share, share));
+        group->shard.copy_(group->flat.narrow(0, rank_ * share, share));
         Release(*group);
       }
     }
   }
   size_t size() const { return units_.size(); }
+  // The process left the job (end_training): a later gather is a
+  // UsageError, not a call into the group's freed communicator.
+  void LeaveJob() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    comm_ = nullptr;
+  }
 
  private:
   void Start(size_t unit, const char* api) {
@@ -130,7 +140,7 @@ class UnitSchedule : public UnitRunner {
       // Called from inside the model's forward or backward: no line of the
       // program's is known (not this one's either).
       options.site = CallSite{};
-      group->gathering = comm_.allgather_async(
+      group->gathering = Comm(api).allgather_async(
           zero_internal::SendBuffer(*group), group->arriving.get(),
           static_cast<size_t>(group->layout.shard_size()),
           ToDType(group->flat.scalar_type()), options);
@@ -157,7 +167,13 @@ class UnitSchedule : public UnitRunner {
     group.gathered = false;
   }
 
-  Communicator& comm_;
+  Communicator& Comm(const char* api) const {
+    if (comm_ == nullptr) zero_internal::RefuseAfterLeavingTheJob(api);
+    return *comm_;
+  }
+
+  Communicator* comm_;  // Null once the process left the job.
+  int rank_;
   std::vector<std::vector<std::shared_ptr<ZeroGroup>>> units_;
   // Per unit: forward gather and prefetch, backward gather and prefetch.
   std::vector<std::array<std::string, 4>> names_;
