@@ -555,6 +555,7 @@ class Accelerator {
   // processes) shards it over the prepared model(s) holding its parameters.
   std::shared_ptr<PreparedOptimizer> PrepareOptimizer(
       torch::optim::Optimizer& optimizer);
+  void RefuseRepeatedParameters(const torch::optim::Optimizer& optimizer) const;
   void PrepareLoader(std::shared_ptr<DataLoaderState> state,
                      bool split_batches);
   CollectiveOptions At(CallSite site, const char* api = nullptr) const;

@@ -4,6 +4,7 @@
 // under ZeRO, a loader is recorded.
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -90,6 +91,30 @@ void Accelerator::PrepareModule(
   state_->prepared.AddModel(module, std::move(reducer), std::move(units));
 }
 
+// torch.optim refuses a parameter in two param groups at construction;
+// LibTorch does not, and the optimizer then steps it twice, and its state
+// would be saved twice. Refused here, naming the parameter.
+void Accelerator::RefuseRepeatedParameters(
+    const torch::optim::Optimizer& optimizer) const {
+  std::set<const void*> seen;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const torch::Tensor& p : group.params()) {
+      if (seen.insert(p.unsafeGetTensorImpl()).second) continue;
+      std::string name = "of shape " + c10::str(p.sizes());
+      for (const auto& model : state_->prepared.models()) {
+        for (const auto& named : model->named_parameters()) {
+          if (named.value().is_same(p)) name = "'" + named.key() + "'";
+        }
+      }
+      throw UsageError(
+          "prepare: the optimizer holds parameter " + name +
+          " twice (in one param group or two); torch.optim refuses that too. "
+          "Build it over each parameter once (a tied weight registered under "
+          "two names comes twice from model->parameters(): list it once)");
+    }
+  }
+}
+
 std::shared_ptr<PreparedOptimizer> Accelerator::PrepareOptimizer(
     torch::optim::Optimizer& optimizer) {
   const int stage = options_.zero_stage;
@@ -98,6 +123,7 @@ std::shared_ptr<PreparedOptimizer> Accelerator::PrepareOptimizer(
                     << " with one process: nothing to shard, the optimizer "
                        "runs as it is";
   }
+  RefuseRepeatedParameters(optimizer);
   if (stage == 0 || num_processes() == 1) {
     return state_->prepared.AddOptimizer(optimizer);
   }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -34,9 +35,11 @@ void CheckShardsWholeModel(const std::vector<torch::Tensor>& sharded,
   for (const auto& p : sharded) mine.push_back(Key(p));
   std::sort(mine.begin(), mine.end());
   size_t in_model = 0;
+  // A tied weight registered under two names is one parameter.
+  std::set<const void*> counted;
   for (size_t i = 0; i < model_parameters.size(); ++i) {
     const torch::Tensor& p = model_parameters[i];
-    if (!p.requires_grad()) continue;
+    if (!p.requires_grad() || !counted.insert(Key(p)).second) continue;
     if (!std::binary_search(mine.begin(), mine.end(), Key(p))) {
       throw UsageError(
           "prepare: under ZeRO stages 2-3 the prepared optimizer must hold "
@@ -93,7 +96,17 @@ ZeroOptimizer::ZeroOptimizer(
   std::map<const void*, int> unit_of;
   for (size_t u = 0; u < units.size() && stage == 3; ++u) {
     for (const torch::Tensor& p : units[u]) {
-      unit_of.emplace(Key(p), static_cast<int>(u));
+      const auto [at, added] = unit_of.emplace(Key(p), static_cast<int>(u));
+      if (!added && at->second != static_cast<int>(u)) {
+        throw UsageError(
+            "prepare: under ZeRO stage 3 a parameter of shape " + Shape(p) +
+            " is in units " + std::to_string(at->second) + " and " +
+            std::to_string(u) +
+            " (a weight tied between them); a unit gathers only its own "
+            "parameters: mark a module holding both with accel::fully_shard, "
+            "or keep the tied weight out of the units (as examples/gpt_model.h "
+            "does with its embedding and head)");
+      }
     }
   }
   if (!optimizer.state().empty()) {
