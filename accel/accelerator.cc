@@ -527,7 +527,8 @@ void Accelerator::end_training(CallSite site) {
   const std::exception_ptr tracker_error = trackers_->Finish();
   EndThreadAutocast();
   if (group_ != nullptr) {
-    wait_for_everyone(site);
+    communicator().barrier(
+        At(site, "end_training (waits for every process, then leaves)"));
     LeaveTheJob();
   }
   if (tracker_error) std::rethrow_exception(tracker_error);

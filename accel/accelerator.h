@@ -391,14 +391,16 @@ class Accelerator {
   // stage 3 every rank calls it: the units are gathered one at a time and
   // the main process gets the copies (the others an empty map).
   template <typename Model>
-  std::map<std::string, torch::Tensor> get_state_dict(const Model& model);
+  std::map<std::string, torch::Tensor> get_state_dict(
+      const Model& model, CallSite site = CallSite::Here());
   // Writes the model's weights as safetensors (model.safetensors, or shards
   // of at most max_shard_size with model.safetensors.index.json) on the main
   // process; read them back with accel::LoadModelWeightsInto. Under ZeRO
   // stage 3 every rank calls it (as get_state_dict).
   template <typename Model>
   void save_model(const Model& model, const std::string& dir,
-                  const std::string& max_shard_size = "10GB");
+                  const std::string& max_shard_size = "10GB",
+                  CallSite site = CallSite::Here());
   // torch::save(value, path) on the main process, written aside and renamed
   // into place.
   template <typename T>
@@ -481,9 +483,9 @@ class Accelerator {
   void EndThreadAutocast();
   // get_state_dict and save_model.
   std::map<std::string, torch::Tensor> StateDictOf(
-      const torch::nn::Module& model);
+      const torch::nn::Module& model, CallSite site);
   void SaveModelOf(const torch::nn::Module& model, const std::string& dir,
-                   const std::string& max_shard_size);
+                   const std::string& max_shard_size, CallSite site);
   // Runs `work` (a save or load of the training state) with every ZeRO-3
   // unit's parameters whole, then reshards them with what they hold.
   void WithWholeParameters(const std::function<void()>& work);

@@ -176,14 +176,14 @@ DataLoader<Dataset, Batch> Accelerator::skip_first_batches(
 
 template <typename Model>
 std::map<std::string, torch::Tensor> Accelerator::get_state_dict(
-    const Model& model) {
-  return StateDictOf(*detail::ModulePointer(model));
+    const Model& model, CallSite site) {
+  return StateDictOf(*detail::ModulePointer(model), site);
 }
 
 template <typename Model>
 void Accelerator::save_model(const Model& model, const std::string& dir,
-                             const std::string& max_shard_size) {
-  SaveModelOf(*detail::ModulePointer(model), dir, max_shard_size);
+                             const std::string& max_shard_size, CallSite site) {
+  SaveModelOf(*detail::ModulePointer(model), dir, max_shard_size, site);
 }
 
 template <typename T>

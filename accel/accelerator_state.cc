@@ -30,27 +30,32 @@ namespace {
 // The module's state with ZeRO-3 units gathered one at a time; the main
 // process keeps CPU copies (in state_dict order), the others nothing.
 std::vector<std::pair<std::string, torch::Tensor>> GatheredState(
-    ZeroOptimizer& zero, const torch::nn::Module& model, bool keep) {
+    ZeroOptimizer& zero, const torch::nn::Module& model, bool keep,
+    const char* api, CallSite site) {
   const std::vector<StateEntry> entries = StateDict(model);
   std::vector<torch::Tensor> tensors;
   for (const StateEntry& entry : entries) tensors.push_back(entry.tensor);
   std::vector<std::pair<std::string, torch::Tensor>> kept;
-  zero.ForEachGathered(tensors, [&](size_t i, const torch::Tensor& value) {
-    if (!keep) return;
-    kept.emplace_back(entries[i].name,
-                      value.detach().to(torch::kCPU, true, true));
-  });
+  zero.ForEachGathered(
+      tensors,
+      [&](size_t i, const torch::Tensor& value) {
+        if (!keep) return;
+        kept.emplace_back(entries[i].name,
+                          value.detach().to(torch::kCPU, true, true));
+      },
+      api, site);
   return kept;
 }
 
 }  // namespace
 
 std::map<std::string, torch::Tensor> Accelerator::StateDictOf(
-    const torch::nn::Module& model) {
+    const torch::nn::Module& model, CallSite site) {
   ZeroOptimizer* zero = ParameterShardingOf(model);
   if (zero == nullptr) return StateDictOnCpu(model);
   std::map<std::string, torch::Tensor> state;
-  for (auto& [name, tensor] : GatheredState(*zero, model, is_main_process())) {
+  for (auto& [name, tensor] :
+       GatheredState(*zero, model, is_main_process(), "get_state_dict", site)) {
     state[name] = std::move(tensor);
   }
   return state;
@@ -58,13 +63,15 @@ std::map<std::string, torch::Tensor> Accelerator::StateDictOf(
 
 void Accelerator::SaveModelOf(const torch::nn::Module& model,
                               const std::string& dir,
-                              const std::string& max_shard_size) {
+                              const std::string& max_shard_size,
+                              CallSite site) {
   ZeroOptimizer* zero = ParameterShardingOf(model);
   if (zero == nullptr) {
     if (is_main_process()) SaveModelWeights(model, dir, max_shard_size);
     return;
   }
-  const auto state = GatheredState(*zero, model, is_main_process());
+  const auto state =
+      GatheredState(*zero, model, is_main_process(), "save_model", site);
   if (is_main_process()) SaveModelWeights(state, dir, max_shard_size);
 }
 

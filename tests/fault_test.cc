@@ -146,6 +146,20 @@ TEST(FaultTest, Stage3FreeMemoryAfterEndTrainingIsAUsageError) {
   EXPECT_LT(r.elapsed, seconds(30)) << r.output;
 }
 
+TEST(FaultTest, Stage3SaveModelOnOneRankNamesItsCall) {
+  const std::string dir = MakeTempDir("save_model") + "/model";
+  const ProcessResult r = RunFault("stage3_save_model_main_only",
+                                   {"--zero_stage=3", "--save_dir=" + dir});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output,
+              ::testing::ContainsRegex(
+                  "rank 0 is in save_model \\(ZeRO-3 all-gather\\) #[0-9]+ "
+                  "\\(fault_worker.cc:[0-9]+\\)"))
+      << r.output;
+  EXPECT_THAT(r.output, ::testing::Not(HasSubstr("transport.h")));
+  EXPECT_LT(r.elapsed, seconds(30)) << r.output;
+}
+
 TEST(FaultTest, RankThatSkipsAGatherIsNamed) {
   const ProcessResult r = RunFault("skip_gather");
   EXPECT_NE(r.exit_code, 0);

@@ -21,7 +21,7 @@ DEFINE_string(scenario, "main_only_wait",
               "late_rank, wrong_device, stop_main, burst_then_stop, "
               "shape_mismatch, idle_then_save, error_on_rank0, error_on_rank1, "
               "uncaught_on_rank1, stage3_forward_alone, "
-              "stage3_free_after_end or "
+              "stage3_free_after_end, stage3_save_model_main_only or "
               "accelerators_in_turn");
 DEFINE_int32(late_s, 6, "How late rank 1 is in --scenario=late_rank.");
 DEFINE_int32(idle_s, 6, "How long --scenario=idle_then_save idles.");
@@ -82,6 +82,17 @@ int Main(int argc, char** argv) {
     } else {
       accelerator.gather(ones);
     }
+  } else if (FLAGS_scenario == "stage3_save_model_main_only") {
+    // save_model under stage 3 gathers on every rank; the main process
+    // alone calls it here (the trial saw transport.h:57 named as its line).
+    torch::nn::Sequential net(torch::nn::Linear(4, 8), torch::nn::Tanh(),
+                              torch::nn::Linear(8, 2));
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+    auto [model, optimizer] = accelerator.prepare(net, sgd);
+    if (main) {
+      accelerator.save_model(model, FLAGS_save_dir);  // save_model's line
+    }
+    accelerator.wait_for_everyone();
   } else if (FLAGS_scenario == "stage3_free_after_end") {
     // The trial's finding: free_memory after end_training under stage 3
     // called into the group's freed communicator (SIGSEGV, no message).

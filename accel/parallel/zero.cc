@@ -320,7 +320,11 @@ void ZeroOptimizer::ReshardEveryUnit(bool adopt) {
 
 void ZeroOptimizer::ForEachGathered(
     const std::vector<torch::Tensor>& tensors,
-    const std::function<void(size_t, const torch::Tensor&)>& visit) {
+    const std::function<void(size_t, const torch::Tensor&)>& visit,
+    const char* api, CallSite site) {
+  const std::string master_api =
+      std::string(api) + " (ZeRO all-gather of the master)";
+  const std::string unit_api = std::string(api) + " (ZeRO-3 all-gather)";
   std::map<const void*, std::pair<ZeroGroup*, size_t>> where;
   for (const auto& group : groups_) {
     for (size_t t = 0; t < group->params.size(); ++t) {
@@ -336,9 +340,8 @@ void ZeroOptimizer::ForEachGathered(
     if (group != nullptr && group->mixed) {
       if (group != master_of) {
         master = torch::Tensor();  // One group's master whole at a time.
-        master = zero_internal::GatherMaster(
-            Comm("get_state_dict"), *group,
-            "get_state_dict (ZeRO all-gather of the master)");
+        master = zero_internal::GatherMaster(Comm(api), *group,
+                                             master_api.c_str(), site);
         master_of = group;
       }
       const torch::Tensor& p = tensors[i];
@@ -351,7 +354,7 @@ void ZeroOptimizer::ForEachGathered(
     const int unit = group == nullptr ? -1 : group->unit;
     if (units_ != nullptr && unit >= 0 && unit != current) {
       if (current >= 0) units_->ReleaseUnit(current);
-      units_->GatherUnit(unit, "get_state_dict (ZeRO-3 all-gather)");
+      units_->GatherUnit(unit, unit_api.c_str(), site);
       current = unit;
     }
     visit(i, tensors[i]);

@@ -191,9 +191,12 @@ class ZeroOptimizer {
   // it. The value is the tensor itself (under stage 3 with its unit
   // gathered), or for a mixed-precision parameter its master values,
   // gathered whole in the master dtype. Without either it only visits.
+  // `api` and `site`: the program's call (get_state_dict, save_model),
+  // which diagnostics name.
   void ForEachGathered(
       const std::vector<torch::Tensor>& tensors,
-      const std::function<void(size_t, const torch::Tensor&)>& visit);
+      const std::function<void(size_t, const torch::Tensor&)>& visit,
+      const char* api, CallSite site);
   // The model's parameters whole again, as before the optimizer was
   // sharded (under mixed precision in the master dtype), for a program
   // that drops the prepared objects (free_memory); the sharding is over

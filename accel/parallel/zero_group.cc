@@ -87,11 +87,12 @@ void* SendBuffer(ZeroGroup& group) {
 }
 
 torch::Tensor GatherMaster(Communicator& comm, const ZeroGroup& group,
-                           const char* api) {
+                           const char* api, CallSite site) {
   torch::Tensor whole =
       torch::empty({group.layout.padded()}, group.shard.options());
   CollectiveOptions options;
   options.api = api;
+  options.site = site;
   comm.allgather(group.shard.data_ptr(), whole.data_ptr(),
                  static_cast<size_t>(group.layout.shard_size()),
                  ToDType(whole.scalar_type()), options);

@@ -82,7 +82,7 @@ void* SendBuffer(ZeroGroup& group);
 // A blocking all-gather of every rank's master share (`shard`) into a new
 // tensor of the master dtype (layout.padded() elements).
 torch::Tensor GatherMaster(Communicator& comm, const ZeroGroup& group,
-                           const char* api);
+                           const char* api, CallSite site = {});
 
 // Stage 3's storage resizing: the flat buffer's storage (which its
 // parameters, their views and autograd's saved tensors share) gets memory

@@ -100,9 +100,10 @@ class UnitSchedule : public UnitRunner {
       for (auto& group : unit) Release(*group);
     }
   }
-  void GatherUnit(size_t unit, const char* api) {
+  // `site`: the program's call that gathers it (none inside a forward).
+  void GatherUnit(size_t unit, const char* api, CallSite site = {}) {
     std::lock_guard<std::mutex> lock(mutex_);
-    Gather(unit, api);
+    Gather(unit, api, site);
   }
   void ReleaseUnit(size_t unit) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -131,15 +132,15 @@ class UnitSchedule : public UnitRunner {
   }
 
  private:
-  void Start(size_t unit, const char* api) {
+  void Start(size_t unit, const char* api, CallSite site = {}) {
     for (auto& group : units_[unit]) {
       if (group->gathered || group->gathering) continue;
       group->arriving = zero_internal::AllocateDetached(group->flat);
       CollectiveOptions options;
       options.api = api;
-      // Called from inside the model's forward or backward: no line of the
-      // program's is known (not this one's either).
-      options.site = CallSite{};
+      // From inside the model's forward or backward no line of the
+      // program's is known (not this one's either): the site is empty.
+      options.site = site;
       group->gathering = Comm(api).allgather_async(
           zero_internal::SendBuffer(*group), group->arriving.get(),
           static_cast<size_t>(group->layout.shard_size()),
@@ -155,8 +156,8 @@ class UnitSchedule : public UnitRunner {
     zero_internal::InstallStorage(group.flat, std::move(group.arriving));
     group.gathered = true;
   }
-  void Gather(size_t unit, const char* api) {
-    Start(unit, api);
+  void Gather(size_t unit, const char* api, CallSite site = {}) {
+    Start(unit, api, site);
     for (auto& group : units_[unit]) Finish(*group);
   }
   void Release(ZeroGroup& group) {
