@@ -99,14 +99,15 @@ CheckpointContents Accelerator::Contents() {
   };
   if (num_processes() > 1) {
     contents.all_ranks_wrote = [this](bool wrote) {
-      int32_t all = wrote ? 1 : 0;
-      AllreduceHostValues(communicator(), &all, 1, torch::kInt32,
+      // The lowest rank that failed, or the process count if none did.
+      int32_t first = wrote ? num_processes() : process_index();
+      AllreduceHostValues(communicator(), &first, 1, torch::kInt32,
                           ReduceOp::kMin,
                           At(CallSite::Here(),
                              "save_state (every process calls it: each "
                              "writes its own file, and it returns once the "
                              "checkpoint is complete)"));
-      return all != 0;
+      return first < num_processes() ? first : -1;
     };
   }
   return contents;

@@ -160,6 +160,17 @@ TEST(FaultTest, Stage3SaveModelOnOneRankNamesItsCall) {
   EXPECT_LT(r.elapsed, seconds(30)) << r.output;
 }
 
+TEST(FaultTest, ASaveThatOneRankCouldNotWriteNamesThatRank) {
+  const std::string dir = MakeTempDir("disk_full") + "/state";
+  const ProcessResult r = RunFault("rank1_disk_full", {"--save_dir=" + dir});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("rank 1: cannot write"));
+  EXPECT_THAT(r.output, HasSubstr("rank 0: save_state: rank 1 could not "
+                                  "write its file(s) into '" +
+                                  dir));
+  EXPECT_LT(r.elapsed, seconds(30)) << r.output;
+}
+
 TEST(FaultTest, RankThatSkipsAGatherIsNamed) {
   const ProcessResult r = RunFault("skip_gather");
   EXPECT_NE(r.exit_code, 0);

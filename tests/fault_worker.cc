@@ -3,6 +3,7 @@
 //
 //   fault_worker --num_processes=2 --scenario=main_only_wait
 #include <signal.h>
+#include <sys/resource.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
@@ -21,7 +22,8 @@ DEFINE_string(scenario, "main_only_wait",
               "late_rank, wrong_device, stop_main, burst_then_stop, "
               "shape_mismatch, idle_then_save, error_on_rank0, error_on_rank1, "
               "uncaught_on_rank1, stage3_forward_alone, "
-              "stage3_free_after_end, stage3_save_model_main_only or "
+              "stage3_free_after_end, stage3_save_model_main_only, "
+              "rank1_disk_full or "
               "accelerators_in_turn");
 DEFINE_int32(late_s, 6, "How late rank 1 is in --scenario=late_rank.");
 DEFINE_int32(idle_s, 6, "How long --scenario=idle_then_save idles.");
@@ -135,6 +137,22 @@ int Main(int argc, char** argv) {
       std::thread([&error] { throw error; }).join();
     }
     accelerator.gather(ones);
+  } else if (FLAGS_scenario == "rank1_disk_full") {
+    // Rank 1's disk is full (a file-size limit stands in): rank 0, which
+    // wrote its file, is told which rank could not.
+    torch::nn::Linear net(64, 64);
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+    accelerator.prepare(net, sgd);
+    if (!main) {
+      signal(SIGXFSZ, SIG_IGN);
+      rlimit tiny{1024, 1024};
+      setrlimit(RLIMIT_FSIZE, &tiny);
+    }
+    try {
+      accelerator.save_state(FLAGS_save_dir);
+    } catch (const accel::CheckpointError& e) {
+      std::printf("rank %d: %s\n", accelerator.process_index(), e.what());
+    }
   } else if (FLAGS_scenario == "idle_then_save") {
     // Strangers may crowd rank 0's store meanwhile; the job must not mind.
     std::this_thread::sleep_for(std::chrono::seconds(FLAGS_idle_s));

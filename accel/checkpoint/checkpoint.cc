@@ -232,9 +232,11 @@ void SaveFiles(const std::string& dir, int rank, int world_size,
   const bool several = world_size > 1 && contents.all_ranks_wrote;
   int agreements = 0;    // Those this rank took part in.
   bool refused = false;  // One of them said that some rank failed.
+  int failed = -1;       // Then the lowest rank that did.
   const auto agree = [&](bool wrote) {
     ++agreements;
-    refused = !contents.all_ranks_wrote(wrote);
+    failed = contents.all_ranks_wrote(wrote);
+    refused = failed >= 0;
     return !refused;
   };
   try {
@@ -267,9 +269,8 @@ void SaveFiles(const std::string& dir, int rank, int world_size,
     }
     if (several && !agree(true)) {
       throw CheckpointError(
-          "save_state: another rank could not write its " +
-          std::string(sharded ? "optimizer shard" : "random states") +
-          " into '" + dir +
+          "save_state: rank " + std::to_string(failed) +
+          " could not write its file(s) into '" + dir +
           "' (see its error); the checkpoint is not complete");
     }
     if (write_shared) {

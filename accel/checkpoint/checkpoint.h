@@ -107,11 +107,11 @@ struct CheckpointContents {
   // Saves at several processes: every rank calls it once it wrote (true)
   // or failed to write (false) its file, and again once the main process
   // wrote the shared file (the others pass true); it returns whether every
-  // rank did. So the shared file, which marks the checkpoint complete,
-  // comes last, and no rank returns before it is there. Without it (a
-  // program calling SaveCheckpoint itself) ranks do not wait for each
-  // other.
-  std::function<bool(bool)> all_ranks_wrote;
+  // rank did: -1, else the lowest rank that failed. So the shared file,
+  // which marks the checkpoint complete, comes last, and no rank returns
+  // before it is there. Without it (a program calling SaveCheckpoint
+  // itself) ranks do not wait for each other.
+  std::function<int(bool)> all_ranks_wrote;
   // Set when every optimizer's state is one param_state_codec.h knows:
   // then a ZeRO job at several processes saves sharded tensors, and any
   // job loads them.
