@@ -60,6 +60,10 @@ int Main(int argc, char** argv) {
   const torch::Tensor ones = torch::ones({2});
   accelerator.gather(ones);  // Every scenario starts in step.
   const bool main = accelerator.is_main_process();
+  // The model scenarios prepare (under stage 3: two units) and its SGD.
+  torch::nn::Sequential net(torch::nn::Linear(4, 8), torch::nn::Tanh(),
+                            torch::nn::Linear(8, 2));
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
   if (FLAGS_scenario == "main_only_wait") {
     // The seed document's warning: a barrier inside `if (is_main_process)`.
     if (main) accelerator.wait_for_everyone();
@@ -75,9 +79,6 @@ int Main(int argc, char** argv) {
   } else if (FLAGS_scenario == "stage3_forward_alone") {
     // Under --zero_stage=3, rank 0 runs the model's forward (its units'
     // gathers) while rank 1 calls gather.
-    torch::nn::Sequential net(torch::nn::Linear(4, 8), torch::nn::Tanh(),
-                              torch::nn::Linear(8, 2));
-    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
     auto [model, optimizer] = accelerator.prepare(net, sgd);
     if (main) {
       model->forward(torch::ones({1, 4}));
@@ -87,9 +88,6 @@ int Main(int argc, char** argv) {
   } else if (FLAGS_scenario == "stage3_save_model_main_only") {
     // save_model under stage 3 gathers on every rank; the main process
     // alone calls it here (the trial saw transport.h:57 named as its line).
-    torch::nn::Sequential net(torch::nn::Linear(4, 8), torch::nn::Tanh(),
-                              torch::nn::Linear(8, 2));
-    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
     auto [model, optimizer] = accelerator.prepare(net, sgd);
     if (main) {
       accelerator.save_model(model, FLAGS_save_dir);  // save_model's line
@@ -98,9 +96,6 @@ int Main(int argc, char** argv) {
   } else if (FLAGS_scenario == "stage3_free_after_end") {
     // The trial's finding: free_memory after end_training under stage 3
     // called into the group's freed communicator (SIGSEGV, no message).
-    torch::nn::Sequential net(torch::nn::Linear(4, 8), torch::nn::Tanh(),
-                              torch::nn::Linear(8, 2));
-    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
     auto [model, optimizer] = accelerator.prepare(net, sgd);
     accelerator.backward(model->forward(torch::ones({1, 4})).sum());
     optimizer.step();
