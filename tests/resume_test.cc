@@ -41,16 +41,25 @@ TEST(ResumeTest, AnEpochResumedAtAnotherProcessCountTrainsEverySampleOnce) {
   struct Case {
     int saved_at, resumed_at, samples;
     bool split;
+    int saved_stage = 0, resumed_stage = 0;  // --zero_stage (0: DDP).
   };
   for (const Case& c : std::vector<Case>{{2, 3, 64, false},
                                          {2, 1, 64, false},
                                          {3, 2, 64, false},
                                          {1, 4, 30, false},
                                          {4, 2, 30, true},
-                                         {2, 4, 64, true}}) {
+                                         {2, 4, 64, true},
+                                         // A sharded (ZeRO) checkpoint
+                                         // at another count and stage.
+                                         {2, 3, 64, false, 3, 0},
+                                         {2, 1, 64, false, 3, 3},
+                                         {2, 4, 64, false, 3, 1},
+                                         {4, 2, 64, false, 3, 2}}) {
     const std::string where = "saved at " + std::to_string(c.saved_at) +
                               ", resumed at " + std::to_string(c.resumed_at) +
-                              (c.split ? ", split_batches" : "");
+                              (c.split ? ", split_batches" : "") + ", stages " +
+                              std::to_string(c.saved_stage) + " -> " +
+                              std::to_string(c.resumed_stage);
     SCOPED_TRACE(where);
     const std::string dir = MakeTempDir("resume") + "/state";
     const std::vector<std::string> common = {
@@ -59,10 +68,12 @@ TEST(ResumeTest, AnEpochResumedAtAnotherProcessCountTrainsEverySampleOnce) {
         c.split ? "--batch_size=8" : "--batch_size=4"};
     std::vector<std::string> first = common;
     first.push_back("--save_after_steps=3");
+    first.push_back("--zero_stage=" + std::to_string(c.saved_stage));
     const ProcessResult saved = RunWorker(c.saved_at, first);
     ASSERT_EQ(saved.exit_code, 0) << saved.output;
     std::vector<std::string> second = common;
     second.push_back("--resume");
+    second.push_back("--zero_stage=" + std::to_string(c.resumed_stage));
     const ProcessResult resumed = RunWorker(c.resumed_at, second);
     ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
     std::vector<int64_t> all = Trained(saved);

@@ -6,6 +6,7 @@
 //   resume_worker --num_processes=2 --save_after_steps=3 --dir=/tmp/ck
 //   resume_worker --num_processes=3 --resume --dir=/tmp/ck
 //   resume_worker --num_processes=2 --reload_rounds=3 --dir=/tmp/ck
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 
@@ -53,7 +54,8 @@ int Main(int argc, char** argv) {
   accel::AcceleratorOptions options = accel::AcceleratorOptions::FromFlags();
   options.dataloader_config.split_batches = FLAGS_split_batches;
   accel::Accelerator accelerator(options);
-  torch::nn::Linear model(1, 1);
+  // A Sequential, so that under --zero_stage=3 its layer is a unit.
+  torch::nn::Sequential model(torch::nn::Linear(1, 1));
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.01));
   accel::DataLoaderOptions loader_options;
   loader_options.batch_size = static_cast<size_t>(FLAGS_batch_size);
