@@ -170,13 +170,38 @@ class ShardPlan {
     return found->second;
   }
 
+  // What the checkpoint holds beside a tensor it lacks (a layer renamed:
+  // its old names), or "".
+  static std::string Neighbours(const ShardedStateReader& reader,
+                                const std::string& name) {
+    // The module holding the layer ("model_0/blocks.0." of
+    // "model_0/blocks.0.fc1.weight"), or the model's top ("model_0/").
+    const size_t last = name.rfind('.');
+    const size_t layer = last == 0 || last == std::string::npos
+                             ? std::string::npos
+                             : name.rfind('.', last - 1);
+    const std::string parent = name.substr(
+        0, (layer != std::string::npos ? layer : name.find('/')) + 1);
+    std::vector<std::string> beside;
+    for (const std::string& held : reader.names()) {
+      if (held.rfind(parent, 0) == 0) beside.push_back(held);
+    }
+    if (parent.empty() || beside.empty()) return "";
+    std::string text = " (the checkpoint holds beside it: ";
+    for (size_t i = 0; i < beside.size() && i < 4; ++i) {
+      text += (i > 0 ? ", " : "") + beside[i];
+    }
+    return text + (beside.size() > 4 ? ", ...)" : ")");
+  }
+
   static void CheckShape(const ShardedStateReader& reader,
                          const std::string& name,
                          const std::vector<int64_t>& shape) {
     if (!reader.contains(name)) {
       throw CheckpointError(std::string("the checkpoint's shards (") +
                             kShardIndexName + ") hold no " + name +
-                            ": the model changed since the save");
+                            ": the model changed since the save" +
+                            Neighbours(reader, name));
     }
     if (reader.info(name).shape != shape) {
       throw CheckpointError(

@@ -194,6 +194,40 @@ TEST(CheckpointTest, CheckpointOfAnotherModelIsRejectedNamingTheMismatch) {
   EXPECT_TRUE(SameValues(narrow.Snapshot(), before));
 }
 
+// A layer renamed since the save: the error names what the checkpoint
+// holds in its place (the trial saw only the new name).
+TEST(CheckpointTest, ARenamedLayerIsNamedWithWhatTheCheckpointHolds) {
+  const std::string dir = MakeTempDir("ckpt") + "/state";
+  struct Net : torch::nn::Module {
+    explicit Net(const std::string& layer) {
+      block = register_module("block", std::make_shared<torch::nn::Module>());
+      block->register_module(layer, torch::nn::Linear(3, 2));
+    }
+    std::shared_ptr<torch::nn::Module> block;
+  };
+  const auto train = [&](const std::string& layer, bool load) {
+    Accelerator accelerator(TestOptions(""));
+    auto net = std::make_shared<Net>(layer);
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+    accelerator.prepare(net, sgd);
+    if (!load) {
+      accelerator.save_state(dir);
+      return std::string("saved");
+    }
+    try {
+      accelerator.load_state(dir);
+    } catch (const CheckpointError& e) {
+      return std::string(e.what());
+    }
+    return std::string("loaded");
+  };
+  train("fc1", false);
+  EXPECT_THAT(train("fc_in", true),
+              HasSubstr("hold no model_0/block.fc_in.weight: the model changed "
+                        "since the save (the checkpoint holds beside it: "
+                        "model_0/block.fc1.bias, model_0/block.fc1.weight)"));
+}
+
 TEST(CheckpointTest, AutomaticNamingKeepsTheNewestCompleteCheckpoints) {
   const std::string project = MakeTempDir("project");
   const std::string folder = project + "/checkpoints/checkpoint_";
