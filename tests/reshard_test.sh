@@ -22,6 +22,8 @@ run() {  # run NAME FLAGS... : prints the parameter fingerprint
   grep -o 'Parameter fingerprint: [0-9a-f]*' <<<"$out" | cut -d' ' -f3
 }
 
+# Each check's fingerprint at a count: reference["SAVED-STAGE-COUNT"].
+declare -A reference_at
 # Saved at $1 processes, stage $2; resumed at each count of $3.
 check() {
   local saved=$1 stage=$2 counts=$3
@@ -46,6 +48,7 @@ check() {
         fail "resumed at the same count: $got, uninterrupted $whole"
       fi
     done
+    reference_at["$saved-$stage-$n"]=$reference
   done
 }
 
@@ -54,6 +57,11 @@ check 4 3 "2"
 check 3 1 "2"
 # DDP (stage 0) saves sharded too: it resumes under ZeRO, at another count.
 check 2 0 "2 3"
+# At another count, the stage-3 checkpoint gives what DDP's checkpoint of
+# the same step gives there (DDP resumes exactly at any count).
+[ "${reference_at[2-3-3]}" = "${reference_at[2-0-3]}" ] ||
+  fail "at 3 processes: from stage 3 ${reference_at[2-3-3]}," \
+    "from DDP ${reference_at[2-0-3]}"
 # So does a one-process run: its checkpoint resumes a ZeRO job at 4.
 check 1 0 "4"
 
