@@ -21,6 +21,18 @@
 namespace accel {
 namespace {
 
+// The module's parameters, each once: LibTorch lists a weight registered
+// under two names (tied) twice, and a gradient hook registered twice on it
+// made DDP's buckets launch before every gradient was in.
+std::vector<torch::Tensor> UniqueParameters(const torch::nn::Module& module) {
+  std::vector<torch::Tensor> unique;
+  std::set<const void*> seen;
+  for (const torch::Tensor& p : module.parameters()) {
+    if (seen.insert(p.unsafeGetTensorImpl()).second) unique.push_back(p);
+  }
+  return unique;
+}
+
 // mixed_precision_policy.buffer_dtype: before the buffers are broadcast.
 void CastFloatingBuffers(torch::nn::Module& module, c10::ScalarType dtype) {
   torch::NoGradGuard no_grad;
@@ -46,7 +58,7 @@ void Accelerator::PrepareModule(
         module, micro_batches == 0
                     ? nullptr
                     : std::make_unique<InvariantGradientReducer>(
-                          nullptr, module->parameters(), micro_batches,
+                          nullptr, UniqueParameters(*module), micro_batches,
                           module->buffers(), false));
     return;
   }
@@ -80,13 +92,13 @@ void Accelerator::PrepareModule(
   std::unique_ptr<GradientReducer> reducer;
   if (micro_batches != 0) {
     reducer = std::make_unique<InvariantGradientReducer>(
-        &communicator(), module->parameters(), micro_batches, module->buffers(),
-        options_.gradient_sync.broadcast_buffers);
+        &communicator(), UniqueParameters(*module), micro_batches,
+        module->buffers(), options_.gradient_sync.broadcast_buffers);
   } else {
     GradientSyncOptions sync = options_.gradient_sync;
     sync.reduce_dtype = policy.reduce_dtype;
     reducer = std::make_unique<GradientSynchronizer>(
-        communicator(), module->parameters(), sync, module->buffers());
+        communicator(), UniqueParameters(*module), sync, module->buffers());
   }
   state_->prepared.AddModel(module, std::move(reducer), std::move(units));
 }
@@ -188,7 +200,7 @@ std::shared_ptr<PreparedOptimizer> Accelerator::PrepareOptimizer(
     state_->prepared.ReplaceSynchronizer(
         model.get(),
         std::make_unique<GradientSynchronizer>(
-            communicator(), model->parameters(), sync, model->buffers()));
+            communicator(), UniqueParameters(*model), sync, model->buffers()));
   }
   if (zero->mixed_precision() && is_main_process()) {
     ACCEL_LOG(INFO) << "mixed precision under ZeRO stage " << stage
