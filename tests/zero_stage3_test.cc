@@ -5,6 +5,7 @@
 // zero_tcp_test, zero_mpi_test).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <torch/nn/functional/linear.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/modulelist.h>
