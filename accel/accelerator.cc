@@ -233,11 +233,7 @@ void Accelerator::LeaveTheJob() {
     job.left = true;
     last = std::move(job.parked);
   }
-  state_->prepared.DropSynchronizers();
-  for (ZeroOptimizer* zero : state_->prepared.sharded_optimizers()) {
-    zero->LeaveJob();
-  }
-  group_.reset();
+  DetachFromTheGroup();
 }
 
 std::string Accelerator::FromMainProcess(const std::string& name,
@@ -309,16 +305,22 @@ Accelerator::~Accelerator() {
   }
 }
 
+void Accelerator::DetachFromTheGroup() {
+  state_->prepared.DropSynchronizers();
+  // ZeRO keeps the communicator for its gathers: a later one is an error
+  // saying the process left, not a call into a freed communicator.
+  for (ZeroOptimizer* zero : state_->prepared.sharded_optimizers()) {
+    zero->LeaveJob();
+  }
+  group_.reset();
+}
+
 void Accelerator::ParkForTheReport() {
   {
     std::lock_guard<std::mutex> lock(Job().mutex);
     Job().left = true;  // No Accelerator joins a job this rank is leaving.
   }
-  state_->prepared.DropSynchronizers();
-  for (ZeroOptimizer* zero : state_->prepared.sharded_optimizers()) {
-    zero->LeaveJob();
-  }
-  group_.reset();
+  DetachFromTheGroup();
 }
 
 Communicator& Accelerator::communicator() {

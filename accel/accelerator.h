@@ -535,6 +535,8 @@ class Accelerator {
   // An error unwinds under RunAndReportErrors: out of the job for new
   // Accelerators, the group kept until the error is printed (exit).
   void ParkForTheReport();
+  // Both: the synchronizers and ZeRO's gathers let go of the group.
+  void DetachFromTheGroup();
   std::string AgreeOnRunId();
   // free_memory's forgetting; `census` records what the objects held.
   FreedMemory ForgetPreparedObjects(TensorCensus& census);
