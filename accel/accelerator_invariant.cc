@@ -2,9 +2,6 @@
 // (accel/parallel/invariant_reduction.h): the process count, the threads each
 // process computes with, and the micro-batches of a batch. (Which options it
 // combines with, AcceleratorOptions::Validate checks.)
-#include <ATen/Parallel.h>
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <string>
@@ -12,6 +9,7 @@
 #include "accel/accelerator.h"
 #include "accel/parallel/invariant_reduction.h"
 #include "accel/runtime/base/logging.h"
+#include "accel/throughput.h"
 
 namespace accel {
 
@@ -26,12 +24,7 @@ void Accelerator::SetUpInvariantMicroBatches() {
   // BLAS on Debian) starts its own threads, which at::set_num_threads does
   // not reach, so it is told too where it is loaded.
   if (!device_.is_cpu() || std::getenv("OMP_NUM_THREADS") != nullptr) return;
-  at::set_num_threads(1);
-  using SetThreads = void (*)(int);
-  if (auto* openblas = reinterpret_cast<SetThreads>(
-          dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
-    openblas(1);
-  }
+  SetCpuThreads(1);
   if (is_main_process()) {
     ACCEL_LOG(INFO) << mode
                     << ": 1 thread per process, as the launcher gives each of "
