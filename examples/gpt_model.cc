@@ -136,6 +136,22 @@ int64_t GptImpl::parameter_count() const {
   return count;
 }
 
+int64_t GptImpl::matmul_parameter_count() const {
+  return parameter_count() - position_embedding_->weight.numel();
+}
+
+int64_t SampleNextToken(const torch::Tensor& logits, int64_t top_k,
+                        at::Generator& generator) {
+  const auto [values, indices] =
+      logits.to(torch::kFloat)
+          .topk(std::clamp<int64_t>(top_k, 1, logits.size(-1)));
+  const torch::Tensor probabilities = torch::softmax(values, -1);
+  const int64_t pick =
+      torch::multinomial(probabilities, 1, /*replacement=*/false, generator)
+          .item<int64_t>();
+  return indices[pick].item<int64_t>();
+}
+
 torch::Tensor CausalMask(int64_t length) {
   return torch::ones({length, length}, torch::kBool).tril();
 }

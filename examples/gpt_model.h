@@ -14,6 +14,7 @@
 //   torch::Tensor loss = examples::LanguageModelLoss(logits, targets);
 #pragma once
 
+#include <ATen/core/Generator.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/dropout.h>
@@ -22,6 +23,7 @@
 #include <torch/nn/modules/normalization.h>
 #include <torch/types.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -75,8 +77,11 @@ class GptImpl : public torch::nn::Module {
   // The blocks, in the order forward runs them (to mark them with
   // accel::fully_shard).
   const std::vector<Block>& blocks() const { return block_list_; }
-  // Parameters in blocks, and all of them (the tied head counts once).
+  // All parameters (the tied head counts once).
   int64_t parameter_count() const;
+  // Those the matrix multiplies use: all but the position embedding (for
+  // accel::TransformerTrainingFlopsPerToken).
+  int64_t matmul_parameter_count() const;
 
  private:
   GptConfig config_;
@@ -96,5 +101,34 @@ torch::Tensor CausalMask(int64_t length);
 // targets [B, T].
 torch::Tensor LanguageModelLoss(const torch::Tensor& logits,
                                 const torch::Tensor& targets);
+
+// The next token after `logits` ([vocab], one position's): drawn from the
+// top_k most likely with `generator` (top_k 1: the most likely).
+int64_t SampleNextToken(const torch::Tensor& logits, int64_t top_k,
+                        at::Generator& generator);
+
+// `prompt` ([T0] int64) and `count` tokens after it, each sampled from the
+// model's logits at the last position given the previous block_size
+// tokens. Under ZeRO stage 3 every process must call it alike (each
+// forward gathers the units); the same generator seed on every process
+// gives every process the same text.
+template <typename Model>
+torch::Tensor Generate(Model& model, const torch::Tensor& prompt, int64_t count,
+                       int64_t block_size, int64_t top_k,
+                       at::Generator& generator) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor tokens = prompt.to(torch::kLong).flatten();
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t length = std::min<int64_t>(tokens.size(0), block_size);
+    const torch::Tensor context =
+        tokens.narrow(0, tokens.size(0) - length, length);
+    const torch::Tensor logits =
+        model->forward(context.unsqueeze(0), CausalMask(length));
+    const int64_t next =
+        SampleNextToken(logits[0][length - 1], top_k, generator);
+    tokens = torch::cat({tokens, torch::full({1}, next, torch::kLong)});
+  }
+  return tokens;
+}
 
 }  // namespace examples

@@ -9,6 +9,10 @@
 # --resume passes over it.
 set -euo pipefail
 gpt=examples/gpt
+# The synthetic text and a small model (with dropout, whose generator
+# resumes too); no progress lines, sample or peak measurement.
+markov=(--text=markov --block_size=32 --n_embd=64 --dropout=0.1
+        --print_every=0 --generate=0 --peak_gflops=1)
 dir="$TEST_TMPDIR/reshard"
 mkdir -p "$dir"
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -16,8 +20,8 @@ run() {  # run NAME FLAGS... : prints the parameter fingerprint
   local name=$1
   shift
   local out
-  out=$(timeout 300 "$gpt" --main_process_port=0 --batch_size=12 \
-        --max_steps=30 --output_dir="$dir/$name" "$@" 2>&1) ||
+  out=$(timeout 300 "$gpt" "${markov[@]}" --main_process_port=0 \
+        --batch_size=12 --max_steps=30 --output_dir="$dir/$name" "$@" 2>&1) ||
     fail "$name: $out"
   grep -o 'Parameter fingerprint: [0-9a-f]*' <<<"$out" | cut -d' ' -f3
 }
@@ -68,7 +72,7 @@ check 1 0 "4"
 # --resume passes over a newest checkpoint that lost a shard file for the
 # one before it.
 rm "$dir/saved4-3/checkpoints/checkpoint_2/rank-00001-of-00004.safetensors"
-out=$(timeout 120 "$gpt" --main_process_port=0 --batch_size=12 \
+out=$(timeout 120 "$gpt" "${markov[@]}" --main_process_port=0 --batch_size=12 \
       --num_processes=2 --zero_stage=3 --max_steps=30 \
       --output_dir="$dir/saved4-3" --resume 2>&1) || fail "resume: $out"
 grep -q "Resumed from $dir/saved4-3/checkpoints/checkpoint_1 at step 15" \
@@ -89,14 +93,14 @@ with open(sys.argv[1], "r+b") as f:
     f.seek(8 + header + 100)
     f.write(bytes([byte[0] ^ 0x10]))
 PY
-out=$(timeout 120 "$gpt" --main_process_port=0 --batch_size=12 \
+out=$(timeout 120 "$gpt" "${markov[@]}" --main_process_port=0 --batch_size=12 \
       --num_processes=3 --zero_stage=1 --max_steps=30 \
       --output_dir="$dir/saved3-1" --resume 2>&1) || fail "resume: $out"
 grep -q "Resumed from $dir/saved3-1/checkpoints/checkpoint_1 at step 15" \
   <<<"$out" || fail "did not pass over damaged data: $out"
 grep -q "rank-00002-of-00003.safetensors.*checksum" <<<"$out" ||
   fail "the damaged data is not named: $out"
-if out=$(timeout 120 "$gpt" --main_process_port=0 --batch_size=12 \
+if out=$(timeout 120 "$gpt" "${markov[@]}" --main_process_port=0 --batch_size=12 \
          --num_processes=2 --zero_stage=3 --output_dir="$dir/damaged_data" \
          --resume_from="$dir/saved3-1/checkpoints/checkpoint_2" 2>&1); then
   fail "loaded damaged data: $out"
@@ -109,7 +113,7 @@ grep -q "^step " <<<"$out" && fail "a step ran: $out"
 # index is named (not the new ranks' random-state files).
 cp -r "$dir/saved4-3/checkpoints/checkpoint_1" "$dir/no_index"
 rm "$dir/no_index/sharded_state.index.json"
-if out=$(timeout 120 "$gpt" --main_process_port=0 --batch_size=12 \
+if out=$(timeout 120 "$gpt" "${markov[@]}" --main_process_port=0 --batch_size=12 \
          --num_processes=3 --zero_stage=3 --output_dir="$dir/no_index_run" \
          --resume_from="$dir/no_index" 2>&1); then
   fail "loaded without an index: $out"
@@ -121,7 +125,7 @@ grep -q "random_states" <<<"$out" && fail "blamed random-state files: $out"
 # A truncated shard: every rank fails before any step, naming the file.
 victim="$dir/saved2-3/checkpoints/checkpoint_1/rank-00001-of-00002.safetensors"
 truncate -s -8 "$victim"
-if out=$(timeout 120 "$gpt" --main_process_port=0 --batch_size=12 \
+if out=$(timeout 120 "$gpt" "${markov[@]}" --main_process_port=0 --batch_size=12 \
          --num_processes=3 --zero_stage=3 \
          --output_dir="$dir/damaged" \
          --resume_from="$dir/saved2-3/checkpoints/checkpoint_1" 2>&1); then
