@@ -58,6 +58,7 @@
 #include "accel/memory/activation_checkpoint.h"  // accel::checkpoint
 #include "accel/memory/tensor_census.h"
 #include "accel/optim/autocast.h"
+#include "accel/optim/fused_optimizers.h"  // accel::FusedAdamW, ...
 #include "accel/optim/grad_scaler.h"
 #include "accel/optim/lr_schedulers.h"
 #include "accel/optim/reduce_lr_on_plateau.h"

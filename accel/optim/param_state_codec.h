@@ -8,10 +8,11 @@
 //   // values->tensors: {"exp_avg", t}, {"exp_avg_sq", t}; counts: {"step", 30}
 //   optimizer.state()[key] = accel::MakeParamState(optimizer, *values);
 //
-// Known: LibTorch's Adam, AdamW, SGD, Adagrad and RMSprop, and accel's
-// AdamWScheduleFree: every tensor of their state has the parameter's
-// shape (an undefined one, such as Adam's max_exp_avg_sq without amsgrad,
-// is left out), every other value is an integer count.
+// Known: LibTorch's Adam, AdamW, SGD, Adagrad and RMSprop (and their
+// subclasses, such as accel's FusedAdamW), and accel's AdamWScheduleFree:
+// every tensor of their state has the parameter's shape (an undefined one,
+// such as Adam's max_exp_avg_sq without amsgrad, is left out), every other
+// value is an integer count.
 #pragma once
 
 #include <torch/optim/optimizer.h>
