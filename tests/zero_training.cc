@@ -9,9 +9,11 @@
 #include <torch/optim/adamw.h>
 
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <tuple>
 
+#include "accel/optim/fused_optimizers.h"
 #include "tests/multiprocess_main.h"
 
 namespace accel::testing {
@@ -52,8 +54,12 @@ AcceleratorOptions Options(const Run& run) {
 Result Train(const Run& run) {
   Accelerator accelerator(Options(run));
   torch::nn::Sequential net = MakeModel(run.freeze_first);
-  torch::optim::AdamW adamw(net->parameters(),
-                            torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  const auto adamw_options = torch::optim::AdamWOptions(1e-2).weight_decay(0.1);
+  std::unique_ptr<torch::optim::AdamW> owned =
+      run.fused ? std::make_unique<FusedAdamW>(net->parameters(), adamw_options)
+                : std::make_unique<torch::optim::AdamW>(net->parameters(),
+                                                        adamw_options);
+  torch::optim::AdamW& adamw = *owned;
   auto [model, optimizer] = [&] {
     if (!run.optimizer_first) return accelerator.prepare(net, adamw);
     auto [o, m] = accelerator.prepare(adamw, net);

@@ -1,7 +1,7 @@
-// What the ZeRO tests (zero_test.cc, zero_stage3_test.cc) share: a small model
-// trained for a few AdamW steps on the shared Accelerator's ranks, under DDP
-// (stage 0) or a ZeRO stage, and what the run left: its parameters, norms and
-// optimizer state.
+// What the ZeRO tests (zero_test.cc, zero_stage3_test.cc) and
+// fused_optimizers_test.cc share: a small model trained for a few AdamW
+// steps on the shared Accelerator's ranks, under DDP (stage 0) or a ZeRO
+// stage, and what the run left: its parameters, norms and optimizer state.
 //
 //   const Result ddp = Train({});
 //   const Result zero = Train({.stage = 2, .clip = 0.5});
@@ -54,6 +54,7 @@ struct Run {
   std::optional<c10::ScalarType> param_dtype = std::nullopt;
   std::optional<c10::ScalarType> reduce_dtype = std::nullopt;
   bool cast_forward_inputs = true;
+  bool fused = false;  // accel::FusedAdamW rather than torch::optim::AdamW.
 };
 
 struct Result {
