@@ -11,6 +11,7 @@
 // DDP and ZeRO stages 1-3 with them: //tests:fused_optimizers_test.
 #include "accel/optim/fused_optimizers.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <torch/serialize.h>
