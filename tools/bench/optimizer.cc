@@ -73,18 +73,6 @@ using Clock = std::chrono::steady_clock;
 constexpr int64_t kAdamBytes = 28;  // Per float32 parameter.
 constexpr int64_t kSgdBytes = 20;
 
-// The first "model name" of /proc/cpuinfo.
-std::string CpuModel() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      return line.substr(line.find(':') + 2);
-    }
-  }
-  return "unknown CPU";
-}
-
 // The 25M MLP's parameters, each with a random gradient.
 std::vector<torch::Tensor> MlpParameters() {
   torch::manual_seed(0);
@@ -264,8 +252,9 @@ int main(int argc, char** argv) {
       "random gradients)\n"
       "CPU: %s, %ld cores online; LibTorch's default threads: %d; "
       "load average: %s; fused loops %s FMA\nmalloc: %s\n",
-      elements / 1e6, CpuModel().c_str(), sysconf(_SC_NPROCESSORS_ONLN),
-      default_threads, accel::bench::LoadAverage().c_str(),
+      elements / 1e6, accel::bench::CpuModel().c_str(),
+      sysconf(_SC_NPROCESSORS_ONLN), default_threads,
+      accel::bench::LoadAverage().c_str(),
       accel::fused_internal::UsesFma() ? "with" : "without",
       malloc_settings.c_str());
   std::vector<int> measured;
