@@ -19,13 +19,14 @@ largest process (GNU time's maximum RSS of the job) and the validation loss
 at the end; min/median/max over the repetitions and ratios of the runs
 paired by repetition. Then accel's scaling: tokens/s at N over tokens/s at
 1. --plot draws the last repetition's curves (loss, val_loss) of accel and
-Python at the largest count from their metrics.jsonl.
+Python at 2 processes (else the largest count) from their metrics.jsonl.
 """
 
 import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -43,27 +44,37 @@ def runfile(path):
     return os.path.join(os.path.dirname(os.path.dirname(here)), path)
 
 
-def run_job(argv, env, log):
-    """Wall seconds, peak RSS (MiB) and the figures of one job."""
+def run_job(argv, env, log, timeout):
+    """Wall seconds, peak RSS (MiB) and the figures of one job. A job still
+    running after `timeout` seconds is killed (its whole process group); if
+    it had printed its figures (a rank that hangs at exit, as torch 1.13's
+    gloo group sometimes does), they count, without wall time and RSS."""
     environment = dict(os.environ, OMP_NUM_THREADS="1", **env)
+    hung = False
     with tempfile.NamedTemporaryFile("r") as rss:
         start = os.times().elapsed
         with open(log, "w") as out:
-            code = subprocess.call(["/usr/bin/time", "-o", rss.name, "-f", "%M"]
-                                   + argv, stdout=out, stderr=subprocess.STDOUT,
-                                   env=environment)
+            job = subprocess.Popen(["/usr/bin/time", "-o", rss.name, "-f", "%M"] + argv,
+                                   stdout=out, stderr=subprocess.STDOUT,
+                                   env=environment, start_new_session=True)
+            try:
+                code = job.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(job.pid, signal.SIGKILL)
+                code, hung = job.wait(), True
         wall = os.times().elapsed - start
-        peak_kib = int(rss.read().split()[-1])
+        peak = rss.read().split()
     text = open(log).read()
-    if code != 0:
-        sys.exit(f"lm bench: {argv[0]} failed ({code}); see {log}:\n" + text[-2000:])
     validation = VALIDATION.findall(text)
     trained = TRAINED.search(text)
-    if not validation or not trained:
-        sys.exit(f"lm bench: no figures in {log}:\n" + text[-2000:])
-    return {"wall_s": wall, "peak_mib": peak_kib / 1024.0,
+    if (code != 0 and not hung) or not validation or not trained:
+        sys.exit(f"lm bench: {argv[0]} failed ({code}, {'hung' if hung else 'exited'});"
+                 f" see {log}:\n" + text[-2000:])
+    nan = float("nan")
+    return {"wall_s": nan if hung else wall,
+            "peak_mib": nan if hung or not peak else int(peak[-1]) / 1024.0,
             "tokens_per_s": float(trained.group(3)),
-            "val_loss": float(validation[-1][1])}
+            "val_loss": float(validation[-1][1]), "hung": hung}
 
 
 def gemm_peaks(gemm_peak, counts, cores):
@@ -85,6 +96,7 @@ def flops_per_token(vocab, block, layers, width):
 
 
 def spread(values, fmt):
+    values = [v for v in values if v == v] or [float("nan")]  # NaN: a hung run.
     return "/".join(fmt % v for v in (min(values), statistics.median(values),
                                       max(values)))
 
@@ -102,6 +114,8 @@ def main():
     parser.add_argument("--max_steps", type=int, default=200)
     parser.add_argument("--plot", default="", help="PNG of the learning curves")
     parser.add_argument("--scratch", default="")
+    parser.add_argument("--job_timeout", type=float, default=900,
+                        help="seconds a run may take before it is killed")
     args = parser.parse_args()
     if args.repetitions < 1:
         sys.exit("lm bench: --repetitions must be at least 1")
@@ -150,7 +164,7 @@ def main():
                     argv = ["/bin/bash", launch, str(n), str(port), peer,
                             "--output_dir=" + out] + common
                     env = {"PEER_SRC": args.peer_src}
-                result = run_job(argv, env, out + ".log")
+                result = run_job(argv, env, out + ".log", args.job_timeout)
                 result["mfu"] = 100 * per_token * result["tokens_per_s"] / (peaks[n] * 1e9)
                 results[n][who].append(result)
                 last[(who, n)] = out
@@ -182,6 +196,12 @@ def main():
                          spread(values["python"], fmt),
                          spread(values["bare"], fmt) if values["bare"] else "-",
                          ratio("python"), ratio("bare")))
+    for n in counts:
+        for who in names:
+            hung = sum(r["hung"] for r in results[n][who])
+            if hung:
+                print(f"{who} at {n} processes: {hung} run(s) hung after printing "
+                      f"their figures and were killed (no wall time or RSS)")
     if 1 in counts:
         one = statistics.median(r["tokens_per_s"] for r in results[1]["accel"])
         for n in counts:
@@ -191,7 +211,7 @@ def main():
             print(f"accel scaling at {n} processes: {spread(scaled, '%.2f')}x "
                   f"its 1-process median tokens/s")
     if args.plot:
-        n = max(counts)
+        n = 2 if 2 in counts else max(counts)
         subprocess.check_call(["/usr/bin/python3", runfile("tools/plot_metrics.py"),
                                os.path.join(last[("accel", n)], "gpt"),
                                os.path.join(last[("python", n)], "python_accelerate"),
