@@ -144,6 +144,9 @@ class SharedMemoryGroup {
   // Whether another local rank last ran on the CPU we run on (after trying
   // to move to another CPU).
   bool SharesCpu();
+  // Whether another local rank last ran on `cpu`; *others_use gets the CPUs
+  // the other local ranks last ran on.
+  bool OthersOn(int cpu, cpu_set_t* others_use) const;
   // Oversubscribed: the kernel wakes a rank on its waker's CPU, and all the
   // local ranks can end up taking turns on one CPU while another idles (a
   // 4-byte allreduce at 4 ranks on 2 CPUs: ~22-35 us against ~10 us spread

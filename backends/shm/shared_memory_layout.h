@@ -98,6 +98,9 @@ struct alignas(128) SharedMemoryGroup::Header {
   uint64_t slot_bytes;
   alignas(64) std::atomic<uint32_t> wake;  // futex word, bumped to wake all
   std::atomic<uint32_t> sleepers;
+  // Held (1) by the one local rank that is moving itself to another CPU
+  // (SharedMemoryGroup::SharesCpu), so that two ranks do not move at once.
+  alignas(64) std::atomic<uint32_t> mover;
   alignas(64) std::atomic<uint32_t> abort_state;
   int32_t aborted_by;
   char reason[shm_internal::kReasonBytes];
