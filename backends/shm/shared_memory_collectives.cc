@@ -38,8 +38,7 @@ void SharedMemoryGroup::Barrier(const Call& call) {
                             .value();
     const uint64_t chunk = BeginChunk(call);
     Post(chunk, id);
-    WaitPosted(call, chunk, id);
-    Consume(chunk);
+    WaitPosted(call, chunk, id, /*small=*/true);
   });
 }
 
@@ -52,16 +51,18 @@ void SharedMemoryGroup::Broadcast(const Call& call, void* buffer, size_t bytes,
                             .Add(static_cast<uint64_t>(root))
                             .value();
     char* data = static_cast<char*>(buffer);
+    const bool small = bytes <= kMailboxBytes;
     for (size_t offset = 0; offset < bytes; offset += options_.slot_bytes) {
       const size_t n = std::min(options_.slot_bytes, bytes - offset);
       const uint64_t chunk = BeginChunk(call);
-      if (local_rank_ == root) Copy(Slot(root, chunk), data + offset, n);
+      if (local_rank_ == root) Copy(Staging(chunk, small), data + offset, n);
       Post(chunk, id);
       // Waiting for every rank, not only the root, checks that all of them
       // are in this call before anyone moves on.
-      WaitPosted(call, chunk, id);
-      if (local_rank_ != root) Copy(data + offset, Slot(root, chunk), n);
-      Consume(chunk);
+      WaitPosted(call, chunk, id, small);
+      if (local_rank_ != root) {
+        Copy(data + offset, Staged(root, chunk, small), n);
+      }
     }
   });
 }
@@ -100,6 +101,7 @@ void SharedMemoryGroup::Allgatherv(const Call& call, const void* input,
         in = copy.data();
       }
     }
+    const bool small = largest <= kMailboxBytes;
     for (size_t offset = 0; offset < largest; offset += options_.slot_bytes) {
       auto piece = [&](int r) {
         return bytes[r] > offset
@@ -108,23 +110,22 @@ void SharedMemoryGroup::Allgatherv(const Call& call, const void* input,
       };
       const uint64_t chunk = BeginChunk(call);
       const size_t own = piece(local_rank_);
-      Copy(Slot(local_rank_, chunk), in + offset, own);
+      Copy(Staging(chunk, small), in + offset, own);
       Post(chunk, id);
       // Our own piece while the others post theirs.
       char* own_destination = out + offsets[local_rank_] + offset;
       if (receive && own > 0 && own_destination != in + offset) {
         Copy(own_destination, in + offset, own);
       }
-      WaitPosted(call, chunk, id);
+      WaitPosted(call, chunk, id, small);
       if (receive) {
         for (int r = 0; r < local_size_; ++r) {
           const size_t n = piece(r);
           if (r != local_rank_ && n > 0) {
-            Copy(out + offsets[r] + offset, Slot(r, chunk), n);
+            Copy(out + offsets[r] + offset, Staged(r, chunk, small), n);
           }
         }
       }
-      Consume(chunk);
     }
   });
 }
@@ -155,16 +156,17 @@ void SharedMemoryGroup::Allreduce(const Call& call, void* buffer, size_t count,
         const size_t n = std::min(step, count - begin);
         char* own = data + begin * element;
         const uint64_t chunk = BeginChunk(call);
-        Copy(Slot(local_rank_, chunk), own, n * element);
+        const bool small = n * element <= kMailboxBytes;
+        Copy(Staging(chunk, small), own, n * element);
         Post(chunk, id);
-        WaitPosted(call, chunk, id);
+        WaitPosted(call, chunk, id, small);
         if (receive) {
-          Reduce(dtype, op, own, Slot(0, chunk), Slot(1, chunk), n);
+          Reduce(dtype, op, own, Staged(0, chunk, small),
+                 Staged(1, chunk, small), n);
           for (int r = 2; r < local_size_; ++r) {
-            Reduce(dtype, op, own, own, Slot(r, chunk), n);
+            Reduce(dtype, op, own, own, Staged(r, chunk, small), n);
           }
         }
-        Consume(chunk);
       }
       return;
     }
@@ -209,7 +211,6 @@ void SharedMemoryGroup::Allreduce(const Call& call, void* buffer, size_t count,
           }
         }
       }
-      Consume(chunk);
     }
   });
 }
@@ -277,7 +278,6 @@ void SharedMemoryGroup::ReduceScatter(const Call& call, const void* input,
           Reduce(dtype, op, destination, destination, source(r), n);
         }
       }
-      Consume(chunk);
     }
   });
 }

@@ -14,13 +14,14 @@
 // from the watchdog's thread, which Gloo's and MPI's collectives cannot.
 //
 // How: each rank owns two staging slots in one segment (shared_segment.h)
-// and three counters: chunks posted, reduced and consumed. Data moves in
-// slot-sized chunks, alternating slots, so that one rank can fill its next
-// slot while the others still read the previous one; a rank reuses a slot
-// only once every rank has consumed the chunk it held. Allreduce splits
-// each chunk into one part per rank: each rank reduces its part from every
-// slot (in rank order, so results are identical everywhere) and the others
-// copy it back. Small buffers, and every buffer between two ranks, are
+// and two counters: chunks posted and reduced. Data moves in slot-sized
+// chunks, alternating slots, so that one rank can fill its next slot while
+// the others still read the previous one; a rank reuses a slot only once
+// every rank has posted the chunk after the one it held, which a rank does
+// only after reading that one (so no third counter to publish). Allreduce
+// splits each chunk into one part per rank: each rank reduces its part from
+// every slot (in rank order, so results are identical everywhere) and the
+// others copy it back. Small buffers, and every buffer between two ranks, are
 // reduced whole by every rank instead: one exchange instead of two, for
 // about the same memory traffic.
 //
@@ -123,17 +124,24 @@ class SharedMemoryGroup {
 
  private:
   struct Header;
+  struct Mailbox;
   struct RankState;
-  enum class Counter { kPosted, kReduced, kConsumed };
+  // Chunks of up to this many bytes per rank travel in the mailbox line.
+  static constexpr size_t kMailboxBytes = 48;
+  enum class Counter { kPosted, kReduced };
 
   // The chunk protocol; `id` tags the chunk with the call.
   uint64_t BeginChunk(const Call& call);
+  // A chunk whose every rank's data fits kMailboxBytes is staged in the
+  // mailboxes (`small`) rather than the slots; every local rank passes the
+  // same `small` for a chunk.
+  char* Staging(uint64_t chunk, bool small) const;
+  const char* Staged(int rank, uint64_t chunk, bool small) const;
   void Post(uint64_t chunk, uint64_t id);
   void WaitPosted(const Call& call, uint64_t chunk, uint64_t id,
-                  int only_rank = kEveryRank);
+                  bool small = false, int only_rank = kEveryRank);
   void MarkReduced(uint64_t chunk);
   void WaitReduced(const Call& call, uint64_t chunk);
-  void Consume(uint64_t chunk);
 
   bool Reached(Counter counter, int rank, uint64_t target) const;
   void Publish(Counter counter, uint64_t value);
@@ -179,6 +187,8 @@ class SharedMemoryGroup {
   RankState* states_ = nullptr;
   char* slots_ = nullptr;
   uint64_t next_chunk_ = 0;
+  // Chunks that every local rank has been seen to post (see BeginChunk).
+  uint64_t chunks_posted_by_all_ = 0;
   std::chrono::steady_clock::time_point next_move_;  // See SharesCpu().
 };
 

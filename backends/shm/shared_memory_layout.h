@@ -106,13 +106,24 @@ struct alignas(128) SharedMemoryGroup::Header {
   char reason[shm_internal::kReasonBytes];
 };
 
+// One cache line per slot parity that carries a chunk's post, its call and,
+// for a small chunk, its data: a rank waiting for a small collective moves
+// one line per other rank instead of three (counter, call, slot data).
+struct alignas(64) SharedMemoryGroup::Mailbox {
+  std::atomic<uint64_t> posted;  // chunk + 1 of the chunk it holds
+  std::atomic<uint64_t> call;    // its CallId
+  char data[kMailboxBytes];
+  static_assert(2 * sizeof(uint64_t) + kMailboxBytes == 64,
+                "a mailbox is one cache line");
+};
+
 // Written only by its rank; read by the others.
 struct alignas(128) SharedMemoryGroup::RankState {
-  std::atomic<uint64_t> posted;    // chunks posted (chunk t: posted > t)
-  std::atomic<uint64_t> reduced;   // chunks whose part this rank reduced
-  std::atomic<uint64_t> consumed;  // chunks this rank is done reading
-  std::atomic<uint64_t> call[2];   // the CallId of the chunk in each slot
-  std::atomic<int32_t> cpu;        // where this rank last ran (sched_getcpu)
+  std::atomic<uint64_t> posted;   // chunks posted (chunk t: posted > t)
+  std::atomic<uint64_t> reduced;  // chunks whose part this rank reduced
+  std::atomic<uint64_t> call[2];  // the CallId of the chunk in each slot
+  std::atomic<int32_t> cpu;       // where this rank last ran (sched_getcpu)
+  Mailbox mailbox[2];             // by chunk parity, like the slots
 };
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free &&

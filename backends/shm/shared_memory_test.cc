@@ -243,6 +243,83 @@ TEST(SharedMemoryGroupTest, DifferentCallsNeverExchangeData) {
   EXPECT_EQ(value, 1);
 }
 
+// Chunks of up to 48 bytes per rank travel in the ranks' mailbox lines,
+// larger ones in the slots, and a rank reuses either once every rank has
+// posted the next chunk. Sizes on both sides of the line, uneven per rank,
+// with ranks racing ahead of one another, must give exact results.
+TEST(SharedMemoryGroupTest, SmallAndLargeChunksInterleaveExactly) {
+  InMemoryStore store;
+  constexpr int kRanks = 3;
+  std::vector<std::unique_ptr<SharedMemoryGroup>> groups(kRanks);
+  OnThreads(kRanks, [&](int r) {
+    groups[r] =
+        std::make_unique<SharedMemoryGroup>(r, Ranks(kRanks), store, kTimeout);
+  });
+  std::vector<std::string> failures(kRanks);
+  OnThreads(kRanks, [&](int r) {
+    SharedMemoryGroup& group = *groups[r];
+    uint64_t sequence = 1;
+    auto fail = [&](const std::string& what, int round) {
+      if (failures[r].empty()) {
+        failures[r] = what + " in round " + std::to_string(round);
+      }
+    };
+    for (int round = 0; round < 300; ++round) {
+      // One rank at a time lags, so the others start the next chunks early.
+      if (round % kRanks == r && round % 7 == 0) {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+      // Allgatherv: per-rank sizes around 48 bytes, different each round.
+      const size_t base = 46 + static_cast<size_t>(round % 5);  // 46..50
+      std::vector<size_t> bytes(kRanks), offsets(kRanks);
+      size_t total = 0;
+      for (int q = 0; q < kRanks; ++q) {
+        bytes[q] = base + static_cast<size_t>(q) - 1;
+        offsets[q] = total;
+        total += bytes[q];
+      }
+      std::vector<char> in(bytes[r]);
+      for (size_t i = 0; i < in.size(); ++i) {
+        in[i] = static_cast<char>(r * 31 + round + i);
+      }
+      std::vector<char> out(total);
+      group.Allgatherv(CallNumber(sequence++), in.data(), out.data(), bytes,
+                       offsets);
+      for (int q = 0; q < kRanks; ++q) {
+        for (size_t i = 0; i < bytes[q]; ++i) {
+          if (out[offsets[q] + i] != static_cast<char>(q * 31 + round + i)) {
+            fail("allgatherv of " + std::to_string(bytes[q]) +
+                     " bytes from local rank " + std::to_string(q),
+                 round);
+          }
+        }
+      }
+      // Allreduce of 12 (48 bytes) or 13 floats.
+      const size_t count = 12 + static_cast<size_t>(round % 2);
+      std::vector<float> values(count);
+      for (size_t i = 0; i < count; ++i) values[i] = float(r + 1) * (i + 1);
+      group.Allreduce(CallNumber(sequence++), values.data(), count,
+                      DType::kFloat32, ReduceOp::kSum);
+      for (size_t i = 0; i < count; ++i) {
+        if (values[i] != 6.0f * (i + 1)) {
+          fail("allreduce of " + std::to_string(count) + " floats", round);
+        }
+      }
+      // Broadcast of 48 or 49 bytes from a rotating root.
+      const int root = round % kRanks;
+      std::vector<char> message(48 + round % 2,
+                                static_cast<char>(r == root ? round : -1));
+      group.Broadcast(CallNumber(sequence++), message.data(), message.size(),
+                      root);
+      for (char c : message) {
+        if (c != static_cast<char>(round)) fail("broadcast", round);
+      }
+      group.Barrier(CallNumber(sequence++));
+    }
+  });
+  for (int r = 0; r < kRanks; ++r) EXPECT_EQ(failures[r], "") << "rank " << r;
+}
+
 TEST(SharedMemoryGroupTest, SleepingRanksLeaveTheCpusIdle) {
   InMemoryStore store;
   std::vector<std::unique_ptr<SharedMemoryGroup>> groups(2);
