@@ -273,7 +273,7 @@ void GlooTransport::Abort() {
 
 template <typename Body>
 void GlooTransport::Run(const Op& op, Body&& body) {
-  deadline_ = std::chrono::steady_clock::now() + op.timeout;
+  deadline_ = op.Deadline();
   try {
     body();
   } catch (const std::exception& e) {
@@ -297,7 +297,8 @@ void GlooTransport::RunAllgather(const Op& op, const void* input, void* output,
     std::memmove(output, input, bytes);
     return;
   }
-  RunAllgatherBytes(op, input, output, std::vector<size_t>(size(), bytes));
+  block_bytes_.assign(size(), bytes);
+  RunAllgatherBytes(op, input, output, block_bytes_);
 }
 
 void GlooTransport::RunAllgatherv(const Op& op, const void* input, void* output,
@@ -321,7 +322,8 @@ void GlooTransport::RunAllgatherv(const Op& op, const void* input, void* output,
 void GlooTransport::RunAllgatherBytes(const Op& op, const void* input,
                                       void* output,
                                       const std::vector<size_t>& bytes) {
-  std::vector<size_t> offsets(size());
+  std::vector<size_t>& offsets = block_offsets_;
+  offsets.resize(size());
   size_t total = 0;
   for (int r = 0; r < size(); ++r) {
     offsets[r] = total;

@@ -103,6 +103,10 @@ class GlooTransport : public Transport {
   std::unique_ptr<SharedMemoryGroup> local_;  // With other ranks here.
   std::shared_ptr<gloo::Context> context_;    // Leaders, with other hosts.
   std::chrono::steady_clock::time_point deadline_;  // Of the running call.
+  // Per-rank byte counts and offsets of the running allgather, kept between
+  // calls so that a latency-bound call allocates nothing (calls run one at
+  // a time).
+  std::vector<size_t> block_bytes_, block_offsets_;
   // Ports of our pairs' listening sockets: the connections peers made to
   // them are ours to shut down in Abort().
   std::vector<int> listen_ports_;

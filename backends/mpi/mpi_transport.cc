@@ -187,7 +187,7 @@ void MpiTransport::OnBroken(const std::string& message) {
 
 template <typename StartCall>
 void MpiTransport::Run(const Op& op, StartCall&& start) {
-  const auto deadline = Clock::now() + op.timeout;
+  const auto deadline = op.Deadline();
   if (compare_calls_) CheckSameCall(op, deadline);
   Poll(deadline, start);
 }

@@ -502,8 +502,9 @@ void Communicator::WorkerLoop() {
 }
 
 template <typename Fn>
-std::exception_ptr Communicator::Execute(const Op& op, Fn& task) {
+std::exception_ptr Communicator::Execute(Op& op, Fn& task) {
   if (broken_) return Failed(op, nullptr);
+  op.started = Clock::now();
   watchdog_->Running(op);
   const bool traced = VLOG_IS_ON(2);
   const auto started = traced ? Clock::now() : Clock::time_point();

@@ -218,7 +218,7 @@ class Communicator {
   void Start(const BackendContext& context);
   // Runs one operation; returns its error, if any.
   template <typename Fn>
-  std::exception_ptr Execute(const Op& op, Fn& task);
+  std::exception_ptr Execute(Op& op, Fn& task);
   // Turns an operation's failure into the error its caller gets, breaking
   // the communicator for timeouts and peer failures (`error` null: an
   // earlier failure broke it).

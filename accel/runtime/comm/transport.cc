@@ -60,6 +60,13 @@ void Transport::ReduceScatterByAllreduce(const Op& op, const void* input,
   }
 }
 
+std::chrono::steady_clock::time_point Transport::Op::Deadline() const {
+  const auto from = started == std::chrono::steady_clock::time_point{}
+                        ? std::chrono::steady_clock::now()
+                        : started;
+  return from + timeout;
+}
+
 void Transport::AgreeOnCall(const Op& op) {
   // The maxima of the hash and of its complement are ours only when every
   // rank's hash is.

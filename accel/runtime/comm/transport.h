@@ -111,6 +111,11 @@ class Transport {
     // Started with *_async: the caller computes meanwhile, so a transport
     // that polls while it waits takes CPU from that computation.
     bool overlapped = false;
+    // When the communicator started running it (unset: when the transport
+    // does). One clock read per call serves the watchdog and the deadline.
+    std::chrono::steady_clock::time_point started{};
+    // started + timeout, or now + timeout if started is unset.
+    std::chrono::steady_clock::time_point Deadline() const;
   };
 
   virtual ~Transport();

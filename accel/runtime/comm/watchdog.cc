@@ -77,16 +77,21 @@ void Watchdog::SetStatus(const Transport::Op& op, bool running,
   status_.known = true;
   status_.sequence = op.sequence;
   status_.running = running;
-  // Assignments reuse the strings' storage: nothing allocates per call.
-  status_.api.assign(op.api);
-  status_.signature.assign(op.signature);
-  if (op.site.file != status_site_.file || op.site.line != status_site_.line) {
-    status_site_ = op.site;
-    status_.site = op.site.ToString();
+  // Finishing an op follows its start, which wrote what it is. Assignments
+  // reuse the strings' storage: nothing allocates per call.
+  if (running) {
+    status_.api.assign(op.api);
+    status_.signature.assign(op.signature);
+    if (op.site.file != status_site_.file ||
+        op.site.line != status_site_.line) {
+      status_site_ = op.site;
+      status_.site = op.site.ToString();
+    }
   }
   ++status_version_;
   if (running) {
-    running_since_ = Clock::now();
+    running_since_ =
+        op.started == Clock::time_point{} ? Clock::now() : op.started;
   } else if (succeeded && NeedsEveryRank(op.name)) {
     last_completed_.sequence = op.sequence;
     last_completed_.api.assign(op.api);
