@@ -49,6 +49,19 @@ std::vector<int> Ranks(int size) {
   return ranks;
 }
 
+// One group per local rank over `store`, made concurrently (each waits for
+// the others to join).
+std::vector<std::unique_ptr<SharedMemoryGroup>> MakeGroups(
+    Store& store, const std::vector<int>& global_ranks) {
+  const int size = static_cast<int>(global_ranks.size());
+  std::vector<std::unique_ptr<SharedMemoryGroup>> groups(size);
+  OnThreads(size, [&](int r) {
+    groups[r] =
+        std::make_unique<SharedMemoryGroup>(r, global_ranks, store, kTimeout);
+  });
+  return groups;
+}
+
 SharedMemoryGroup::Call CallNumber(uint64_t sequence,
                                    milliseconds timeout = kTimeout) {
   return {sequence, Clock::now() + timeout};
@@ -136,11 +149,7 @@ TEST(SharedSegmentTest, MissingLocalRanksTimeOutByName) {
 
 TEST(SharedMemoryGroupTest, ASleepingWaiterWakesWhenTheLastRankArrives) {
   InMemoryStore store;
-  std::vector<std::unique_ptr<SharedMemoryGroup>> groups(2);
-  OnThreads(2, [&](int r) {
-    groups[r] =
-        std::make_unique<SharedMemoryGroup>(r, Ranks(2), store, kTimeout);
-  });
+  auto groups = MakeGroups(store, Ranks(2));
   Clock::time_point passed;
   std::thread early([&] {
     groups[0]->Barrier(CallNumber(4));
@@ -159,11 +168,7 @@ TEST(SharedMemoryGroupTest, ASleepingWaiterWakesWhenTheLastRankArrives) {
 TEST(SharedMemoryGroupTest, AbortWakesEveryWaiterWithTheReason) {
   InMemoryStore store;
   constexpr int kRanks = 3;
-  std::vector<std::unique_ptr<SharedMemoryGroup>> groups(kRanks);
-  OnThreads(kRanks, [&](int r) {
-    groups[r] =
-        std::make_unique<SharedMemoryGroup>(r, Ranks(kRanks), store, kTimeout);
-  });
+  auto groups = MakeGroups(store, Ranks(kRanks));
   std::vector<std::string> errors(2);
   std::vector<std::thread> waiters;
   const auto start = Clock::now();
@@ -190,11 +195,7 @@ TEST(SharedMemoryGroupTest, AbortWakesEveryWaiterWithTheReason) {
 
 TEST(SharedMemoryGroupTest, DeadlineNamesTheMissingRankAndPoisonsTheGroup) {
   InMemoryStore store;
-  std::vector<std::unique_ptr<SharedMemoryGroup>> groups(2);
-  OnThreads(2, [&](int r) {
-    groups[r] = std::make_unique<SharedMemoryGroup>(r, std::vector<int>{4, 7},
-                                                    store, kTimeout);
-  });
+  auto groups = MakeGroups(store, {4, 7});
   const auto start = Clock::now();
   try {
     groups[0]->Barrier(CallNumber(4, milliseconds(300)));
@@ -215,11 +216,7 @@ TEST(SharedMemoryGroupTest, DeadlineNamesTheMissingRankAndPoisonsTheGroup) {
 
 TEST(SharedMemoryGroupTest, DifferentCallsNeverExchangeData) {
   InMemoryStore store;
-  std::vector<std::unique_ptr<SharedMemoryGroup>> groups(2);
-  OnThreads(2, [&](int r) {
-    groups[r] =
-        std::make_unique<SharedMemoryGroup>(r, Ranks(2), store, kTimeout);
-  });
+  auto groups = MakeGroups(store, Ranks(2));
   std::vector<std::string> errors(2);
   float value = 1;
   OnThreads(2, [&](int r) {
@@ -250,11 +247,7 @@ TEST(SharedMemoryGroupTest, DifferentCallsNeverExchangeData) {
 TEST(SharedMemoryGroupTest, SmallAndLargeChunksInterleaveExactly) {
   InMemoryStore store;
   constexpr int kRanks = 3;
-  std::vector<std::unique_ptr<SharedMemoryGroup>> groups(kRanks);
-  OnThreads(kRanks, [&](int r) {
-    groups[r] =
-        std::make_unique<SharedMemoryGroup>(r, Ranks(kRanks), store, kTimeout);
-  });
+  auto groups = MakeGroups(store, Ranks(kRanks));
   std::vector<std::string> failures(kRanks);
   OnThreads(kRanks, [&](int r) {
     SharedMemoryGroup& group = *groups[r];
@@ -322,11 +315,7 @@ TEST(SharedMemoryGroupTest, SmallAndLargeChunksInterleaveExactly) {
 
 TEST(SharedMemoryGroupTest, SleepingRanksLeaveTheCpusIdle) {
   InMemoryStore store;
-  std::vector<std::unique_ptr<SharedMemoryGroup>> groups(2);
-  OnThreads(2, [&](int r) {
-    groups[r] =
-        std::make_unique<SharedMemoryGroup>(r, Ranks(2), store, kTimeout);
-  });
+  auto groups = MakeGroups(store, Ranks(2));
   timespec cpu_before{}, cpu_after{};
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu_before);
   std::thread waiter([&] { groups[0]->Barrier(CallNumber(4)); });
