@@ -20,13 +20,14 @@ accel's JSONL format, so tools/plot_metrics draws both runs.
 
 import argparse
 import glob
-import json
 import math
 import os
 import time
 
 import torch
 from accelerate import Accelerator
+
+import peer_metrics
 
 
 class CausalSelfAttention(torch.nn.Module):
@@ -174,17 +175,7 @@ def main():
                             scheduler))
     mask = torch.ones(args.block_size, args.block_size, dtype=torch.bool).tril()
 
-    log = None
-    if accelerator.is_main_process:
-        folder = os.path.join(args.output_dir, "python_accelerate")
-        os.makedirs(folder, exist_ok=True)
-        log = open(os.path.join(folder, "metrics.jsonl"), "w")
-
-    def record(step, values):
-        if log is not None:
-            log.write(json.dumps({"step": step, "values": values,
-                                  "wall_time": time.time()}) + "\n")
-            log.flush()
+    record = peer_metrics.recorder(accelerator, args.output_dir)
 
     step = 0
     seconds = 0.0

