@@ -21,12 +21,23 @@ namespace accel {
 
 template <typename... Objects>
 auto Accelerator::prepare(Objects&&... objects) {
-  (PrepareIfModel(objects), ...);
-  if constexpr (sizeof...(Objects) == 1) {
-    return PrepareOne(std::forward<Objects>(objects)...);
-  } else {
-    return std::tuple<decltype(PrepareOne(std::forward<Objects>(objects)))...>{
-        PrepareOne(std::forward<Objects>(objects))...};
+  // All or nothing: a call that throws part way (an optimizer refused after
+  // its model was prepared) leaves nothing prepared, so that the program
+  // can mend what was wrong and call again.
+  const PreparedObjects::Mark mark = state_->prepared.mark();
+  const bool split_batches = state_->split_batches;
+  try {
+    (PrepareIfModel(objects), ...);
+    if constexpr (sizeof...(Objects) == 1) {
+      return PrepareOne(std::forward<Objects>(objects)...);
+    } else {
+      return std::tuple<decltype(PrepareOne(std::forward<Objects>(
+          objects)))...>{PrepareOne(std::forward<Objects>(objects))...};
+    }
+  } catch (...) {
+    state_->prepared.RollBack(mark);
+    state_->split_batches = split_batches;
+    throw;
   }
 }
 

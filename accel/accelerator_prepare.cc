@@ -48,6 +48,13 @@ void CastFloatingBuffers(torch::nn::Module& module, c10::ScalarType dtype) {
 void Accelerator::PrepareModule(
     const std::shared_ptr<torch::nn::Module>& module) {
   if (module == nullptr) throw UsageError("prepare: the model is null");
+  if (state_->prepared.Holds(module.get())) {
+    // A second synchronizer would reduce every gradient twice.
+    throw UsageError(
+        "prepare: the model was prepared already (by an earlier prepare() or "
+        "twice in this one); use the model prepare() returned, or "
+        "free_memory() it before preparing it again");
+  }
   module->to(device_);
   const MixedPrecisionPolicy policy = PrecisionPolicy();
   if (policy.buffer_dtype) CastFloatingBuffers(*module, *policy.buffer_dtype);

@@ -1,5 +1,6 @@
 #include "accel/prepared_objects.h"
 
+#include <algorithm>
 #include <string>
 
 #include "accel/runtime/base/errors.h"
@@ -115,6 +116,31 @@ CheckpointContents PreparedObjects::Contents() const {
 
 void PreparedObjects::DropSynchronizers() {
   for (Model& entry : models_) entry.synchronizer.reset();
+}
+
+PreparedObjects::Mark PreparedObjects::mark() const {
+  return {models_.size(), optimizers_.size(), schedulers_.size(),
+          loaders_.size(), objects_.size()};
+}
+
+void PreparedObjects::RollBack(const Mark& mark) {
+  for (size_t i = mark.optimizers; i < optimizers_.size(); ++i) {
+    if (optimizers_[i]->zero != nullptr)
+      optimizers_[i]->zero->ReturnParameters();
+  }
+  // Newest first: a model's synchronizer removes its hooks as it goes.
+  while (models_.size() > mark.models) models_.pop_back();
+  optimizers_.resize(std::min(optimizers_.size(), mark.optimizers));
+  schedulers_.resize(std::min(schedulers_.size(), mark.schedulers));
+  loaders_.resize(std::min(loaders_.size(), mark.loaders));
+  objects_.resize(std::min(objects_.size(), mark.objects));
+}
+
+bool PreparedObjects::Holds(const torch::nn::Module* model) const {
+  for (const Model& entry : models_) {
+    if (entry.module.get() == model) return true;
+  }
+  return false;
 }
 
 void PreparedObjects::Clear() {

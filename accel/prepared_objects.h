@@ -86,6 +86,20 @@ class PreparedObjects {
   // Forgets everything (the objects stay the program's).
   void Clear();
 
+  // How much the registry holds: prepare() takes a mark before it starts
+  // and, if it throws part way, rolls back to it, so that a failed call
+  // leaves nothing prepared (a model prepared again would reduce its
+  // gradients twice).
+  struct Mark {
+    size_t models = 0, optimizers = 0, schedulers = 0, loaders = 0, objects = 0;
+  };
+  Mark mark() const;
+  // Forgets what was added since `mark`; a ZeRO optimizer among it gives
+  // its parameters back whole first, as free_memory() does.
+  void RollBack(const Mark& mark);
+  // Whether `model` is a prepared model (by identity).
+  bool Holds(const torch::nn::Module* model) const;
+
  private:
   struct Model {
     std::shared_ptr<torch::nn::Module> module;

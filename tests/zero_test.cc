@@ -400,6 +400,31 @@ TEST(ZeroTest, MisuseIsOneClearErrorOnEveryRank) {
               HasSubstr("or 3 (also the parameters), found 4"));
 }
 
+// A prepare() that throws part way (the optimizer refused after its model
+// was prepared, at any stage and process count) leaves nothing prepared: the
+// program mends the optimizer and prepares the same model again, which then
+// trains as if the failed call never happened (a second synchronizer would
+// reduce every gradient twice; under stage 3 the model would be wrapped twice).
+TEST(ZeroTest, AFailedPrepareLeavesNothingPrepared) {
+  for (int stage : {0, 1, 2, 3}) {
+    const Result clean = Train({.stage = stage});
+    const Result retried =
+        Train({.stage = stage, .failed_prepare_first = true});
+    EXPECT_EQ(MaxDifference(retried.parameters, clean.parameters), 0.0)
+        << "stage " << stage;
+  }
+}
+
+TEST(ZeroTest, AModelPreparedTwiceIsAUsageError) {
+  Accelerator accelerator(Options({}));
+  torch::nn::Sequential net = MakeModel();
+  auto model = accelerator.prepare(net);
+  EXPECT_THAT(UsageErrorOf([&] { accelerator.prepare(net); }),
+              HasSubstr("the model was prepared already"));
+  accelerator.free_memory(model);
+  EXPECT_NO_THROW(accelerator.prepare(net));
+}
+
 TEST(ZeroTest, TwoBackwardsBeforeAStepAddUpAsUnderDdp) {
   const Result ddp = Train({.steps = 12, .backwards = 2});
   for (int stage : {1, 2, 3}) {

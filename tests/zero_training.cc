@@ -60,6 +60,16 @@ Result Train(const Run& run) {
                 : std::make_unique<torch::optim::AdamW>(net->parameters(),
                                                         adamw_options);
   torch::optim::AdamW& adamw = *owned;
+  if (run.failed_prepare_first) {
+    const torch::Tensor first = net->parameters()[0];
+    torch::optim::AdamW twice(std::vector<torch::Tensor>{first, first},
+                              adamw_options);
+    try {
+      accelerator.prepare(net, twice);
+      ADD_FAILURE() << "an optimizer holding a parameter twice was prepared";
+    } catch (const UsageError&) {
+    }
+  }
   auto [model, optimizer] = [&] {
     if (!run.optimizer_first) return accelerator.prepare(net, adamw);
     auto [o, m] = accelerator.prepare(adamw, net);

@@ -47,6 +47,9 @@ struct Run {
   // (their gradients add up).
   int backwards = 1;
   bool optimizer_first = false;  // prepare(optimizer, model).
+  // Before the real prepare: prepare(model, an optimizer that holds a
+  // parameter twice), which prepares the model, then throws.
+  bool failed_prepare_first = false;
   // AcceleratorOptions::gradient_clipping: the prepared optimizer clips
   // (rather than clip_grad_norm_ with `clip`).
   double auto_clip = 0;

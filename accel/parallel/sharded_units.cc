@@ -180,6 +180,13 @@ class UnitPicker {
     size_t i = 0;
     for (torch::nn::AnyModule& entry : sequential) {
       const std::string child_path = Join(path, names[i++].key());
+      // Wrapped by an earlier prepare() that then failed and was undone:
+      // the unit is the layer inside, wrapped once.
+      if (const auto* wrapped =
+              dynamic_cast<const ShardedUnitImpl*>(entry.ptr().get())) {
+        units_.push_back({wrapped->layer().ptr(), child_path});
+        continue;
+      }
       const std::shared_ptr<torch::nn::Module> layer = entry.ptr();
       const bool picked = policy_ == Policy::kContainers
                               ? HasTrainableParameters(*layer)

@@ -126,6 +126,8 @@ class ShardedUnitImpl : public torch::nn::Module {
  public:
   explicit ShardedUnitImpl(torch::nn::AnyModule layer);
   torch::Tensor forward(torch::Tensor input);
+  // The layer it runs as a unit.
+  const torch::nn::AnyModule& layer() const { return layer_; }
 
  private:
   torch::nn::AnyModule layer_;
