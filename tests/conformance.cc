@@ -107,6 +107,12 @@ std::string Unsupported(int world_size) {
   return "";
 }
 
+std::string BackendWorldName(
+    const ::testing::TestParamInfo<std::tuple<std::string, int>>& info) {
+  return std::get<0>(info.param) + "_world" +
+         std::to_string(std::get<1>(info.param));
+}
+
 Buffer::Buffer(DType dtype, size_t count)
     : dtype_(dtype),
       host_(count * ElementSize(dtype) + 1, 0),

@@ -1,5 +1,6 @@
 // The conformance suite's collectives: every operation (allgather,
-// allgatherv, allreduce, reduce_scatter, broadcast, barrier), every dtype,
+// allgatherv, allreduce, reduce_scatter, broadcast, barrier, all_to_all),
+// every dtype,
 // counts 0, 1, 3, 1000 and 1M, world sizes 1 to 4, async operations in
 // flight together, and invalid arguments (conformance.h).
 #include <gmock/gmock.h>
@@ -25,218 +26,67 @@ namespace accel::testing {
 namespace {
 
 using conformance_internal::Buffer;
-using conformance_internal::RunOnRanks;
-using conformance_internal::Unsupported;
+using conformance_internal::CheckAllgather;
+using conformance_internal::CheckAllgathervWithUnequalAndZeroCounts;
+using conformance_internal::CheckAllreduceEveryOperation;
+using conformance_internal::CheckAllToAll;
+using conformance_internal::CheckAllToAllvWithUnequalAndZeroCounts;
+using conformance_internal::CheckBroadcastFromEveryRoot;
+using conformance_internal::CheckReduceScatter;
+using conformance_internal::CheckReduceScatterEveryOperation;
+using conformance_internal::Counts;
+using conformance_internal::Label;
+using conformance_internal::UnequalCounts;
 using ::testing::HasSubstr;
 
-// The element counts every operation runs with. The largest crosses many
-// shared-memory slots and Gloo's chunks; ACCEL_CONFORMANCE_LARGE_COUNT
-// lowers it where each element costs much more (the sanitizer runs,
-// tools/sanitize.sh: the tiny-slot backends still cross many slots there).
-const std::vector<size_t>& Counts() {
-  static const std::vector<size_t> counts = [] {
-    const char* large = std::getenv("ACCEL_CONFORMANCE_LARGE_COUNT");
-    const size_t largest = large != nullptr && *large != '\0'
-                               ? std::stoul(large)
-                               : size_t{1} << 20;
-    return std::vector<size_t>{0, 1, 3, 1000, std::max<size_t>(largest, 1001)};
-  }();
-  return counts;
-}
-
-// A value per (rank, index) that every dtype holds exactly and whose sums
-// over 4 ranks, and products for kProduct, stay exact too.
-double Value(DType dtype, int rank, size_t i, ReduceOp op = ReduceOp::kSum) {
-  if (dtype == DType::kBool) return static_cast<double>((rank + i) % 2);
-  if (op == ReduceOp::kProduct) return static_cast<double>(1 + (rank + i) % 3);
-  return static_cast<double>((rank * 7 + i) % 31);
-}
-
-double Combine(ReduceOp op, double a, double b) {
-  switch (op) {
-    case ReduceOp::kSum:
-      return a + b;
-    case ReduceOp::kProduct:
-      return a * b;
-    case ReduceOp::kMin:
-      return std::min(a, b);
-    case ReduceOp::kMax:
-      return std::max(a, b);
-  }
-  return 0;
-}
-
-// Checks the first mismatch only, so a wrong 1M-element buffer prints once.
-#define EXPECT_VALUES(n, actual, expected, what)                  \
-  for (size_t i_ = 0; i_ < (n); ++i_) {                           \
-    const double a_ = (actual), e_ = (expected);                  \
-    if (a_ != e_) {                                               \
-      ADD_FAILURE() << what << ": element " << i_ << " is " << a_ \
-                    << ", expected " << e_;                       \
-      break;                                                      \
-    }                                                             \
-  }
-
-class ConformanceTest
-    : public ::testing::TestWithParam<std::tuple<std::string, int>> {
- protected:
-  const std::string& backend() const { return std::get<0>(GetParam()); }
-  int world_size() const { return std::get<1>(GetParam()); }
-  void SetUp() override {
-    const std::string why = Unsupported(world_size());
-    if (!why.empty()) GTEST_SKIP() << why;
-  }
-  void Run(const std::function<void(Communicator&)>& body) {
-    RunOnRanks(backend(), world_size(), body);
-  }
-};
-
-std::string Label(const char* op, DType dtype, size_t count, int rank) {
-  return std::string(op) + " " + DTypeName(dtype) + " count " +
-         std::to_string(count) + " on rank " + std::to_string(rank);
-}
-
-// counts[r] for a reduce-scatter or allgatherv around `count`: rank 1 gets
-// nothing, odd ranks half, the others `count`.
-std::vector<size_t> UnequalCounts(int ranks, size_t count) {
-  std::vector<size_t> counts(ranks);
-  for (int r = 0; r < ranks; ++r) {
-    counts[r] = r == 1 ? 0 : (r % 2 ? count / 2 : count);
-  }
-  return counts;
-}
-
-// Runs a reduce-scatter of `counts` and checks this rank's segment;
-// `in_place` passes this rank's segment of the input as the output.
-void CheckReduceScatter(Communicator& comm, DType dtype, ReduceOp op,
-                        const std::vector<size_t>& counts, bool in_place) {
-  size_t total = 0;
-  size_t before = 0;
-  for (int r = 0; r < comm.size(); ++r) {
-    if (r == comm.rank()) before = total;
-    total += counts[r];
-  }
-  const size_t mine = counts[comm.rank()];
-  Buffer input(dtype, total);
-  for (size_t i = 0; i < total; ++i) {
-    input.Set(i, Value(dtype, comm.rank(), i, op));
-  }
-  Buffer output(dtype, mine);
-  char* in = static_cast<char*>(input.data());
-  void* out = in_place ? in + before * ElementSize(dtype) : output.data();
-  comm.reduce_scatter(in, out, counts, dtype, op);
-  auto expected = [&](size_t i) {
-    double result = Value(dtype, 0, before + i, op);
-    for (int r = 1; r < comm.size(); ++r) {
-      result = Combine(op, result, Value(dtype, r, before + i, op));
-    }
-    return result;
-  };
-  Buffer& result = in_place ? input : output;
-  const size_t at = in_place ? before : 0;
-  std::string counts_text;
-  for (size_t c : counts) counts_text += " " + std::to_string(c);
-  EXPECT_VALUES(mine, result.At(at + i_), expected(i_),
-                Label("reduce_scatter", dtype, mine, comm.rank()) + " " +
-                    ReduceOpName(op) + (in_place ? " in place" : "") +
-                    ", counts" + counts_text);
-}
+class ConformanceTest : public conformance_internal::BackendWorldTest {};
 
 TEST_P(ConformanceTest, Allgather) {
-  Run([&](Communicator& comm) {
-    const int n = comm.size();
-    for (DType dtype : kAllDTypes) {
-      for (size_t count : Counts()) {
-        Buffer input(dtype, count);
-        for (size_t i = 0; i < count; ++i)
-          input.Set(i, Value(dtype, comm.rank(), i));
-        Buffer output(dtype, count * n);
-        comm.allgather(input.data(), output.data(), count, dtype);
-        EXPECT_VALUES(count * n, output.At(i_),
-                      Value(dtype, static_cast<int>(i_ / count), i_ % count),
-                      Label("allgather", dtype, count, comm.rank()));
-      }
-    }
-  });
+  Run([](Communicator& comm) { CheckAllgather(comm); });
 }
 
 TEST_P(ConformanceTest, AllgathervWithUnequalAndZeroCounts) {
-  Run([&](Communicator& comm) {
-    const int n = comm.size();
-    for (DType dtype : kAllDTypes) {
-      for (size_t count : Counts()) {
-        const std::vector<size_t> counts = UnequalCounts(n, count);
-        std::vector<size_t> offsets(n);
-        size_t total = 0;
-        for (int r = 0; r < n; ++r) {
-          offsets[r] = total;
-          total += counts[r];
-        }
-        Buffer input(dtype, counts[comm.rank()]);
-        for (size_t i = 0; i < counts[comm.rank()]; ++i) {
-          input.Set(i, Value(dtype, comm.rank(), i));
-        }
-        Buffer output(dtype, total);
-        comm.allgatherv(input.data(), output.data(), counts, dtype);
-        for (int r = 0; r < n; ++r) {
-          EXPECT_VALUES(counts[r], output.At(offsets[r] + i_),
-                        Value(dtype, r, i_),
-                        Label("allgatherv", dtype, count, comm.rank()) +
-                            " from rank " + std::to_string(r));
-        }
-      }
-    }
+  Run([](Communicator& comm) {
+    CheckAllgathervWithUnequalAndZeroCounts(comm);
   });
 }
 
 TEST_P(ConformanceTest, AllreduceEveryOperation) {
-  Run([&](Communicator& comm) {
-    const int n = comm.size();
-    for (DType dtype : kAllDTypes) {
-      for (ReduceOp op : kAllReduceOps) {
-        if (!SupportsReduction(dtype, op)) continue;
-        for (size_t count : Counts()) {
-          Buffer buffer(dtype, count);
-          for (size_t i = 0; i < count; ++i) {
-            buffer.Set(i, Value(dtype, comm.rank(), i, op));
-          }
-          comm.allreduce(buffer.data(), count, dtype, op);
-          auto expected = [&](size_t i) {
-            double result = Value(dtype, 0, i, op);
-            for (int r = 1; r < n; ++r) {
-              result = Combine(op, result, Value(dtype, r, i, op));
-            }
-            return result;
-          };
-          EXPECT_VALUES(count, buffer.At(i_), expected(i_),
-                        Label("allreduce", dtype, count, comm.rank()) + " " +
-                            ReduceOpName(op));
-        }
-      }
-    }
-  });
+  Run([](Communicator& comm) { CheckAllreduceEveryOperation(comm); });
 }
 
 TEST_P(ConformanceTest, ReduceScatterEveryOperationWithUnequalAndZeroCounts) {
-  Run([&](Communicator& comm) {
-    for (DType dtype : kAllDTypes) {
-      for (ReduceOp op : kAllReduceOps) {
-        if (!SupportsReduction(dtype, op)) continue;
-        for (size_t count : Counts()) {
-          // The largest (many slots' worth) only as sharded training sends
-          // it: summed float32 and bfloat16 gradients.
-          if (count > 1000 &&
-              (op != ReduceOp::kSum ||
-               (dtype != DType::kFloat32 && dtype != DType::kBFloat16))) {
-            continue;
-          }
-          const std::vector<size_t> equal(comm.size(), count);
-          CheckReduceScatter(comm, dtype, op, equal, false);
-          CheckReduceScatter(comm, dtype, op, UnequalCounts(comm.size(), count),
-                             false);
-        }
-      }
+  Run([](Communicator& comm) { CheckReduceScatterEveryOperation(comm); });
+}
+
+TEST_P(ConformanceTest, AllToAll) {
+  Run([](Communicator& comm) { CheckAllToAll(comm); });
+}
+
+TEST_P(ConformanceTest, AllToAllvWithUnequalAndZeroCounts) {
+  Run([](Communicator& comm) { CheckAllToAllvWithUnequalAndZeroCounts(comm); });
+}
+
+// What rank q sends rank r must be what r expects from q: every rank finds
+// the mismatch (a UsageError naming both), and the job goes on.
+TEST_P(ConformanceTest, AllToAllvWithMismatchedCountsIsAUsageErrorOnEveryRank) {
+  Run([](Communicator& comm) {
+    const int n = comm.size();
+    std::vector<size_t> send(n, 1), receive(n, 1);
+    if (comm.rank() == n - 1) receive[0] = 2;  // Rank 0 sends it 1.
+    std::vector<int32_t> input(n, 1), output(n + 1, 0);
+    try {
+      comm.all_to_allv(input.data(), send, output.data(), receive,
+                       DType::kInt32);
+      ADD_FAILURE() << "mismatched all_to_allv counts did not throw";
+    } catch (const UsageError& e) {
+      EXPECT_THAT(e.what(),
+                  HasSubstr("rank 0 sends 1 element(s) to rank " +
+                            std::to_string(n - 1) + ", which expects 2"));
     }
+    int32_t one = 1;
+    comm.allreduce(&one, 1, DType::kInt32, ReduceOp::kSum);
+    EXPECT_EQ(one, n);
   });
 }
 
@@ -272,24 +122,7 @@ TEST_P(ConformanceTest, ReduceScatterAsyncOverlapsOtherWork) {
 }
 
 TEST_P(ConformanceTest, BroadcastFromEveryRoot) {
-  Run([&](Communicator& comm) {
-    for (DType dtype : kAllDTypes) {
-      for (size_t count : Counts()) {
-        // The largest count from one root only, to keep the suite fast.
-        const int roots = count > 1000 ? 1 : comm.size();
-        for (int root = comm.size() - 1; root >= comm.size() - roots; --root) {
-          Buffer buffer(dtype, count);
-          for (size_t i = 0; i < count; ++i) {
-            buffer.Set(i, Value(dtype, comm.rank(), i));
-          }
-          comm.broadcast(buffer.data(), count, dtype, root);
-          EXPECT_VALUES(count, buffer.At(i_), Value(dtype, root, i_),
-                        Label("broadcast", dtype, count, comm.rank()) +
-                            " from root " + std::to_string(root));
-        }
-      }
-    }
-  });
+  Run([](Communicator& comm) { CheckBroadcastFromEveryRoot(comm); });
 }
 
 TEST_P(ConformanceTest, BarrierWaitsForTheSlowestRank) {
@@ -425,10 +258,7 @@ INSTANTIATE_TEST_SUITE_P(
     Backends, ConformanceTest,
     ::testing::Combine(::testing::ValuesIn(GetConformanceSetup().backends),
                        ::testing::Values(1, 2, 3, 4)),
-    [](const ::testing::TestParamInfo<std::tuple<std::string, int>>& info) {
-      return std::get<0>(info.param) + "_world" +
-             std::to_string(std::get<1>(info.param));
-    });
+    conformance_internal::BackendWorldName);
 
 }  // namespace
 }  // namespace accel::testing

@@ -165,9 +165,14 @@ GlooTransport::GlooTransport(const BackendContext& context, GlooOptions options)
     local_rank_ = local_rank_of_[rank()];
     if (hosts_[host_].size() > 1) {
       PrefixStore store("shm/" + std::to_string(host_), context.store);
+      // Its messages name ranks in the job, in a process subgroup too.
+      std::vector<int> job_ranks = hosts_[host_];
+      if (!context.job_ranks.empty()) {
+        for (int& r : job_ranks) r = context.job_ranks[r];
+      }
       try {
         local_ = std::make_unique<SharedMemoryGroup>(
-            local_rank_, hosts_[host_], store, timeout,
+            local_rank_, job_ranks, store, timeout,
             options.shared_memory_options);
       } catch (const UsageError&) {
         throw;

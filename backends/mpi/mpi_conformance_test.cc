@@ -1,6 +1,7 @@
 // Runs the backend conformance suite (tests/conformance.cc) on MPI. MPI
 // cannot run ranks as threads, so this test starts itself under mpirun once
-// per world size (1 to 4): inside that job every process is one rank and
+// per world size (1 to 4, and 5 and 6 for the subgroup tests): inside that
+// job every process is one rank and
 // runs the suite's tests of its world size; outside, each world size is one
 // test, which passes when every rank passed the suite.
 //
@@ -55,15 +56,19 @@ std::string Self() {
 
 class MpiJob : public ::testing::TestWithParam<int> {};
 
-// The number of Backends/ConformanceTest tests for mpi at `world_size`,
-// which each rank of the job runs.
+// The number of Backends/ConformanceTest and ConformanceGroupTest tests for
+// mpi at `world_size`, which each rank of the job runs.
 int ConformanceTestsFor(int world_size) {
   const std::string suffix = "/mpi_world" + std::to_string(world_size);
   const auto& unit = *::testing::UnitTest::GetInstance();
   int count = 0;
   for (int s = 0; s < unit.total_test_suite_count(); ++s) {
     const ::testing::TestSuite& suite = *unit.GetTestSuite(s);
-    if (std::string(suite.name()) != "Backends/ConformanceTest") continue;
+    const std::string name = suite.name();
+    if (name != "Backends/ConformanceTest" &&
+        name != "Backends/ConformanceGroupTest") {
+      continue;
+    }
     for (int t = 0; t < suite.total_test_count(); ++t) {
       const std::string name = suite.GetTestInfo(t)->name();
       if (name.size() > suffix.size() &&
@@ -83,9 +88,9 @@ TEST_P(MpiJob, EveryRankPassesTheSuite) {
   if (limit != nullptr && world_size > std::atoi(limit)) {
     GTEST_SKIP() << "world size above ACCEL_CONFORMANCE_MAX_WORLD_SIZE";
   }
-  const std::string filter =
-      "--gtest_filter=Backends/ConformanceTest.*/mpi_world" +
-      std::to_string(world_size);
+  const std::string world = "/mpi_world" + std::to_string(world_size);
+  const std::string filter = "--gtest_filter=Backends/ConformanceTest.*" +
+                             world + ":Backends/ConformanceGroupTest.*" + world;
   const ProcessResult r = RunProcess(
       MpirunCommand(world_size, {Self(), filter}, {}),
       // The ranks run their whole suite, and leave Bazel's files alone.
@@ -105,7 +110,8 @@ TEST_P(MpiJob, EveryRankPassesTheSuite) {
       << r.output;
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, MpiJob, ::testing::Values(1, 2, 3, 4),
+INSTANTIATE_TEST_SUITE_P(WorldSizes, MpiJob,
+                         ::testing::Values(1, 2, 3, 4, 5, 6),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return "world" + std::to_string(info.param);
                          });

@@ -141,6 +141,33 @@ std::unique_ptr<Communicator> MakeMpiCommunicator(const BackendContext& context,
       std::make_unique<MpiTransport>(context, comm), context);
 }
 
+std::unique_ptr<Transport> MpiTransport::MakeGroup(
+    const Op& /*op*/, const BackendContext* group, int color, int key,
+    const TransportFactory& /*factory*/) {
+  MPI_Comm split = MPI_COMM_NULL;
+  {
+    // Blocking, under the lock: make groups before other threads run
+    // collectives on other communicators (docs/parallelism.md).
+    auto lock = MpiRuntime::Get().Lock();
+    if (MPI_Comm_split(comm_, group != nullptr ? color : MPI_UNDEFINED, key,
+                       &split) != MPI_SUCCESS) {
+      throw PeerError(Where() + "MPI_Comm_split failed");
+    }
+  }
+  if (group == nullptr) return nullptr;
+  std::unique_ptr<Transport> transport;
+  try {
+    transport = std::make_unique<MpiTransport>(*group, split);
+  } catch (...) {
+    auto lock = MpiRuntime::Get().Lock();
+    MPI_Comm_free(&split);
+    throw;
+  }
+  auto lock = MpiRuntime::Get().Lock();
+  MPI_Comm_free(&split);
+  return transport;
+}
+
 MpiTransport::~MpiTransport() {
   if (Finalized()) return;
   auto lock = MpiRuntime::Get().Lock();
@@ -336,6 +363,27 @@ void MpiTransport::RunAllgatherv(const Op& op, const void* input, void* output,
   Run(op, [&](MPI_Request* request) {
     return MPI_Iallgatherv(in, sizes[rank()], type, output, sizes.data(),
                            offsets.data(), type, comm_, request);
+  });
+}
+
+void MpiTransport::RunAllToAll(const Op& op, const void* input, void* output,
+                               const std::vector<size_t>& counts, DType dtype) {
+  const int n = size();
+  std::vector<int> send(n), send_at(n), receive(n), receive_at(n);
+  size_t sent = 0, received = 0;
+  for (int r = 0; r < n; ++r) {
+    send[r] = Count(counts[rank() * n + r]);
+    send_at[r] = Count(sent);
+    sent += counts[rank() * n + r];
+    receive[r] = Count(counts[r * n + rank()]);
+    receive_at[r] = Count(received);
+    received += counts[r * n + rank()];
+  }
+  const MPI_Datatype type = ElementType(dtype);
+  Run(op, [&](MPI_Request* request) {
+    return MPI_Ialltoallv(input, send.data(), send_at.data(), type, output,
+                          receive.data(), receive_at.data(), type, comm_,
+                          request);
   });
 }
 

@@ -81,6 +81,12 @@ class MpiTransport : public Transport {
   void RunBroadcast(const Op& op, void* buffer, size_t count, DType dtype,
                     int root) override;
   void RunBarrier(const Op& op) override;
+  void RunAllToAll(const Op& op, const void* input, void* output,
+                   const std::vector<size_t>& counts, DType dtype) override;
+  // MPI_Comm_split of this transport's communicator (every rank calls it).
+  std::unique_ptr<Transport> MakeGroup(
+      const Op& op, const BackendContext* group, int color, int key,
+      const TransportFactory& factory) override;
   void Abort() override;
   [[noreturn]] void OnBroken(const std::string& message) override;
   bool renewable() const override { return false; }

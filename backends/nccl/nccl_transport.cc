@@ -338,6 +338,32 @@ void NcclTransport::RunBroadcast(const Op& op, void* buffer, size_t count,
   });
 }
 
+void NcclTransport::RunAllToAll(const Op& op, const void* input, void* output,
+                                const std::vector<size_t>& counts,
+                                DType dtype) {
+  const int n = size();
+  const size_t element = ElementSize(dtype);
+  Run(op, [&](State& s) {
+    ncclGroupStart();
+    size_t sent = 0, received = 0;
+    for (int r = 0; r < n; ++r) {
+      const size_t out = counts[rank() * n + r] * element;
+      const size_t in = counts[r * n + rank()] * element;
+      if (out > 0) {
+        ncclSend(static_cast<const char*>(input) + sent, out, ncclUint8, r,
+                 s.comm, s.stream);
+      }
+      if (in > 0) {
+        ncclRecv(static_cast<char*>(output) + received, in, ncclUint8, r,
+                 s.comm, s.stream);
+      }
+      sent += out;
+      received += in;
+    }
+    return ncclGroupEnd();
+  });
+}
+
 void NcclTransport::RunBarrier(const Op& op) {
   Run(op, [&](State& s) {
     return ncclAllReduce(s.scratch, s.scratch, 1, ncclInt32, ncclSum, s.comm,

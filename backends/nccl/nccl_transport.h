@@ -44,6 +44,9 @@ class NcclTransport : public Transport {
   void RunBroadcast(const Op& op, void* buffer, size_t count, DType dtype,
                     int root) override;
   void RunBarrier(const Op& op) override;
+  // Grouped ncclSend/ncclRecv, one pair per rank with data to move.
+  void RunAllToAll(const Op& op, const void* input, void* output,
+                   const std::vector<size_t>& counts, DType dtype) override;
   void Abort() override;
 
  private:

@@ -159,8 +159,7 @@ std::vector<std::string> Communicator::ExchangeThroughStore(
 }
 
 std::string Communicator::Where() const {
-  return "[" + backend_name() + "] rank " + std::to_string(rank_) + "/" +
-         std::to_string(size_) + ": ";
+  return "[" + backend_name() + "] " + RankWhere(context_) + ": ";
 }
 
 void Communicator::FailUsage(const char* operation,
@@ -468,6 +467,12 @@ Communicator::Started Communicator::Start(const char* name,
   work_available_.notify_one();
   return started;
 }
+
+// For the operations defined in communicator_groups.cc and
+// communicator_all_to_all.cc, which pass their work as a Task.
+template Communicator::Started Communicator::Start<Communicator::Task>(
+    const char* name, const CollectiveOptions& options, std::string signature,
+    Task&& task, Mode mode, size_t bytes);
 
 void Communicator::WorkerLoop() {
   while (true) {

@@ -65,10 +65,6 @@ class Work {
   uint64_t sequence_;
 };
 
-// Makes a backend's transport for one rank (registry.h registers them).
-using TransportFactory =
-    std::function<std::unique_ptr<Transport>(const BackendContext&)>;
-
 class Communicator {
  public:
   // Takes the backend's transport, already joined with the other ranks.
@@ -138,6 +134,25 @@ class Communicator {
                      const CollectiveOptions& options = {});
   uint64_t barrier(const CollectiveOptions& options = {});
 
+  // All-to-all (MPI_Alltoall): block r of input (count elements) goes to
+  // rank r, and block q of output comes from rank q; input and output hold
+  // size() * count elements each and do not overlap. Ulysses-style context
+  // parallelism and mixture-of-experts routing exchange through it.
+  uint64_t all_to_all(const void* input, void* output, size_t count,
+                      DType dtype, const CollectiveOptions& options = {});
+  std::shared_ptr<Work> all_to_all_async(const void* input, void* output,
+                                         size_t count, DType dtype,
+                                         const CollectiveOptions& options = {});
+  // All-to-all with per-rank counts (MPI_Alltoallv): send_counts[r]
+  // elements to rank r, taken from input in rank order; recv_counts[q]
+  // elements from rank q, put into output in rank order. What rank q sends
+  // rank r must be what rank r expects from q: every rank checks the whole
+  // exchange first (one allgather of the counts) and a mismatch is a
+  // UsageError on every rank naming both ranks.
+  uint64_t all_to_allv(const void* input, std::vector<size_t> send_counts,
+                       void* output, std::vector<size_t> recv_counts,
+                       DType dtype, const CollectiveOptions& options = {});
+
   // Starting the work again on every rank, after one rank gave it up (it
   // ran out of memory, say) while the others may wait in collectives it
   // will never call:
@@ -166,6 +181,36 @@ class Communicator {
   // every rank's, in rank order. PeerError when a rank left the job first,
   // TimeoutError naming the ranks missing after the communicator's timeout.
   std::vector<std::string> ExchangeThroughStore(const std::string& mine);
+
+  // Process subgroups, as torch.distributed.new_group, MPI_Comm_split and
+  // ncclCommSplit make them. Collective over this communicator: every rank
+  // calls it, in the same order as its other collectives.
+  //
+  //   // 4 ranks: {0, 1} and {2, 3}, each a communicator of 2 ranks.
+  //   std::unique_ptr<Communicator> tp = comm.Split(comm.rank() / 2, 0, "tp");
+  //   tp->allreduce(data, n, DType::kFloat32, ReduceOp::kSum);
+  //
+  // Ranks that pass the same `color` form one group, ranked by `key`, then
+  // by their rank here; a rank that passes a negative color joins none and
+  // gets null. The group is a Communicator of its own, on this backend:
+  // its collectives run concurrently with other groups' and with this
+  // communicator's, its watchdog watches its ranks, and its messages name
+  // the group and each rank's rank in the job ("rank 4 (1 of group tp)").
+  // `name` may not be empty; a group's groups are named "dp/shard".
+  // Making a group costs one allgather here and the backend's own set-up
+  // among the group's ranks (its store keys, under a prefix of its own).
+  std::unique_ptr<Communicator> Split(int color, int key,
+                                      const std::string& name,
+                                      const CollectiveOptions& options = {});
+  // The group of `ranks` (ranks here, in the order given, each once); every
+  // rank calls it with the same list, and a rank not in it gets null.
+  std::unique_ptr<Communicator> NewGroup(const std::vector<int>& ranks,
+                                         const std::string& name,
+                                         const CollectiveOptions& options = {});
+  // "" for the job itself, else the group's name.
+  const std::string& group_name() const { return context_.group; }
+  // The rank in the job of this communicator's rank `rank`.
+  int job_rank(int rank) const;
 
   // "[gloo] rank 0/2: gather #3 (train.cc:75): ", the prefix of every
   // message about one call, for errors found in a collective's result.
@@ -209,6 +254,12 @@ class Communicator {
                              Mode mode);
   Started StartBroadcast(void* buffer, size_t count, DType dtype, int root,
                          const CollectiveOptions& options, Mode mode);
+  // `matrix` null: every rank sends count elements to every rank.
+  Started StartAllToAll(const void* input, void* output,
+                        std::vector<size_t> send_counts,
+                        std::vector<size_t> recv_counts, DType dtype,
+                        bool equal, const CollectiveOptions& options,
+                        Mode mode);
   static uint64_t Finish(const Started& started);
   void WorkerLoop();
   // Stops the worker (queued operations fail) and the watchdog, before the
@@ -239,6 +290,7 @@ class Communicator {
   const TransportFactory factory_;
   int generation_ = 0;
   int exchanges_ = 0;  // ExchangeThroughStore calls, the same on every rank.
+  int splits_ = 0;     // Split calls, the same on every rank.
   // Declared first, destroyed last: the worker and the watchdog use it.
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<Watchdog> watchdog_;

@@ -59,13 +59,16 @@ std::string DescribeCall(const RankStatus& status) {
 }
 
 std::string DescribeDeparture(int rank, const Departure& how) {
+  return DescribeDeparture("rank " + std::to_string(rank), how);
+}
+
+std::string DescribeDeparture(const std::string& who, const Departure& how) {
   if (how.kind == Departure::Kind::kUnreachable) {
-    return "rank " + std::to_string(rank) + " is unreachable (its machine" +
+    return who + " is unreachable (its machine" +
            (how.detail.empty() ? "" : " " + how.detail) +
            " stopped answering on the network)";
   }
-  return "rank " + std::to_string(rank) + " " + how.ToString() +
-         " (its process left the job)";
+  return who + " " + how.ToString() + " (its process left the job)";
 }
 
 }  // namespace accel

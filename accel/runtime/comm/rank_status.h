@@ -51,5 +51,7 @@ std::string DescribeCall(const RankStatus& status);
 // "rank 2 crashed (its process left the job)", "rank 3 is unreachable (its
 // machine 10.0.0.2:4000 stopped answering on the network)".
 std::string DescribeDeparture(int rank, const Departure& how);
+// The same for `who` ("rank 4 (1 of group tp)").
+std::string DescribeDeparture(const std::string& who, const Departure& how);
 
 }  // namespace accel

@@ -19,10 +19,38 @@ std::string CallSite::Parenthesized() const {
   return file == nullptr ? "" : " (" + ToString() + ")";
 }
 
+std::string RankName(const BackendContext& context, int rank) {
+  if (context.group.empty() || rank < 0 ||
+      rank >= static_cast<int>(context.job_ranks.size())) {
+    return "rank " + std::to_string(rank);
+  }
+  return "rank " + std::to_string(context.job_ranks[rank]) + " (" +
+         std::to_string(rank) + " of group " + context.group + ")";
+}
+
+std::string RankWhere(const BackendContext& context) {
+  const std::string position =
+      std::to_string(context.rank) + "/" + std::to_string(context.size);
+  if (context.group.empty() ||
+      context.rank >= static_cast<int>(context.job_ranks.size())) {
+    return "rank " + position;
+  }
+  return "rank " + std::to_string(context.job_ranks[context.rank]) + " (" +
+         position + " of group " + context.group + ")";
+}
+
 Transport::Transport(const BackendContext& context)
     : rank_(context.rank),
       size_(context.size),
+      where_(RankWhere(context)),
       checks_enabled_(context.options.check_collectives) {}
+
+std::unique_ptr<Transport> Transport::MakeGroup(
+    const Op& /*op*/, const BackendContext* group, int /*color*/, int /*key*/,
+    const TransportFactory& factory) {
+  if (group == nullptr) return nullptr;
+  return factory(*group);
+}
 
 void Transport::RequestAbort() {
   abort_requested_.store(true);
@@ -32,8 +60,7 @@ void Transport::RequestAbort() {
 Transport::~Transport() = default;
 
 std::string Transport::Where() const {
-  return "[" + backend_name() + "] rank " + std::to_string(rank_) + "/" +
-         std::to_string(size_) + ": ";
+  return "[" + backend_name() + "] " + where_ + ": ";
 }
 
 void Transport::FailUsage(const char* operation,
@@ -65,6 +92,28 @@ std::chrono::steady_clock::time_point Transport::Op::Deadline() const {
                         ? std::chrono::steady_clock::now()
                         : started;
   return from + timeout;
+}
+
+void Transport::RunAllToAll(const Op& op, const void* input, void* output,
+                            const std::vector<size_t>& counts, DType dtype) {
+  const size_t element = ElementSize(dtype);
+  std::vector<size_t> sent(size_, 0);  // Each rank's whole input.
+  for (int q = 0; q < size_; ++q) {
+    for (int r = 0; r < size_; ++r) sent[q] += counts[q * size_ + r];
+  }
+  const size_t total = std::accumulate(sent.begin(), sent.end(), size_t{0});
+  std::vector<char> everything(total * element);
+  if (total > 0) RunAllgatherv(op, input, everything.data(), sent, dtype);
+  char* out = static_cast<char*>(output);
+  size_t segment = 0;  // Where rank q's input starts in `everything`.
+  for (int q = 0; q < size_; ++q) {
+    size_t at = segment;
+    for (int r = 0; r < rank_; ++r) at += counts[q * size_ + r];
+    const size_t n = counts[q * size_ + rank_] * element;
+    if (n > 0) std::memcpy(out, everything.data() + at * element, n);
+    out += n;
+    segment += sent[q];
+  }
 }
 
 void Transport::AgreeOnCall(const Op& op) {

@@ -29,6 +29,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -95,7 +96,24 @@ struct BackendContext {
   // Bound on connecting to the other ranks; zero means options.timeout.
   // ProcessGroup passes what is left of the rendezvous timeout.
   std::chrono::milliseconds connect_timeout{0};
+  // A process subgroup (Communicator::Split): its name ("tp", "dp/shard")
+  // and job_ranks[r], the rank in the job of its rank r. Both empty for the
+  // job itself, where rank is the job's rank. local_rank stays the job's
+  // (it picks the GPU).
+  std::string group;
+  std::vector<int> job_ranks;
 };
+
+// How messages name rank `rank` of the ranks `context` joins: "rank 3" in
+// the job, "rank 4 (1 of group tp)" in a subgroup.
+std::string RankName(const BackendContext& context, int rank);
+// This rank for message prefixes: "rank 1/2", "rank 4 (1/3 of group tp)".
+std::string RankWhere(const BackendContext& context);
+
+class Transport;
+// Makes a backend's transport for one rank (registry.h registers them).
+using TransportFactory =
+    std::function<std::unique_ptr<Transport>(const BackendContext&)>;
 
 class Transport {
  public:
@@ -147,6 +165,24 @@ class Transport {
   virtual void RunBroadcast(const Op& op, void* buffer, size_t count,
                             DType dtype, int root) = 0;
   virtual void RunBarrier(const Op& op) = 0;
+  // counts[q * size() + r] elements go from rank q to rank r: from this
+  // rank's input in rank order, into its output in rank order. The default
+  // gathers every rank's whole input on every rank (allgatherv) and keeps
+  // this rank's blocks: size() times the traffic of a native exchange,
+  // for backends with nothing better.
+  virtual void RunAllToAll(const Op& op, const void* input, void* output,
+                           const std::vector<size_t>& counts, DType dtype);
+
+  // The transport of a process subgroup (Communicator::Split), made while
+  // `op` runs on every rank of this transport: `group` is this rank's
+  // group, or null for a rank in none; `color` and `key` as Split got them.
+  // The default makes a new transport of this backend over the group's own
+  // store keys with `factory` (only the group's ranks take part); MPI
+  // splits its communicator instead, which every rank must call.
+  virtual std::unique_ptr<Transport> MakeGroup(const Op& op,
+                                               const BackendContext* group,
+                                               int color, int key,
+                                               const TransportFactory& factory);
 
   // From another thread (the watchdog): make the running operation fail
   // soon. Records the request (abort_requested()), then calls Abort().
@@ -161,7 +197,8 @@ class Transport {
  protected:
   explicit Transport(const BackendContext& context);
 
-  // "[gloo] rank 1/2: ", the prefix of every message about this rank.
+  // "[gloo] rank 1/2: ", the prefix of every message about this rank
+  // ("[gloo] rank 4 (1/3 of group tp): " in a subgroup).
   std::string Where() const;
   // Throws UsageError "<where><operation>: <message>".
   [[noreturn]] void FailUsage(const char* operation,
@@ -186,6 +223,7 @@ class Transport {
  private:
   const int rank_;
   const int size_;
+  const std::string where_;  // Where() but for the backend's name.
   const bool checks_enabled_;
   std::atomic<bool> abort_requested_{false};
 };

@@ -46,6 +46,10 @@ Watchdog::Watchdog(const BackendContext& context, std::shared_ptr<Store> store,
     : rank_(context.rank),
       size_(context.size),
       local_size_(std::max(1, context.local_size)),
+      naming_{.rank = context.rank,
+              .size = context.size,
+              .group = context.group,
+              .job_ranks = context.job_ranks},
       options_(context.options),
       checks_(context.options.check_collectives),
       store_(std::move(store)),
@@ -197,12 +201,12 @@ std::string Watchdog::DescribeRanks(const std::vector<RankStatus>& statuses,
       last.api = completed.api;
       last.site = completed.site;
     }
-    std::string text = "rank " + std::to_string(r) + " ";
+    std::string text = Name(r) + " ";
     if (s.departed && checks_.Differs(s, mine)) {
       text += "is in " + DescribeCall(s) + " [" + s.signature +
               "]; it has left the job since (" + s.departed->ToString() + ")";
     } else if (s.departed) {
-      text = DescribeDeparture(r, *s.departed);
+      text = DescribeDeparture(Name(r), *s.departed);
     } else if (s.silent) {
       text += "is not responding (its status has not changed for " +
               Seconds(s.silent_for) +
@@ -223,8 +227,8 @@ std::string Watchdog::DescribeRanks(const std::vector<RankStatus>& statuses,
     others += (others.empty() ? "" : ", ") + text;
   }
   if (others.empty()) return "";
-  return others + " while rank " + std::to_string(rank_) + " waits in " +
-         DescribeCall(mine) + " [" + mine.signature + "]";
+  return others + " while " + Name(rank_) + " waits in " + DescribeCall(mine) +
+         " [" + mine.signature + "]";
 }
 
 std::string Watchdog::AwaitDepartures(int* failed_rank) {
@@ -238,7 +242,8 @@ std::string Watchdog::AwaitDepartures(int* failed_rank) {
         std::string text;
         for (const auto& [rank, how] : departed) {
           Blame(rank, how, failed_rank);
-          text += (text.empty() ? "" : ", ") + DescribeDeparture(rank, how);
+          text +=
+              (text.empty() ? "" : ", ") + DescribeDeparture(Name(rank), how);
         }
         return text;
       }
@@ -271,10 +276,10 @@ std::optional<Watchdog::Verdict> Watchdog::ReadInterruption() {
   const int rank = std::atoi(value->substr(0, newline).c_str());
   const std::string reason =
       newline == std::string::npos ? "" : value->substr(newline + 1);
-  return Verdict{Verdict::Kind::kInterrupted,
-                 "rank " + std::to_string(rank) +
-                     " interrupted the collectives of every rank: " + reason,
-                 rank};
+  return Verdict{
+      Verdict::Kind::kInterrupted,
+      Name(rank) + " interrupted the collectives of every rank: " + reason,
+      rank};
 }
 
 void Watchdog::Check(const RankStatus& mine) {
@@ -398,7 +403,8 @@ std::exception_ptr Watchdog::Diagnose(const std::string& what,
       const std::optional<Departure>& how = picture.statuses[r].departed;
       if (!how) continue;
       Blame(r, *how, &failed_rank);
-      departed += (departed.empty() ? "" : ", ") + DescribeDeparture(r, *how);
+      departed +=
+          (departed.empty() ? "" : ", ") + DescribeDeparture(Name(r), *how);
     }
     if (departed.empty() && peer != nullptr) {
       departed = AwaitDepartures(&failed_rank);

@@ -111,6 +111,8 @@ class Watchdog {
   // "rank 1 is in gather #12 (train.cc:75)" for every other rank.
   std::string DescribeRanks(const std::vector<RankStatus>& statuses,
                             const RankStatus& mine, bool only_differing) const;
+  // "rank 3", or "rank 4 (1 of group tp)" in a subgroup.
+  std::string Name(int rank) const { return RankName(naming_, rank); }
   // After a broken connection: the departed ranks, once the store knows.
   std::string AwaitDepartures(int* failed_rank);
   void Loop();
@@ -120,6 +122,7 @@ class Watchdog {
   const int rank_;
   const int size_;
   const int local_size_;
+  const BackendContext naming_;  // For Name(): the group and its job ranks.
   const CommunicatorOptions options_;
   const CollectiveChecks checks_;
   const std::shared_ptr<Store> store_;
