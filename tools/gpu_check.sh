@@ -109,9 +109,10 @@ units() { find "$@" -name '*.cc' ! -name '*_test.cc' | sed 's/\.cc$//' | sort; }
 CORE="$(units accel/runtime) accel/tracking/tracker accel/tracking/tracker_set
       backends/nccl/nccl_transport"
 TORCH_UNITS="$(units accel ! -path 'accel/runtime/*' ! -path 'accel/tracking/*')
-             examples/train_demo"
-TEST_UNITS="tests/conformance tests/conformance_collectives tests/thread_ranks
-            backends/nccl/nccl_conformance_test
+             examples/train_demo examples/progress_bar"
+# The conformance suite is every tests/conformance*.cc, found like CORE.
+CONFORMANCE_UNITS="$(units tests/conformance*.cc) tests/thread_ranks"
+TEST_UNITS="$CONFORMANCE_UNITS backends/nccl/nccl_conformance_test
             tools/bench/nccl_bandwidth"
 compile() {  # compile UNIT [extra flags]
   local unit=$1; shift
@@ -135,7 +136,7 @@ printf '%s\n' $TORCH_UNITS | xargs -P "$(nproc)" -I{} bash -c "$torch_step {} \$
 o() { for u in "$@"; do printf '%s ' "$BUILD/obj/${u//\//_}.o"; done; }
 programs="nccl_conformance_test, nccl_bandwidth"
 if [ $build_ok = 1 ]; then
-  $CXX -o "$BUILD/nccl_conformance_test" $(o $CORE tests/conformance tests/conformance_collectives tests/thread_ranks backends/nccl/nccl_conformance_test) \
+  $CXX -o "$BUILD/nccl_conformance_test" $(o $CORE $CONFORMANCE_UNITS backends/nccl/nccl_conformance_test) \
     $DEPS_LIB -lgtest_main -lgtest $GLOG_LIBS $CUDA_LIBS -pthread 2> "$LOGS/link_test.log" || build_ok=0
   $CXX -o "$BUILD/nccl_bandwidth" $(o $CORE tools/bench/nccl_bandwidth) \
     $DEPS_LIB $GLOG_LIBS $CUDA_LIBS -pthread 2> "$LOGS/link_bench.log" || build_ok=0
