@@ -134,6 +134,7 @@ Accelerator::Accelerator(AcceleratorOptions options)
         "fail; use bfloat16 there");
   }
   state_->num_processes = num_processes();
+  MakeDeviceMesh();
   state_->split_batches = options_.dataloader_config.split_batches;
   state_->agree_metric = [this](double metric) {
     return AgreeOnMetric(metric);
@@ -178,7 +179,7 @@ void Accelerator::ClipBeforeEachStep() {
     }
     const double max_norm = options_.gradient_clipping;
     if (prepared.zero != nullptr) {
-      ClipGradNormAcrossShards(communicator(), {prepared.zero.get()},
+      ClipGradNormAcrossShards(ShardGroup(), {prepared.zero.get()},
                                prepared.zero->parameters(), max_norm, 2.0,
                                site);
       return;
@@ -312,6 +313,7 @@ void Accelerator::DetachFromTheGroup() {
   for (ZeroOptimizer* zero : state_->prepared.sharded_optimizers()) {
     zero->LeaveJob();
   }
+  state_->mesh.reset();
   group_.reset();
 }
 
@@ -477,8 +479,8 @@ double Accelerator::clip_grad_norm_(
   const std::vector<ZeroOptimizer*> sharded =
       state_->prepared.sharded_optimizers();
   if (!sharded.empty()) {
-    return ClipGradNormAcrossShards(communicator(), sharded, parameters,
-                                    max_norm, norm_type, site);
+    return ClipGradNormAcrossShards(ShardGroup(), sharded, parameters, max_norm,
+                                    norm_type, site);
   }
   return ClipGradNorm(parameters, max_norm, norm_type);
 }

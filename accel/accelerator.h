@@ -132,6 +132,30 @@ class Accelerator {
   const std::string& project_dir() const { return options_.project_dir; }
   Communicator& communicator();
 
+  // --- N-D parallelism (AcceleratorOptions::parallelism_config) -----------
+  // The parallelism config resolved for this job (all ones become
+  // dp_replicate = num_processes), or nullopt without one.
+  const std::optional<ParallelismConfig>& parallelism_config() const {
+    return parallelism_config_;
+  }
+  // The device mesh with a group per dimension (accel's DeviceMesh, under
+  // Accelerate's name), or null without a parallelism config or with one
+  // process.
+  //   accel::Communicator& tp = accelerator.torch_device_mesh()->group("tp");
+  DeviceMesh* torch_device_mesh() const { return state_->mesh.get(); }
+  // This process's coordinate along dp_replicate, dp_shard, tp and cp (0
+  // where the mesh has no such dimension). UsageError without a
+  // parallelism config, as Accelerate raises.
+  int data_parallel_rank() const;
+  int data_parallel_shard_rank() const;
+  int tensor_parallel_rank() const;
+  int context_parallel_rank() const;
+  // The ranks that see different batches (dp_replicate x dp_shard; every
+  // process without a mesh), and this process's index among them: what
+  // prepared data loaders shard over.
+  int data_parallel_size() const;
+  int data_parallel_index() const;
+
   // --- Preparation -------------------------------------------------------
   // Returns its arguments prepared, in order (a single argument comes back
   // alone):
@@ -522,6 +546,20 @@ class Accelerator {
   std::vector<std::pair<std::shared_ptr<DataLoaderState>, std::optional<bool>>>
       join_saved_even_batches_;
 
+  // The groups of the mesh that accel's own work runs over; without a mesh
+  // each is the whole job. DataGroup: ranks with different batches
+  // (gather, reduce, loaders). GradientGroup: ranks whose gradients are
+  // averaged (dp x cp; every rank that holds the same tensor-parallel
+  // slice). ShardGroup: what ZeRO shards over (dp_shard x cp).
+  Communicator& DataGroup();
+  Communicator& GradientGroup();
+  Communicator& ShardGroup();
+  // dp_replicate's group when it has several ranks (HSDP), else null.
+  Communicator* ReplicaGroup();
+  // Builds the mesh of options_.parallelism_config (a collective).
+  void MakeDeviceMesh();
+  int MeshCoordinate(const char* dimension, const char* api) const;
+
   // The gradient synchronizer of a prepared model (null with one process).
   GradientReducer* SynchronizerOf(const torch::nn::Module* model,
                                   const char* operation);
@@ -588,6 +626,7 @@ class Accelerator {
 
   DistributedEnvironment env_;
   AcceleratorOptions options_;
+  std::optional<ParallelismConfig> parallelism_config_;  // Resolved.
   std::string backend_;
   torch::Device device_ = torch::kCPU;
   // Shared by every Accelerator of this process (see JoinOrShareTheJob).

@@ -24,7 +24,7 @@ CollectiveOptions Accelerator::At(CallSite site, const char* api) const {
 torch::Tensor Accelerator::GatherOne(const torch::Tensor& tensor, CallSite site,
                                      const char* api, bool drop_duplicates) {
   RECORD_USER_SCOPE("accel::gather");
-  torch::Tensor gathered = Gather(communicator(), tensor, At(site, api));
+  torch::Tensor gathered = Gather(DataGroup(), tensor, At(site, api));
   if (!drop_duplicates || gathered.dim() == 0) return gathered;
   const int64_t keep = SamplesToKeep(gathered.size(0));
   return keep == gathered.size(0) ? gathered : gathered.narrow(0, 0, keep);
@@ -42,7 +42,7 @@ torch::Tensor Accelerator::ReduceOne(const torch::Tensor& tensor,
                                      const std::string& reduction,
                                      CallSite site) {
   RECORD_USER_SCOPE("accel::reduce");
-  return ReduceTensor(communicator(), tensor, reduction, At(site));
+  return ReduceTensor(DataGroup(), tensor, reduction, At(site));
 }
 
 torch::Tensor Accelerator::BroadcastOne(const torch::Tensor& tensor,
@@ -54,7 +54,7 @@ torch::Tensor Accelerator::BroadcastOne(const torch::Tensor& tensor,
 torch::Tensor Accelerator::pad_across_processes(const torch::Tensor& tensor,
                                                 int64_t dim, double pad_index,
                                                 bool pad_first, CallSite site) {
-  return PadAcrossProcesses(communicator(), tensor, dim, pad_index, pad_first,
+  return PadAcrossProcesses(DataGroup(), tensor, dim, pad_index, pad_first,
                             At(site));
 }
 

@@ -92,7 +92,10 @@ Values Accelerator::gather_for_metrics(const Values& values, CallSite site) {
                        /*drop_duplicates=*/true);
     });
   } else {
-    Values all = gather_object(values, site);
+    // Over the data-parallel ranks, as the tensors (gather_object itself
+    // runs over every process).
+    Values all =
+        GatherObject(DataGroup(), values, At(site, "gather_for_metrics"));
     const int64_t keep = SamplesToKeep(static_cast<int64_t>(all.size()));
     all.resize(static_cast<size_t>(keep));
     return all;
@@ -245,7 +248,7 @@ auto Accelerator::PrepareOne(T&& object) {
     if (config.data_seed) loader.seed = *config.data_seed;
     if (!config.non_blocking) loader.pin_memory = false;
     U sharded = configured.Shard(
-        process_index(), num_processes(), device_,
+        data_parallel_index(), data_parallel_size(), device_,
         std::shared_ptr<GradientState>(state_, &state_->gradients));
     if (config.dispatch_batches && use_distributed()) {
       if (!sharded.options().even_batches) {

@@ -1,6 +1,9 @@
 #include "accel/accelerator_options.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <sstream>
 #include <variant>
 
@@ -27,19 +30,37 @@ int ParseShardingStrategy(const std::string& text) {
   if (text == "FULL_SHARD" || text == "1") return 3;
   if (text == "SHARD_GRAD_OP" || text == "2") return 2;
   if (text == "NO_SHARD" || text == "3") return 0;
-  if (text == "HYBRID_SHARD" || text == "HYBRID_SHARD_ZERO2" || text == "4" ||
-      text == "5") {
-    throw UsageError(
-        "--fsdp_sharding_strategy=" + text + " (" +
-        flags::fsdp_sharding_strategy.source() +
-        "): hybrid sharding (shard within a machine, replicate across "
-        "machines) is not in accel; give FULL_SHARD or SHARD_GRAD_OP, which "
-        "shard over every process");
-  }
+  if (text == "HYBRID_SHARD" || text == "4") return 3;
+  if (text == "HYBRID_SHARD_ZERO2" || text == "5") return 2;
   throw UsageError(
-      "--fsdp_sharding_strategy must be FULL_SHARD, SHARD_GRAD_OP or "
-      "NO_SHARD (or Accelerate's numbers 1-3 for them), found " +
+      "--fsdp_sharding_strategy must be FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, "
+      "HYBRID_SHARD or HYBRID_SHARD_ZERO2 (or Accelerate's numbers 1-5 for "
+      "them), found " +
       Excerpt(text) + " (" + flags::fsdp_sharding_strategy.source() + ")");
+}
+
+bool IsHybridShardingStrategy(const std::string& text) {
+  return text == "HYBRID_SHARD" || text == "HYBRID_SHARD_ZERO2" ||
+         text == "4" || text == "5";
+}
+
+ParallelismConfig HybridShardingConfig(int num_processes,
+                                       int processes_per_machine) {
+  if (processes_per_machine < 1 || num_processes % processes_per_machine != 0) {
+    throw UsageError(
+        "hybrid sharding (--fsdp_sharding_strategy=HYBRID_SHARD) shards "
+        "within each machine, but the " +
+        std::to_string(num_processes) +
+        " processes do not split evenly into "
+        "machines of " +
+        std::to_string(processes_per_machine) +
+        "; give a parallelism_config (--parallelism_config_dp_shard_size) "
+        "instead");
+  }
+  ParallelismConfig config;
+  config.dp_shard_size = processes_per_machine;
+  config.dp_replicate_size = num_processes / processes_per_machine;
+  return config;
 }
 
 int ZeroStageFromFlags() {
@@ -83,6 +104,37 @@ int ZeroStageFromFlags() {
   return fsdp_stage;
 }
 
+std::optional<ParallelismConfig> ParallelismConfigFromFlags() {
+  const ProgramFlag<int32_t>* sizes[] = {
+      &flags::parallelism_config_dp_replicate_size,
+      &flags::parallelism_config_dp_shard_size,
+      &flags::parallelism_config_tp_size, &flags::parallelism_config_cp_size};
+  bool wanted = flags::use_parallelism_config.value();
+  for (const ProgramFlag<int32_t>* size : sizes) wanted |= size->given();
+  const char* use = std::getenv("ACCELERATE_USE_PARALLELISM_CONFIG");
+  if (use != nullptr) {
+    std::string text = use;
+    std::transform(text.begin(), text.end(), text.begin(),
+                   [](unsigned char c) { return std::tolower(c); });
+    wanted |= text == "true" || text == "1" || text == "yes";
+  }
+  for (const char* variable :
+       {"PARALLELISM_CONFIG_DP_REPLICATE_SIZE",
+        "PARALLELISM_CONFIG_DP_SHARD_SIZE", "PARALLELISM_CONFIG_TP_SIZE",
+        "PARALLELISM_CONFIG_CP_SIZE"}) {
+    const char* value = std::getenv(variable);
+    wanted |= value != nullptr && *value != '\0';
+  }
+  if (!wanted) return std::nullopt;
+  ParallelismConfig config = ParallelismConfig::FromEnvironment();
+  int* fields[] = {&config.dp_replicate_size, &config.dp_shard_size,
+                   &config.tp_size, &config.cp_size};
+  for (size_t i = 0; i < 4; ++i) {
+    if (sizes[i]->given()) *fields[i] = sizes[i]->value();
+  }
+  return config;
+}
+
 AcceleratorOptions AcceleratorOptions::FromFlags() {
   // Checked here too (a program without InitProgram), so that the
   // message names the flag.
@@ -105,9 +157,13 @@ AcceleratorOptions AcceleratorOptions::FromFlags() {
   options.cpu = flags::cpu.value();
   options.zero_stage = ZeroStageFromFlags();
   options.use_fsdp = flags::use_fsdp.value();
+  options.hybrid_shard =
+      options.use_fsdp &&
+      IsHybridShardingStrategy(flags::fsdp_sharding_strategy.value());
   options.fsdp_layer_to_wrap =
       flags::fsdp_transformer_layer_cls_to_wrap.value();
   options.invariant_micro_batches = flags::invariant_micro_batches.value();
+  options.parallelism_config = ParallelismConfigFromFlags();
   return options;
 }
 
@@ -187,6 +243,29 @@ void CheckPolicy(const MixedPrecisionPolicy& policy) {
   check(policy.buffer_dtype, "buffer_dtype");
 }
 
+// What a parallelism config needs of the other options; the process count
+// is checked where it is known (the Accelerator, ParallelismConfig::
+// Resolved).
+void ValidateParallelism(const AcceleratorOptions& options) {
+  const ParallelismConfig& config = *options.parallelism_config;
+  // Resolved's checks that need no process count (sizes, combinations).
+  config.Resolved(config.total_size());
+  if (config.dp_shard_size > 1 && options.zero_stage == 0) {
+    throw UsageError(
+        "parallelism config: dp_shard_size " +
+        std::to_string(config.dp_shard_size) +
+        " shards the training state over its ranks, but zero_stage is 0 "
+        "(DDP, nothing sharded); give --zero_stage 1-3 (or --use_fsdp), or "
+        "make those ranks replicas (dp_replicate_size)");
+  }
+  if (options.invariant_micro_batches != 0) {
+    throw UsageError(
+        "invariant_micro_batches does not combine with a parallelism config "
+        "(" +
+        config.ToString() + "): its tree reduction runs over every process");
+  }
+}
+
 }  // namespace
 
 void AcceleratorOptions::Validate() const {
@@ -257,6 +336,13 @@ void AcceleratorOptions::Validate() const {
                        "reduce_dtype: they would round the sums this mode "
                        "keeps exact");
     }
+  }
+  if (options.parallelism_config) ValidateParallelism(options);
+  if (options.hybrid_shard && options.zero_stage == 0) {
+    throw UsageError(
+        "hybrid_shard (--fsdp_sharding_strategy=HYBRID_SHARD) shards within "
+        "each machine, but zero_stage is 0 (nothing sharded); give "
+        "zero_stage 2 or 3");
   }
   if (options.total_limit < 0) {
     throw UsageError("total_limit must not be negative, found " +
@@ -350,12 +436,26 @@ void AcceleratorOptions::AdoptGivenFlags(bool is_main_process) {
             "zero_stage", given_stage, &overridden);
   AdoptFlag(flags::use_fsdp, options.use_fsdp, builtin.use_fsdp, "use_fsdp",
             same, &overridden);
+  if (flags::use_fsdp.value()) {
+    AdoptFlag(flags::fsdp_sharding_strategy, options.hybrid_shard,
+              builtin.hybrid_shard, "hybrid_shard", IsHybridShardingStrategy,
+              &overridden);
+  }
   AdoptFlag(flags::fsdp_transformer_layer_cls_to_wrap,
             options.fsdp_layer_to_wrap, builtin.fsdp_layer_to_wrap,
             "fsdp_layer_to_wrap", same, &overridden);
   AdoptFlag(flags::invariant_micro_batches, options.invariant_micro_batches,
             builtin.invariant_micro_batches, "invariant_micro_batches", same,
             &overridden);
+  // The sizes go together: a program's parallelism_config wins whole.
+  const std::optional<ParallelismConfig> given = ParallelismConfigFromFlags();
+  if (given && !options.parallelism_config) {
+    options.parallelism_config = given;
+  } else if (given && *options.parallelism_config != *given) {
+    overridden.push_back(
+        "--parallelism_config_* (" + given->ToString() +
+        ") by parallelism_config = " + options.parallelism_config->ToString());
+  }
   if (overridden.empty() || !is_main_process) return;
   std::string listed;
   for (const std::string& item : overridden) {

@@ -20,6 +20,7 @@
 #include "accel/kwargs_handlers.h"
 #include "accel/optim/grad_scaler.h"
 #include "accel/parallel/gradient_sync.h"
+#include "accel/runtime/comm/device_mesh.h"
 
 namespace accel {
 
@@ -29,11 +30,26 @@ enum class MixedPrecision { kNo, kBf16, kFp16 };
 MixedPrecision ParseMixedPrecision(const std::string& text);
 
 // Accelerate's FSDP sharding strategy as a ZeRO stage: FULL_SHARD (or 1) is
-// 3, SHARD_GRAD_OP (2) is 2, NO_SHARD (3) is 0; hybrid sharding is refused.
+// 3, SHARD_GRAD_OP (2) is 2, NO_SHARD (3) is 0, HYBRID_SHARD (4) is 3 and
+// HYBRID_SHARD_ZERO2 (5) is 2, sharded within each machine and replicated
+// across machines (IsHybridShardingStrategy, HybridShardingConfig).
 int ParseShardingStrategy(const std::string& text);
+bool IsHybridShardingStrategy(const std::string& text);
+// FSDP's hybrid sharding as a device mesh: dp_shard = the processes of one
+// machine, dp_replicate = the machines. UsageError when the processes do
+// not split evenly over machines.
+ParallelismConfig HybridShardingConfig(int num_processes,
+                                       int processes_per_machine);
 // The stage --zero_stage, or --use_fsdp with --fsdp_sharding_strategy,
 // asks for; a UsageError naming the flags when they disagree.
 int ZeroStageFromFlags();
+
+// The parallelism config the flags and environment give: the
+// --parallelism_config_*_size flags (each given one), over Accelerate's
+// PARALLELISM_CONFIG_* variables; nullopt when none of them, nor
+// --use_parallelism_config or ACCELERATE_USE_PARALLELISM_CONFIG=true, is
+// given.
+std::optional<ParallelismConfig> ParallelismConfigFromFlags();
 
 // Accelerate's DataLoaderConfiguration: what prepare() changes in every
 // data loader it prepares, over the loader's own DataLoaderOptions.
@@ -147,6 +163,24 @@ struct AcceleratorOptions {
   // Whether the stage is Accelerate's FSDP (--use_fsdp): it only names the
   // run (distributed_type() FSDP rather than DEEPSPEED).
   bool use_fsdp = false;
+  // FSDP's HYBRID_SHARD strategies (--fsdp_sharding_strategy): without a
+  // parallelism_config, ZeRO shards within each machine and replicates
+  // across machines (HybridShardingConfig); on one machine it is the
+  // stage alone. Needs zero_stage 1-3.
+  bool hybrid_shard = false;
+  // Accelerate's parallelism_config: the processes laid out on a device
+  // mesh, dp_replicate x dp_shard x cp x tp (accel/runtime/comm/
+  // device_mesh.h). Unset: no mesh; every process is a data-parallel rank
+  // and ZeRO shards over all of them. Set (with several processes): ZeRO
+  // shards within dp_shard (x cp) and replicates across dp_replicate
+  // (hybrid sharding, HSDP: gradients reduce-scattered in the shard
+  // group, then all-reduced across replicas); data loaders shard over the
+  // data-parallel ranks (dp_replicate x dp_shard), so that the ranks of a
+  // tp or cp group get the same batches; gather, gather_for_metrics,
+  // reduce and pad_across_processes run over those ranks, and gradients
+  // are averaged over dp x cp. dp_shard_size above 1 needs zero_stage 1-3.
+  // All ones is plain data parallelism over every process.
+  std::optional<ParallelismConfig> parallelism_config;
   // Stage 3: the class of the layers that become units (Accelerate's
   // fsdp_transformer_layer_cls_to_wrap, e.g. "TransformerEncoderLayer");
   // empty: the modules marked with accel::fully_shard, else the children of
@@ -174,8 +208,8 @@ struct AcceleratorOptions {
   // --collective_checks, --report_to,
   // --logging_dir, --reuse_host_memory, --cpu, --zero_stage (or --use_fsdp
   // with --fsdp_sharding_strategy) and
-  // --fsdp_transformer_layer_cls_to_wrap, --invariant_micro_batches (see
-  // accel/runtime/launch/program.h).
+  // --fsdp_transformer_layer_cls_to_wrap, --invariant_micro_batches,
+  // --parallelism_config_*_size (see accel/runtime/launch/program.h).
   static AcceleratorOptions FromFlags();
 
   // Sets the fields kwargs_handlers name (the Accelerator calls it first).

@@ -77,7 +77,8 @@ void Accelerator::PrepareModule(
     names.push_back(entry.name);
     tensors.push_back(entry.tensor);
   }
-  BroadcastCoalesced(communicator(), names, tensors, 0,
+  // Within the ranks that hold the same tensor-parallel slice.
+  BroadcastCoalesced(GradientGroup(), names, tensors, 0,
                      At(CallSite::Here(), "prepare"));
   std::vector<ShardedUnit> units;
   if (options_.zero_stage == 3) {
@@ -105,7 +106,7 @@ void Accelerator::PrepareModule(
     GradientSyncOptions sync = options_.gradient_sync;
     sync.reduce_dtype = policy.reduce_dtype;
     reducer = std::make_unique<GradientSynchronizer>(
-        communicator(), UniqueParameters(*module), sync, module->buffers());
+        GradientGroup(), UniqueParameters(*module), sync, module->buffers());
   }
   state_->prepared.AddModel(module, std::move(reducer), std::move(units));
 }
@@ -185,9 +186,12 @@ std::shared_ptr<PreparedOptimizer> Accelerator::PrepareOptimizer(
   }
   const MixedPrecisionPolicy policy = PrecisionPolicy();
   auto zero = std::make_shared<ZeroOptimizer>(
-      communicator(), stage, optimizer, model->parameters(), unit_parameters,
+      ShardGroup(), stage, optimizer, model->parameters(), unit_parameters,
       ZeroPrecision{policy.param_dtype, policy.reduce_dtype,
                     policy.cast_forward_inputs});
+  if (Communicator* replicas = ReplicaGroup()) {
+    zero->ReplicateAcross(*replicas, GradientGroup());
+  }
   for (size_t u = 0; u < units.size(); ++u) {
     AttachUnit(units[u], zero->unit_runner(), u);
   }
@@ -207,7 +211,7 @@ std::shared_ptr<PreparedOptimizer> Accelerator::PrepareOptimizer(
     state_->prepared.ReplaceSynchronizer(
         model.get(),
         std::make_unique<GradientSynchronizer>(
-            communicator(), UniqueParameters(*model), sync, model->buffers()));
+            GradientGroup(), UniqueParameters(*model), sync, model->buffers()));
   }
   if (zero->mixed_precision() && is_main_process()) {
     ACCEL_LOG(INFO) << "mixed precision under ZeRO stage " << stage

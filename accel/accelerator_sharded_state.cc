@@ -44,6 +44,9 @@ struct Slot {
   int64_t begin = 0;
   torch::Tensor values;
   bool whole = false;
+  // Whether this rank writes it: under HSDP replica 0's ranks write ZeRO's
+  // pieces, the others hold the same values.
+  bool saved = true;
 };
 
 class ShardPlan {
@@ -77,8 +80,11 @@ class ShardPlan {
         }
         for (const ZeroOptimizer::Piece& piece : prepared.zero->Pieces()) {
           Slot slot{NameOf(names, piece.parameter),
-                    piece.parameter.sizes().vec(), piece.begin, piece.values,
-                    false};
+                    piece.parameter.sizes().vec(),
+                    piece.begin,
+                    piece.values,
+                    false,
+                    prepared.zero->replica_index() == 0};
           pieces_.push_back(slot);
           part.slots.push_back(slot);
         }
@@ -104,6 +110,7 @@ class ShardPlan {
   std::vector<ShardPiece> Pieces() const {
     std::vector<ShardPiece> pieces;
     for (const Slot& slot : pieces_) {
+      if (!slot.saved) continue;
       pieces.push_back({slot.name, slot.shape, slot.begin, slot.values});
     }
     for (const auto& [name, tensor] : whole_) {
@@ -223,6 +230,7 @@ class ShardPlan {
 
   void AddState(const Optimizer& part, const Slot& slot,
                 std::vector<ShardPiece>* pieces) const {
+    if (!slot.saved) return;
     const auto found =
         part.optimizer->state().find(compat::StateKey(slot.values));
     if (found == part.optimizer->state().end()) return;

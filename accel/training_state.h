@@ -10,6 +10,7 @@
 #include "accel/data/gradient_state.h"
 #include "accel/optim/grad_scaler.h"
 #include "accel/prepared_objects.h"
+#include "accel/runtime/comm/device_mesh.h"
 
 namespace accel {
 
@@ -17,6 +18,11 @@ struct TrainingState {
   GradientState gradients;
   std::shared_ptr<GradScaler> scaler;  // Only with mixed precision fp16.
   PreparedObjects prepared;
+  // The device mesh (AcceleratorOptions::parallelism_config), or null: here
+  // rather than in the Accelerator, because prepared ZeRO optimizers use
+  // its groups and may outlive the Accelerator.
+  std::shared_ptr<DeviceMesh> mesh;
+  // Processes that see different batches (the data-parallel ranks).
   int num_processes = 1;
   // Whether the prepared data loaders split each batch across processes
   // (then a scheduler steps once per optimizer step, else once per process).

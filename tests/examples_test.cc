@@ -151,7 +151,9 @@ TEST(ExamplesTest, TrainDemoUnderEveryZeroStageEndsWithDdpsParameters) {
       {"--zero_stage=2"},
       {"--zero_stage=3"},
       {"--use_fsdp", "--fsdp_sharding_strategy=SHARD_GRAD_OP"},
-      {"--use_fsdp"}};
+      {"--use_fsdp"},
+      // One machine: sharded over its processes, nothing replicated.
+      {"--use_fsdp", "--fsdp_sharding_strategy=HYBRID_SHARD"}};
   for (size_t i = 0; i < stages.size(); ++i) {
     std::vector<std::string> args = {
         "--num_processes=2", "--epochs=2",
@@ -175,11 +177,10 @@ TEST(ExamplesTest, TrainDemoUnderEveryZeroStageEndsWithDdpsParameters) {
            {{"--fsdp_sharding_strategy=NO_SHARD"}, "is read with --use_fsdp"},
            // Names the flag given, and the strategies to give instead (it
            // named --zero_stage, which was never passed).
-           {{"--use_fsdp", "--fsdp_sharding_strategy=HYBRID_SHARD"},
-            "--fsdp_sharding_strategy=HYBRID_SHARD (the command line): "
-            "hybrid sharding (shard within a machine, replicate across "
-            "machines) is not in accel; give FULL_SHARD or SHARD_GRAD_OP, "
-            "which shard over every process"},
+           {{"--use_fsdp", "--fsdp_sharding_strategy=HALF_SHARD"},
+            "--fsdp_sharding_strategy must be FULL_SHARD, SHARD_GRAD_OP, "
+            "NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_ZERO2 (or Accelerate's "
+            "numbers 1-5 for them), found \"HALF_SHARD\" (the command line)"},
            {{"--zero_stage=7"}, "--zero_stage (the command line) must be 0"}}) {
     std::vector<std::string> bad = {"--num_processes=1",
                                     "--output_dir=" + dir + "/bad"};

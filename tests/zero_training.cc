@@ -45,6 +45,7 @@ AcceleratorOptions Options(const Run& run) {
   options.mixed_precision_policy.param_dtype = run.param_dtype;
   options.mixed_precision_policy.reduce_dtype = run.reduce_dtype;
   options.mixed_precision_policy.cast_forward_inputs = run.cast_forward_inputs;
+  options.parallelism_config = run.parallelism;
   // Several buckets, so that stage 2 reduce-scatters during backward.
   options.gradient_sync.first_bucket_bytes = 512;
   options.gradient_sync.bucket_cap_bytes = 2048;
@@ -82,7 +83,8 @@ Result Train(const Run& run) {
   }
   if (!run.load_from.empty()) accelerator.load_state(run.load_from);
   Result result;
-  const int rank = accelerator.process_index();
+  // Without a mesh, the process index.
+  const int rank = accelerator.data_parallel_index();
   for (int step = run.first_step; step < run.first_step + run.steps; ++step) {
     for (int micro = 0; micro < run.accumulation; ++micro) {
       auto scope = accelerator.accumulate(model);

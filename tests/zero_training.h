@@ -58,6 +58,9 @@ struct Run {
   std::optional<c10::ScalarType> reduce_dtype = std::nullopt;
   bool cast_forward_inputs = true;
   bool fused = false;  // accel::FusedAdamW rather than torch::optim::AdamW.
+  // AcceleratorOptions::parallelism_config (a device mesh); batches are
+  // then those of the run's data-parallel rank.
+  std::optional<ParallelismConfig> parallelism = std::nullopt;
 };
 
 struct Result {

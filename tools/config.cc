@@ -195,7 +195,8 @@ int Configure(const std::string& path, const std::set<std::string>& from_file) {
       {"rendezvous_timeout_s", IntegerIn(1, 1 << 30)},
       {"network_timeout_s", IntegerIn(1, 1 << 30)},
       {"fsdp_sharding_strategy",
-       OneOf({"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "1", "2", "3"})},
+       OneOf({"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD",
+              "HYBRID_SHARD_ZERO2", "1", "2", "3", "4", "5"})},
   };
   for (const std::string& flag : accel::ConfigurableFlags()) {
     bool asked = false;

@@ -167,6 +167,28 @@ out=$("$config" --show --config_file="$dir/fsdp.yaml" 2>&1)
 has "$out" "--use_fsdp=true"
 has "$out" "--fsdp_sharding_strategy=SHARD_GRAD_OP"
 has "$out" "Accelerate's fsdp_config.fsdp_offload_params (line 5), downcast_bf16 (line 6) do not apply to accel and are ignored"
+# Accelerate's examples/torch_native_parallelism/configs/tp_hsdp.yaml: its
+# parallelism_config section is the mesh's flags (and the switch).
+printf 'distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n  fsdp_version: 2\nmixed_precision: bf16\nnum_processes: 8\nparallelism_config:\n  parallelism_config_cp_size: 1\n  parallelism_config_dp_replicate_size: 2\n  parallelism_config_dp_shard_size: 2\n  parallelism_config_tp_size: 2\n  parallelism_config_cp_comm_strategy: allgather\n' \
+  >"$dir/tp_hsdp.yaml"
+out=$("$config" --show --config_file="$dir/tp_hsdp.yaml" 2>&1)
+for flag in --use_parallelism_config=true --parallelism_config_dp_replicate_size=2 \
+    --parallelism_config_dp_shard_size=2 --parallelism_config_tp_size=2 \
+    --parallelism_config_cp_size=1 --num_processes=8; do
+  has "$out" "$flag"
+done
+has "$out" "parallelism_config.parallelism_config_cp_comm_strategy (line 12)"
+# FSDP's hybrid strategies are read (sharded within each machine).
+printf 'distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: HYBRID_SHARD_ZERO2\n' >"$dir/hybrid.yaml"
+has "$("$config" --show --config_file="$dir/hybrid.yaml" 2>&1)" "--fsdp_sharding_strategy=HYBRID_SHARD_ZERO2"
+# Written back as Accelerate's section.
+"$config" --nointeractive --config_file="$dir/mesh.yaml" --num_processes=4 \
+  --parallelism_config_dp_shard_size=2 --parallelism_config_tp_size=2 >/dev/null
+has "$(cat "$dir/mesh.yaml")" "parallelism_config:
+  parallelism_config_dp_shard_size: 2
+  parallelism_config_tp_size: 2"
+out=$("$config" --show --config_file="$dir/mesh.yaml" 2>&1)
+has "$out" "--parallelism_config_tp_size=2"
 # A value of the wrong type or outside its choices: file, line and key.
 for bad in "num_processes: two|bad.yaml:1: num_processes: expected a whole number, found \"two\"" \
     "use_cpu: maybe|bad.yaml:1: use_cpu: expected true or false, found \"maybe\"" \
@@ -183,8 +205,10 @@ for bad in "num_processes: two|bad.yaml:1: num_processes: expected a whole numbe
     "num_machines: 2\nnum_processes: 3|bad.yaml:2: num_processes (3) must be a multiple of num_machines (2, line 1)" \
     "num_machines: 2\nmachine_rank: 5|bad.yaml:2: machine_rank (5) must be below num_machines (2)" \
     "backend: carrier_pigeon|bad.yaml:1: backend: expected one of auto, gloo, nccl, mpi, found \"carrier_pigeon\"" \
-    "fsdp_config:\n  fsdp_sharding_strategy: HYBRID_SHARD|bad.yaml:2: fsdp_config.fsdp_sharding_strategy: expected one of FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, 1, 2, 3, found \"HYBRID_SHARD\" (hybrid sharding is not in accel" \
+    "fsdp_config:\n  fsdp_sharding_strategy: HALF_SHARD|bad.yaml:2: fsdp_config.fsdp_sharding_strategy: expected one of FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2, 1, 2, 3, 4, 5, found \"HALF_SHARD\"" \
     "num_processes: 2\n---\nnum_processes: 3|bad.yaml:3: a second YAML document" \
+    "parallelism_config:\n  parallelism_config_tp_size: 0|bad.yaml:2: parallelism_config.parallelism_config_tp_size: expected 1 to 1048576, found 0" \
+    "parallelism_config: 2|bad.yaml:1: parallelism_config: expected a map, found a value" \
     "base: &b\n  num_processes: 2\n<<: *b|bad.yaml:3: a YAML merge key (<<)" \
     "gradient_accumulation_steps: 2\ndeepspeed_config:\n  zero_stage: 2\n  gradient_accumulation_steps: 4|bad.yaml:4: deepspeed_config.gradient_accumulation_steps is 4, but line 1 says 2" \
     "main_process_ip: $(printf 'a%.0s' $(seq 300))|bad.yaml:1: main_process_ip: expected a host name or address (1 to 253 characters)"; do

@@ -362,6 +362,19 @@ void ZeroOptimizer::ForEachGathered(
   if (current >= 0) units_->ReleaseUnit(current);
 }
 
+void ZeroOptimizer::ReplicateAcross(Communicator& replicas,
+                                    Communicator& data_parallel) {
+  if (data_parallel.size() != comm_->size() * replicas.size()) {
+    throw UsageError(
+        "ZeRO: " + std::to_string(comm_->size()) + " shards replicated " +
+        std::to_string(replicas.size()) + " times do not tile the " +
+        std::to_string(data_parallel.size()) + " data-parallel ranks");
+  }
+  replicas_ = &replicas;
+  data_parallel_ = &data_parallel;
+  replica_index_ = replicas.rank();
+}
+
 Communicator& ZeroOptimizer::Comm(const char* api) const {
   if (comm_ == nullptr) zero_internal::RefuseAfterLeavingTheJob(api);
   return *comm_;
@@ -369,6 +382,8 @@ Communicator& ZeroOptimizer::Comm(const char* api) const {
 
 void ZeroOptimizer::LeaveJob() {
   comm_ = nullptr;
+  replicas_ = nullptr;
+  data_parallel_ = nullptr;
   if (units_ != nullptr) units_->LeaveJob();
 }
 

@@ -153,6 +153,20 @@ class ZeroOptimizer {
   // The parameters it shards (the optimizer's trainable ones).
   const std::vector<torch::Tensor>& parameters() const { return parameters_; }
 
+  // Hybrid sharding (HSDP, FSDP's HYBRID_SHARD): the shares are those of
+  // this optimizer's communicator (dp_shard), and every rank of `replicas`
+  // (dp_replicate) holds the same share of its own copy. Under stages 2-3
+  // each reduce-scattered bucket is then all-reduced across replicas, as
+  // soon as it is in, and the gradients averaged over both groups;
+  // `data_parallel` (both, and cp) is what the model's buffers are
+  // broadcast over. Stage 1's reduction is the model's DDP synchronizer,
+  // which its caller makes over `data_parallel`. Call it before
+  // MakeGradientReducer.
+  void ReplicateAcross(Communicator& replicas, Communicator& data_parallel);
+  // This rank's replica (0 without ReplicateAcross): replica 0's ranks
+  // write the pieces of a sharded checkpoint, the others hold copies.
+  int replica_index() const { return replica_index_; }
+
   // Stages 2-3: the reducer that replaces the model's DDP synchronizer; it
   // reduce-scatters the gradients of parameters() (and under stage 3 frees
   // each unit's parameters once their gradients are in). The model's
@@ -240,7 +254,10 @@ class ZeroOptimizer {
 
   Communicator& Comm(const char* api) const;
 
-  Communicator* comm_;  // Null once the process left the job.
+  Communicator* comm_;                // Null once the process left the job.
+  Communicator* replicas_ = nullptr;  // HSDP (ReplicateAcross).
+  Communicator* data_parallel_ = nullptr;  // HSDP: buffers' broadcast.
+  int replica_index_ = 0;
   int rank_;
   int stage_;
   torch::optim::Optimizer& optimizer_;

@@ -21,14 +21,18 @@ namespace {
 // backward into each group's shard_grad (see zero.h).
 class ShardedGradientReducer : public GradientReducer {
  public:
-  ShardedGradientReducer(Communicator& comm,
+  // `replicas`: HSDP's other copies of this rank's shard (or null);
+  // `buffers_comm`: the ranks the model's buffers are broadcast over.
+  ShardedGradientReducer(Communicator& comm, Communicator* replicas,
+                         Communicator& buffers_comm,
                          std::vector<std::shared_ptr<ZeroGroup>> groups,
                          std::shared_ptr<UnitSchedule> units,
                          const GradientSyncOptions& options,
                          const std::vector<torch::Tensor>& buffers)
       : state_(std::make_shared<State>(comm, std::move(groups))),
-        buffers_(comm, {}, options, buffers) {
+        buffers_(buffers_comm, {}, options, buffers) {
     State& s = *state_;
+    s.replicas = replicas;
     s.units = std::move(units);
     std::vector<torch::Tensor> params;
     // Buckets in the order backward fills them (launches go strictly in
@@ -100,12 +104,16 @@ class ShardedGradientReducer : public GradientReducer {
     }
     if (failure) std::rethrow_exception(failure);
     torch::NoGradGuard no_grad;
+    // The mean over every rank that computed a gradient: the shard group's
+    // and, under HSDP, its replicas'.
+    const double ranks =
+        s.comm.size() * (s.replicas != nullptr ? s.replicas->size() : 1);
     for (auto& group : s.groups) {
       if (group->shard_grad_held) {
-        group->shard_grad.add_(group->incoming.div_(s.comm.size()));
+        group->shard_grad.add_(group->incoming.div_(ranks));
         group->incoming = torch::Tensor();
       } else {
-        group->shard_grad.div_(s.comm.size());
+        group->shard_grad.div_(ranks);
       }
       group->shard_grad_held = true;
     }
@@ -136,6 +144,9 @@ class ShardedGradientReducer : public GradientReducer {
     torch::Tensor result;
     torch::Tensor target;
     std::shared_ptr<Work> work;
+    // This rank's part of the sum (in the master dtype), all-reduced
+    // across replicas under HSDP once the reduce-scatter is done.
+    torch::Tensor own;
   };
   struct Slot {
     size_t group;
@@ -153,9 +164,12 @@ class ShardedGradientReducer : public GradientReducer {
     State(Communicator& c, std::vector<std::shared_ptr<ZeroGroup>> g)
         : comm(c), groups(std::move(g)) {}
     Communicator& comm;
+    Communicator* replicas = nullptr;  // HSDP.
     std::vector<std::shared_ptr<ZeroGroup>> groups;
     std::shared_ptr<UnitSchedule> units;  // Stage 3.
-    std::vector<size_t> group_pending;    // Gradients not in, per group.
+    // The all-reduces across replicas, in bucket order.
+    std::vector<std::shared_ptr<Work>> replica_works;
+    std::vector<size_t> group_pending;  // Gradients not in, per group.
     std::vector<Bucket> buckets;
     std::vector<Slot> slots;
     std::unique_ptr<GradientReadyHooks> hooks;
@@ -177,8 +191,10 @@ class ShardedGradientReducer : public GradientReducer {
         bucket.buffer = torch::Tensor();
         bucket.result = torch::Tensor();
         bucket.target = torch::Tensor();
+        bucket.own = torch::Tensor();
         bucket.work.reset();
       }
+      replica_works.clear();
       in_flight.clear();
       next_to_launch = 0;
       failure = nullptr;
@@ -253,6 +269,7 @@ class ShardedGradientReducer : public GradientReducer {
         const int64_t count = static_cast<int64_t>(counts[comm.rank()]);
         char* output = static_cast<char*>(into_tensor.data_ptr()) +
                        (count > 0 ? into : 0) * into_tensor.element_size();
+        if (count > 0) bucket.own = into_tensor.narrow(0, into, count);
         if (bucket.buffer.scalar_type() != into_tensor.scalar_type()) {
           // Reduced in reduce_dtype, kept in the master dtype: the sum
           // lands beside its place, and is copied in when it is done.
@@ -279,17 +296,36 @@ class ShardedGradientReducer : public GradientReducer {
         bucket.work->wait();
         torch::NoGradGuard no_grad;
         if (bucket.target.defined()) bucket.target.copy_(bucket.result);
+        // Replicas of one shard hold the same counts: each launches (or
+        // skips) the same all-reduces, in bucket order.
+        if (replicas != nullptr && bucket.own.defined()) {
+          CollectiveOptions options;
+          options.api = "backward (HSDP all-reduce across replicas)";
+          options.site = site;
+          replica_works.push_back(replicas->allreduce_async(
+              bucket.own.data_ptr(), static_cast<size_t>(bucket.own.numel()),
+              ToDType(bucket.own.scalar_type()), ReduceOp::kSum, options));
+        }
       } catch (...) {
         if (!failure) failure = std::current_exception();
       }
       bucket.buffer = torch::Tensor();
       bucket.result = torch::Tensor();
       bucket.target = torch::Tensor();
+      bucket.own = torch::Tensor();
     }
 
     void WaitAll() {
       std::lock_guard<std::mutex> lock(mutex);
       while (!in_flight.empty()) WaitOldest();
+      for (const std::shared_ptr<Work>& work : replica_works) {
+        try {
+          work->wait();
+        } catch (...) {
+          if (!failure) failure = std::current_exception();
+        }
+      }
+      replica_works.clear();
     }
 
     void OnGradientReady(size_t i) {
@@ -349,8 +385,10 @@ class ShardedGradientReducer : public GradientReducer {
 std::unique_ptr<GradientReducer> ZeroOptimizer::MakeGradientReducer(
     const std::vector<torch::Tensor>& model_buffers,
     const GradientSyncOptions& options) {
+  Communicator& comm = Comm("prepare");
   return std::make_unique<ShardedGradientReducer>(
-      Comm("prepare"), groups_, units_, options, model_buffers);
+      comm, replicas_, data_parallel_ != nullptr ? *data_parallel_ : comm,
+      groups_, units_, options, model_buffers);
 }
 
 }  // namespace accel

@@ -3,8 +3,8 @@
 // (Communicator::Split) along each dimension and along the joint ones
 // Accelerate flattens.
 //
-//   accel::ParallelismConfig config;  // or
-//   ParallelismConfig::FromEnvironment() config.dp_shard_size = 2;
+//   accel::ParallelismConfig config;  // or ::FromEnvironment()
+//   config.dp_shard_size = 2;
 //   config.tp_size = 2;
 //   accel::DeviceMesh mesh(job, config.Resolved(job.size()));  // collective
 //   accel::Communicator& tp = mesh.group("tp");   // this rank's tp group
@@ -55,6 +55,14 @@ struct ParallelismConfig {
   ParallelismConfig Resolved(int num_processes) const;
   // "dp_replicate 2 x dp_shard 2 x cp 1 x tp 2".
   std::string ToString() const;
+  bool operator==(const ParallelismConfig& other) const {
+    return dp_replicate_size == other.dp_replicate_size &&
+           dp_shard_size == other.dp_shard_size && tp_size == other.tp_size &&
+           cp_size == other.cp_size;
+  }
+  bool operator!=(const ParallelismConfig& other) const {
+    return !(*this == other);
+  }
 };
 
 class DeviceMesh {

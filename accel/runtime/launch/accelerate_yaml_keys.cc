@@ -39,7 +39,6 @@ const std::set<std::string>& NotApplying() {
       "main_training_function",
       "megatron_lm_config",
       "mpirun_config",
-      "parallelism_config",
       "tpu_env",
       "tpu_name",
       "tpu_use_cluster",
@@ -202,6 +201,10 @@ class YamlReader : private YamlValueReader {
       Section(key, value, [this](const std::string& k, const YAML::Node& v) {
         DeepSpeed(k, v);
       });
+    } else if (key == "parallelism_config") {
+      Section(key, value, [this](const std::string& k, const YAML::Node& v) {
+        Parallelism(k, v);
+      });
     } else if (key == "fsdp_sharding_strategy") {
       Set(key, ShardingStrategy(key, value), value);
     } else if (IsAccelFlag(key)) {
@@ -215,15 +218,9 @@ class YamlReader : private YamlValueReader {
 
   std::string ShardingStrategy(const std::string& key,
                                const YAML::Node& value) const {
-    const std::string hybrid =
-        "hybrid sharding is not in accel; FULL_SHARD or SHARD_GRAD_OP shard "
-        "over every process";
     return OneOf(key, value,
-                 {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "1", "2", "3"},
-                 {{"HYBRID_SHARD", hybrid},
-                  {"HYBRID_SHARD_ZERO2", hybrid},
-                  {"4", hybrid},
-                  {"5", hybrid}});
+                 {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD",
+                  "HYBRID_SHARD_ZERO2", "1", "2", "3", "4", "5"});
   }
 
   // Top-level or deepspeed_config's: both must agree when both are given.
@@ -278,6 +275,24 @@ class YamlReader : private YamlValueReader {
       Set(key, ShardingStrategy("fsdp_config." + key, value), value);
     } else if (key == "fsdp_transformer_layer_cls_to_wrap") {
       Set(key, Scalar("fsdp_config." + key, value), value);
+    } else {
+      ignored_key_ = true;
+    }
+  }
+
+  // Accelerate's parallelism_config section (as `accelerate config` writes
+  // it): the four sizes are accel's --parallelism_config_*_size flags, and
+  // the section itself --use_parallelism_config, as Accelerate's launcher
+  // reads it. Its CP and SP backend choices are Accelerate's own.
+  void Parallelism(const std::string& key, const YAML::Node& value) {
+    if (key == "parallelism_config_dp_replicate_size" ||
+        key == "parallelism_config_dp_shard_size" ||
+        key == "parallelism_config_tp_size" ||
+        key == "parallelism_config_cp_size") {
+      Set(key,
+          Integer("parallelism_config." + key, value, 1, kMaxLaunchProcesses),
+          value);
+      Set("use_parallelism_config", "true", value);
     } else {
       ignored_key_ = true;
     }

@@ -8,6 +8,7 @@
 #include <cctype>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -97,12 +98,25 @@ std::string AccelerateYamlFromFlags(
   // unknown keys): accel's own flags go in its sections, or else in
   // "# accel: --flag=value" lines, which Accelerate reads as comments.
   std::map<std::string, std::string> fsdp_section, deepspeed_section;
+  std::optional<std::map<std::string, std::string>> parallelism_section;
   std::string accel_lines;
   for (const auto& [name, value] : flags) {
     if (!IsAccelFlag(name)) {
       throw UsageError("--" + name + " cannot be set in a configuration file");
     }
     if (name == "cpu" || name == "use_fsdp" || IsAccelDefault(name, value)) {
+      continue;
+    }
+    if (name == "use_parallelism_config") {
+      // Accelerate reads the section's presence as this switch.
+      if (value == "true" && !parallelism_section) {
+        parallelism_section.emplace();
+      }
+      continue;
+    }
+    if (name.rfind("parallelism_config_", 0) == 0) {
+      if (!parallelism_section) parallelism_section.emplace();
+      (*parallelism_section)[name] = value;
       continue;
     }
     if (name == "fsdp_sharding_strategy" ||
@@ -123,10 +137,17 @@ std::string AccelerateYamlFromFlags(
       accel_lines += "# accel: --" + name + "=" + value + "\n";
     }
   }
+  if (parallelism_section && parallelism_section->empty()) {
+    // --use_parallelism_config alone: the section with Accelerate's sizes.
+    (*parallelism_section)["parallelism_config_dp_replicate_size"] = "1";
+  }
+  const std::map<std::string, std::string> no_section;
   for (const auto& [section, keys] :
        {std::pair<const char*, const std::map<std::string, std::string>&>{
             "fsdp_config", fsdp_section},
-        {"deepspeed_config", deepspeed_section}}) {
+        {"deepspeed_config", deepspeed_section},
+        {"parallelism_config",
+         parallelism_section ? *parallelism_section : no_section}}) {
     if (keys.empty()) continue;
     out << YAML::Key << section << YAML::Value << YAML::BeginMap;
     for (const auto& [name, value] : keys) {

@@ -99,6 +99,11 @@ const std::vector<std::string>& ConfigurableFlags() {
       "fsdp_transformer_layer_cls_to_wrap",
       "use_fsdp",
       "fsdp_sharding_strategy",
+      "use_parallelism_config",
+      "parallelism_config_dp_replicate_size",
+      "parallelism_config_dp_shard_size",
+      "parallelism_config_tp_size",
+      "parallelism_config_cp_size",
   };
   return names;
 }

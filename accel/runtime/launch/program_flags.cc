@@ -312,6 +312,28 @@ ProgramFlag<std::string> fsdp_sharding_strategy(
     "fsdp_sharding_strategy", "FULL_SHARD",
     "With --use_fsdp: FULL_SHARD (--zero_stage=3), SHARD_GRAD_OP (2) or "
     "NO_SHARD (0), or Accelerate's numbers 1-3 for them.");
+ProgramFlag<bool> use_parallelism_config(
+    "use_parallelism_config", false,
+    "Lay the processes out on a device mesh (Accelerate's ParallelismConfig) "
+    "even when every --parallelism_config_*_size is 1; any of them given "
+    "implies it.");
+ProgramFlag<int32_t> parallelism_config_dp_replicate_size(
+    "parallelism_config_dp_replicate_size", 1,
+    "Device mesh: groups of ranks that each hold a whole replica of the "
+    "(sharded) training state; with --parallelism_config_dp_shard_size, "
+    "hybrid sharding (HSDP).");
+ProgramFlag<int32_t> parallelism_config_dp_shard_size(
+    "parallelism_config_dp_shard_size", 1,
+    "Device mesh: ranks that ZeRO (--zero_stage 1-3) shards the training "
+    "state over, within each replica.");
+ProgramFlag<int32_t> parallelism_config_tp_size(
+    "parallelism_config_tp_size", 1,
+    "Device mesh: tensor parallelism, ranks that split each layer's weights "
+    "(they see the same batches).");
+ProgramFlag<int32_t> parallelism_config_cp_size(
+    "parallelism_config_cp_size", 1,
+    "Device mesh: context parallelism, ranks that split each sequence (they "
+    "see the same batches).");
 
 #undef ACCEL_LEGACY_INT
 #undef ACCEL_LEGACY_BOOL
@@ -329,7 +351,11 @@ void ForEachFlag(Fn&& fn) {
         &flags::max_restarts, &flags::signal_grace_s,
         &flags::gradient_accumulation_steps, &flags::timeout_s,
         &flags::rendezvous_timeout_s, &flags::network_timeout_s,
-        &flags::zero_stage, &flags::invariant_micro_batches}) {
+        &flags::zero_stage, &flags::invariant_micro_batches,
+        &flags::parallelism_config_dp_replicate_size,
+        &flags::parallelism_config_dp_shard_size,
+        &flags::parallelism_config_tp_size,
+        &flags::parallelism_config_cp_size}) {
     fn(*flag);
   }
   for (auto* flag :
@@ -339,8 +365,9 @@ void ForEachFlag(Fn&& fn) {
         &flags::fsdp_sharding_strategy}) {
     fn(*flag);
   }
-  for (auto* flag : {&flags::collective_checks, &flags::reuse_host_memory,
-                     &flags::cpu, &flags::use_fsdp}) {
+  for (auto* flag :
+       {&flags::collective_checks, &flags::reuse_host_memory, &flags::cpu,
+        &flags::use_fsdp, &flags::use_parallelism_config}) {
     fn(*flag);
   }
   fn(flags::gradient_clipping);

@@ -117,6 +117,13 @@ extern ProgramFlag<std::string> fsdp_transformer_layer_cls_to_wrap;
 // Accelerate's FSDP names for a ZeRO stage (see AcceleratorOptions).
 extern ProgramFlag<bool> use_fsdp;
 extern ProgramFlag<std::string> fsdp_sharding_strategy;
+// Accelerate's ParallelismConfig (a device mesh; AcceleratorOptions::
+// parallelism_config and accel/runtime/comm/device_mesh.h).
+extern ProgramFlag<bool> use_parallelism_config;
+extern ProgramFlag<int32_t> parallelism_config_dp_replicate_size;
+extern ProgramFlag<int32_t> parallelism_config_dp_shard_size;
+extern ProgramFlag<int32_t> parallelism_config_tp_size;
+extern ProgramFlag<int32_t> parallelism_config_cp_size;
 }  // namespace flags
 
 // Registers every flag above with gflags unless the program defines one of
