@@ -142,7 +142,86 @@ torch::Tensor Apply(const torch::Tensor& x, Communicator& group, int64_t dim) {
   return Conjugate<kForward, kBackward>::apply(x, Handle(group), dim);
 }
 
+// In place: the values of `x` reduced with `op` over the group.
+void AllReduceInPlace(torch::Tensor& x, Communicator& group, ReduceOp op,
+                      const char* api) {
+  if (x.numel() == 0 || group.size() == 1) return;
+  group.allreduce(x.data_ptr(), static_cast<size_t>(x.numel()),
+                  ToDType(x.scalar_type()), op, Named(api));
+}
+
+struct CrossEntropy : torch::autograd::Function<CrossEntropy> {
+  static torch::Tensor forward(AutogradContext* ctx,
+                               const torch::Tensor& logits,
+                               const torch::Tensor& targets, int64_t group) {
+    Communicator& comm =
+        *reinterpret_cast<Communicator*>(static_cast<intptr_t>(group));
+    torch::NoGradGuard no_grad;
+    const int64_t columns = logits.size(1);
+    const int64_t first = columns * comm.rank();
+    const int64_t vocabulary = columns * comm.size();
+    if (targets.numel() > 0 && (targets.min().item<int64_t>() < 0 ||
+                                targets.max().item<int64_t>() >= vocabulary)) {
+      throw UsageError(
+          "VocabParallelCrossEntropy: a target is outside the vocabulary [0, " +
+          std::to_string(vocabulary) + ") (" + std::to_string(columns) +
+          " columns on each of " + std::to_string(comm.size()) + " ranks)");
+    }
+    const char* api = "tensor parallel cross entropy";
+    torch::Tensor max = std::get<0>(logits.max(1)).contiguous();
+    AllReduceInPlace(max, comm, ReduceOp::kMax, api);
+    const torch::Tensor shifted = logits - max.unsqueeze(1);
+    torch::Tensor exp = shifted.exp();
+    torch::Tensor sum = exp.sum(1).contiguous();
+    AllReduceInPlace(sum, comm, ReduceOp::kSum, api);
+    const torch::Tensor local = targets - first;
+    const torch::Tensor held = (local >= 0) & (local < columns);
+    const torch::Tensor index = local.clamp(0, columns - 1).unsqueeze(1);
+    torch::Tensor picked = shifted.gather(1, index)
+                               .squeeze(1)
+                               .mul(held.to(shifted.dtype()))
+                               .contiguous();
+    AllReduceInPlace(picked, comm, ReduceOp::kSum, api);
+    ctx->save_for_backward({exp.div_(sum.unsqueeze(1)), index, held});
+    return (sum.log() - picked).mean();
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    torch::Tensor grad = saved[0].clone();  // softmax
+    const torch::Tensor& index = saved[1];
+    const torch::Tensor& held = saved[2];
+    grad.scatter_add_(1, index, -held.to(grad.dtype()).unsqueeze(1));
+    grad.mul_(grads[0] / static_cast<double>(grad.size(0)));
+    return {grad, torch::Tensor(), torch::Tensor()};
+  }
+};
+
 }  // namespace
+
+torch::Tensor VocabParallelEmbedding(const torch::Tensor& tokens,
+                                     const torch::Tensor& weight,
+                                     Communicator& group) {
+  const int64_t rows = weight.size(0);
+  const torch::Tensor local = tokens - rows * group.rank();
+  const torch::Tensor held = (local >= 0) & (local < rows);
+  torch::Tensor looked_up = torch::embedding(weight, local.clamp(0, rows - 1));
+  looked_up = looked_up * held.unsqueeze(-1).to(looked_up.dtype());
+  return ReduceFromRegion(looked_up, group);
+}
+
+torch::Tensor VocabParallelCrossEntropy(const torch::Tensor& logits,
+                                        const torch::Tensor& targets,
+                                        Communicator& group) {
+  if (logits.dim() != 2 || targets.dim() != 1 ||
+      targets.size(0) != logits.size(0)) {
+    throw UsageError(
+        "VocabParallelCrossEntropy: expected logits [N, V / tp] and targets "
+        "[N], found " +
+        c10::str(logits.sizes()) + " and " + c10::str(targets.sizes()));
+  }
+  return CrossEntropy::apply(logits, targets, Handle(group));
+}
 
 torch::Tensor CopyToRegion(const torch::Tensor& x, Communicator& group) {
   return Apply<Identity, Sum>(x, group, 0);

@@ -58,4 +58,24 @@ torch::Tensor GatherSequence(const torch::Tensor& x, Communicator& group,
 torch::Tensor ReduceScatterSequence(const torch::Tensor& x, Communicator& group,
                                     int64_t dim);
 
+// Megatron's VocabParallelEmbedding lookup: `weight` holds this rank's rows
+// of the embedding table, rows [rank * weight.size(0), (rank + 1) *
+// weight.size(0)) of the vocabulary; each rank looks up the tokens it holds
+// (zeros for the others) and the group sums (g). Equal to embedding() of
+// the whole table; the gradient reaches only the rows each rank holds.
+torch::Tensor VocabParallelEmbedding(const torch::Tensor& tokens,
+                                     const torch::Tensor& weight,
+                                     Communicator& group);
+
+// Megatron's vocab-parallel cross entropy (torch's loss_parallel): the mean
+// cross entropy of `logits` [N, V / size] split along the vocabulary (this
+// rank holds columns [rank * V / size, ...)) against `targets` [N] (whole
+// vocabulary indices, every rank the same), equal to cross_entropy of the
+// whole logits, without gathering them: three all-reduces of N values (max,
+// sum of exponentials, the target's logit). Backward gives each rank its
+// columns' gradient. A target outside [0, V) is a UsageError.
+torch::Tensor VocabParallelCrossEntropy(const torch::Tensor& logits,
+                                        const torch::Tensor& targets,
+                                        Communicator& group);
+
 }  // namespace accel::tp

@@ -148,6 +148,56 @@ TEST(TensorParallelTest, GatherAndScatterAreConjugate) {
   });
 }
 
+// Logits split along a vocabulary of 12: the loss and each rank's columns
+// of the gradient are those of the whole logits' cross entropy.
+TEST(TensorParallelTest, VocabParallelCrossEntropyIsTheWholeOnes) {
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(7);
+  const torch::Tensor whole = Random({5, 12}, generator) * 4;
+  const torch::Tensor targets = torch::tensor({0, 11, 5, 6, 3});
+  torch::Tensor reference = whole.clone().requires_grad_();
+  const torch::Tensor want =
+      torch::nn::functional::cross_entropy(reference, targets);
+  want.backward();
+  for (int size : {1, 2, 3, 4}) {
+    testing::RunRanks("gloo", size, [&](Communicator& tp) {
+      const int64_t columns = 12 / tp.size();
+      torch::Tensor mine = whole.narrow(1, columns * tp.rank(), columns)
+                               .clone()
+                               .requires_grad_();
+      const torch::Tensor loss = VocabParallelCrossEntropy(mine, targets, tp);
+      ExpectClose(loss.detach(), want.detach(), "loss");
+      (loss * 3).backward();
+      ExpectClose(mine.grad(),
+                  reference.grad().narrow(1, columns * tp.rank(), columns) * 3,
+                  "logits gradient");
+      try {
+        VocabParallelCrossEntropy(mine, torch::tensor({0, 12, 1, 1, 1}), tp);
+        ADD_FAILURE() << "a target past the vocabulary was taken";
+      } catch (const UsageError& e) {
+        EXPECT_THAT(e.what(), HasSubstr("outside the vocabulary [0, 12)"));
+      }
+    });
+  }
+}
+
+TEST(TensorParallelTest, VocabParallelEmbeddingIsTheWholeTables) {
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(8);
+  const torch::Tensor table = Random({8, 3}, generator);
+  const torch::Tensor tokens = torch::tensor({{0, 7, 3}, {4, 4, 1}});
+  torch::Tensor reference = table.clone().requires_grad_();
+  const torch::Tensor want = torch::embedding(reference, tokens);
+  (want * want).sum().backward();
+  testing::RunRanks("gloo", 4, [&](Communicator& tp) {
+    torch::Tensor rows = table.narrow(0, 2 * tp.rank(), 2).clone();
+    rows.requires_grad_();
+    const torch::Tensor got = VocabParallelEmbedding(tokens, rows, tp);
+    ExpectClose(got.detach(), want.detach(), "embedding");
+    (got * got).sum().backward();
+    ExpectClose(rows.grad(), reference.grad().narrow(0, 2 * tp.rank(), 2),
+                "rows' gradient");
+  });
+}
+
 TEST(TensorParallelTest, ADimensionThatDoesNotSplitIsAUsageError) {
   testing::RunRanks("gloo", 2, [](Communicator& tp) {
     try {
