@@ -180,15 +180,15 @@ void Accelerator::ClipBeforeEachStep() {
     const double max_norm = options_.gradient_clipping;
     if (prepared.zero != nullptr) {
       ClipGradNormAcrossShards(ShardGroup(), {prepared.zero.get()},
-                               prepared.zero->parameters(), max_norm, 2.0,
-                               site);
+                               prepared.zero->parameters(), max_norm, 2.0, site,
+                               TensorParallelOf());
       return;
     }
     std::vector<torch::Tensor> parameters;
     for (const auto& group : prepared.optimizer->param_groups()) {
       for (const torch::Tensor& p : group.params()) parameters.push_back(p);
     }
-    ClipGradNorm(parameters, max_norm, 2.0);
+    ClipGradNorm(parameters, max_norm, 2.0, TensorParallelOf(), site);
   };
 }
 
@@ -480,9 +480,10 @@ double Accelerator::clip_grad_norm_(
       state_->prepared.sharded_optimizers();
   if (!sharded.empty()) {
     return ClipGradNormAcrossShards(ShardGroup(), sharded, parameters, max_norm,
-                                    norm_type, site);
+                                    norm_type, site, TensorParallelOf());
   }
-  return ClipGradNorm(parameters, max_norm, norm_type);
+  return ClipGradNorm(parameters, max_norm, norm_type, TensorParallelOf(),
+                      site);
 }
 
 void Accelerator::clip_grad_value_(const std::vector<torch::Tensor>& parameters,

@@ -64,7 +64,9 @@
 #include "accel/optim/reduce_lr_on_plateau.h"
 #include "accel/optim/scheduler.h"
 #include "accel/parallel/gradient_sync.h"
-#include "accel/parallel/sharded_units.h"  // accel::forward, fully_shard
+#include "accel/parallel/parallel_linear.h"  // accel::ParallelLinear
+#include "accel/parallel/sharded_units.h"    // accel::forward, fully_shard
+#include "accel/parallel/zero.h"
 #include "accel/prepare_traits.h"
 #include "accel/process_control.h"
 #include "accel/runtime/base/files.h"
@@ -558,6 +560,12 @@ class Accelerator {
   Communicator* ReplicaGroup();
   // Builds the mesh of options_.parallelism_config (a collective).
   void MakeDeviceMesh();
+  // The prepared models' tensor-parallel layers (parallelize_module): their
+  // split parameters and the tp group, for the gradients' norm.
+  TensorParallelNorm TensorParallelOf() const;
+  // UsageError naming `api` when a prepared model has tensor-parallel
+  // layers, whose whole weights accel cannot write or read yet.
+  void RefuseSplitLayers(const char* api) const;
   int MeshCoordinate(const char* dimension, const char* api) const;
 
   // The gradient synchronizer of a prepared model (null with one process).

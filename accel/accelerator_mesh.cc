@@ -81,6 +81,31 @@ int Accelerator::data_parallel_index() const {
   return mesh == nullptr ? process_index() : mesh->coordinate("dp");
 }
 
+TensorParallelNorm Accelerator::TensorParallelOf() const {
+  TensorParallelNorm tensor_parallel;
+  DeviceMesh* mesh = state_->mesh.get();
+  if (mesh == nullptr || mesh->size("tp") == 1) return tensor_parallel;
+  tensor_parallel.group = &mesh->group("tp");
+  for (const auto& model : state_->prepared.models()) {
+    for (const void* key : TensorParallelParameters(*model)) {
+      tensor_parallel.split.push_back(key);
+    }
+  }
+  return tensor_parallel;
+}
+
+void Accelerator::RefuseSplitLayers(const char* api) const {
+  for (const auto& model : state_->prepared.models()) {
+    if (TensorParallelParameters(*model).empty()) continue;
+    throw UsageError(
+        std::string(api) +
+        ": the model has tensor-parallel layers (parallelize_module), of "
+        "which each rank holds a share; writing or reading them as whole "
+        "weights is not in accel yet (save the model before parallelizing "
+        "it, or train without tp_size)");
+  }
+}
+
 Communicator& Accelerator::DataGroup() {
   DeviceMesh* mesh = state_->mesh.get();
   return mesh == nullptr ? communicator() : mesh->group("dp");

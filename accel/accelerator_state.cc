@@ -51,6 +51,7 @@ std::vector<std::pair<std::string, torch::Tensor>> GatheredState(
 
 std::map<std::string, torch::Tensor> Accelerator::StateDictOf(
     const torch::nn::Module& model, CallSite site) {
+  RefuseSplitLayers("get_state_dict");
   ZeroOptimizer* zero = ParameterShardingOf(model);
   if (zero == nullptr) return StateDictOnCpu(model);
   std::map<std::string, torch::Tensor> state;
@@ -65,6 +66,7 @@ void Accelerator::SaveModelOf(const torch::nn::Module& model,
                               const std::string& dir,
                               const std::string& max_shard_size,
                               CallSite site) {
+  RefuseSplitLayers("save_model");
   ZeroOptimizer* zero = ParameterShardingOf(model);
   if (zero == nullptr) {
     if (is_main_process()) SaveModelWeights(model, dir, max_shard_size);
@@ -84,6 +86,7 @@ void Accelerator::register_load_state_pre_hook(StateHook hook) {
 }
 
 CheckpointContents Accelerator::Contents() {
+  RefuseSplitLayers("save_state / load_state");
   CheckpointContents contents = state_->prepared.Contents();
   contents.scaler = state_->scaler;
   contents.step = step_;

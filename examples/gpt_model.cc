@@ -14,10 +14,10 @@ namespace examples {
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& config)
     : n_head_(config.n_head) {
-  qkv_ = register_module("qkv",
-                         torch::nn::Linear(config.n_embd, 3 * config.n_embd));
-  proj_ =
-      register_module("proj", torch::nn::Linear(config.n_embd, config.n_embd));
+  qkv_ = register_module(
+      "qkv", accel::ParallelLinear(config.n_embd, 3 * config.n_embd));
+  proj_ = register_module("proj",
+                          accel::ParallelLinear(config.n_embd, config.n_embd));
   attention_dropout_ =
       register_module("attention_dropout", torch::nn::Dropout(config.dropout));
   residual_dropout_ =
@@ -28,10 +28,13 @@ torch::Tensor CausalSelfAttentionImpl::forward(torch::Tensor x,
                                                torch::Tensor mask) {
   const int64_t batch = x.size(0), length = x.size(1), width = x.size(2);
   const int64_t head = width / n_head_;
-  // [B, T, 3C] -> three [B, heads, T, head].
-  auto split = qkv_(x).split(width, 2);
+  // [B, T, 3C] -> three [B, heads, T, head]; under tensor parallelism this
+  // rank's share of the heads (3C / tp features).
+  const torch::Tensor all = qkv_(x);
+  const int64_t local = all.size(2) / 3;
+  auto split = all.split(local, 2);
   auto heads = [&](const torch::Tensor& t) {
-    return t.view({batch, length, n_head_, head}).transpose(1, 2);
+    return t.view({batch, length, local / head, head}).transpose(1, 2);
   };
   const torch::Tensor q = heads(split[0]), k = heads(split[1]),
                       v = heads(split[2]);
@@ -44,7 +47,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(torch::Tensor x,
   const torch::Tensor y = torch::matmul(weights, v)
                               .transpose(1, 2)
                               .contiguous()
-                              .view({batch, length, width});
+                              .view({batch, length, local});
   return residual_dropout_(proj_(y));
 }
 
@@ -56,10 +59,10 @@ BlockImpl::BlockImpl(const GptConfig& config) {
   ln2_ = register_module(
       "ln2",
       torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.n_embd})));
-  fc_ = register_module("fc",
-                        torch::nn::Linear(config.n_embd, 4 * config.n_embd));
+  fc_ = register_module(
+      "fc", accel::ParallelLinear(config.n_embd, 4 * config.n_embd));
   fc_proj_ = register_module(
-      "fc_proj", torch::nn::Linear(4 * config.n_embd, config.n_embd));
+      "fc_proj", accel::ParallelLinear(4 * config.n_embd, config.n_embd));
   dropout_ = register_module("dropout", torch::nn::Dropout(config.dropout));
 }
 
@@ -128,6 +131,21 @@ torch::Tensor GptImpl::forward(torch::Tensor tokens, torch::Tensor mask) {
   // The head is the token embedding, transposed (weight tying): one
   // parameter, so the optimizer, the gradient sync and ZeRO see it once.
   return torch::nn::functional::linear(ln_f_(x), token_embedding_->weight);
+}
+
+int ParallelizeGpt(GptImpl& gpt, accel::Communicator& tp) {
+  if (gpt.config().n_head % tp.size() != 0) {
+    throw accel::UsageError(
+        "GPT: tensor parallelism over " + std::to_string(tp.size()) +
+        " ranks splits the attention heads, but n_head is " +
+        std::to_string(gpt.config().n_head) + "; give a tp_size dividing it");
+  }
+  return accel::parallelize_module(
+      gpt, tp,
+      {{"blocks.*.attention.qkv", accel::ColwiseParallel{.fused = 3}},
+       {"blocks.*.attention.proj", accel::RowwiseParallel{}},
+       {"blocks.*.fc", accel::ColwiseParallel{}},
+       {"blocks.*.fc_proj", accel::RowwiseParallel{}}});
 }
 
 int64_t GptImpl::parameter_count() const {

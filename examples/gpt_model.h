@@ -12,6 +12,10 @@
 //   torch::Tensor mask = examples::CausalMask(tokens.size(1));
 //   torch::Tensor logits = gpt->forward(tokens, mask);   // [B, T, vocab]
 //   torch::Tensor loss = examples::LanguageModelLoss(logits, targets);
+//
+// Its attention and MLP projections are accel::ParallelLinear (Linears
+// until split), so that ParallelizeGpt can split them over a
+// tensor-parallel group (accel/parallel/parallel_linear.h).
 #pragma once
 
 #include <ATen/core/Generator.h>
@@ -26,6 +30,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <vector>
+
+#include "accel/parallel/parallel_linear.h"
+#include "accel/runtime/comm/communicator.h"
 
 namespace examples {
 
@@ -48,7 +55,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
 
  private:
   int64_t n_head_;
-  torch::nn::Linear qkv_{nullptr}, proj_{nullptr};
+  accel::ParallelLinear qkv_{nullptr}, proj_{nullptr};
   torch::nn::Dropout attention_dropout_{nullptr}, residual_dropout_{nullptr};
 };
 TORCH_MODULE(CausalSelfAttention);
@@ -61,7 +68,7 @@ class BlockImpl : public torch::nn::Module {
  private:
   torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
   CausalSelfAttention attention_{nullptr};
-  torch::nn::Linear fc_{nullptr}, fc_proj_{nullptr};
+  accel::ParallelLinear fc_{nullptr}, fc_proj_{nullptr};
   torch::nn::Dropout dropout_{nullptr};
 };
 TORCH_MODULE(Block);
@@ -93,6 +100,14 @@ class GptImpl : public torch::nn::Module {
   torch::nn::LayerNorm ln_f_{nullptr};
 };
 TORCH_MODULE(Gpt);
+
+// Megatron's tensor parallelism of the blocks over `tp` (every rank of it
+// alike, before prepare): each attention's q|k|v projection and each
+// MLP's first layer column-parallel (a share of the heads, of the hidden
+// features), their output projections row-parallel; the embeddings, the
+// LayerNorms and the tied head stay whole. UsageError when n_head does not
+// split over tp's ranks. Returns the layers split (4 per block).
+int ParallelizeGpt(GptImpl& gpt, accel::Communicator& tp);
 
 // [T, T] bool, lower triangular: position t attends to 0..t.
 torch::Tensor CausalMask(int64_t length);

@@ -548,18 +548,83 @@ void ScaleGradients(const std::vector<torch::Tensor>& grads, double total,
   }
 }
 
+// `parameters` cut into those tensor parallelism splits and the others.
+std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>>
+SplitByTensorParallel(const std::vector<torch::Tensor>& parameters,
+                      const TensorParallelNorm& tensor_parallel) {
+  std::vector<const void*> split = tensor_parallel.split;
+  std::sort(split.begin(), split.end());
+  std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>> parts;
+  for (const torch::Tensor& p : parameters) {
+    (std::binary_search(split.begin(), split.end(), Key(p)) ? parts.first
+                                                            : parts.second)
+        .push_back(p);
+  }
+  return parts;
+}
+
+// A NaN-safe reduction of `values` (sums or maxima of |g|, with NaN flags
+// beside them) over `comm`.
+void ReduceNormValues(Communicator& comm, std::vector<double>& values,
+                      bool infinity, const char* api, CallSite site) {
+  CollectiveOptions options;
+  options.api = api;
+  options.site = site;
+  // With a NaN flag beside each value: a maximum over ranks may drop NaN.
+  std::vector<double> flagged;
+  for (double value : values) {
+    flagged.push_back(std::isnan(value) ? 0.0 : value);
+    flagged.push_back(std::isnan(value) ? 1.0 : 0.0);
+  }
+  AllreduceHostValues(comm, flagged.data(), flagged.size(), torch::kFloat64,
+                      infinity ? ReduceOp::kMax : ReduceOp::kSum, options);
+  for (size_t i = 0; i < values.size(); ++i) {
+    values[i] = flagged[2 * i + 1] > 0
+                    ? std::numeric_limits<double>::quiet_NaN()
+                    : flagged[2 * i];
+  }
+}
+
+// The split parameters' part summed over the tensor-parallel group, and
+// the other part once: the whole model's value.
+double CombineTensorParallel(const NormAccumulator& norm, double split,
+                             double other,
+                             const TensorParallelNorm& tensor_parallel,
+                             CallSite site) {
+  if (tensor_parallel.group != nullptr && tensor_parallel.group->size() > 1) {
+    std::vector<double> values = {split};
+    ReduceNormValues(*tensor_parallel.group, values, norm.infinity(),
+                     "clip_grad_norm_ (across tensor-parallel ranks)", site);
+    split = values[0];
+  }
+  if (std::isnan(split) || std::isnan(other)) {
+    return std::numeric_limits<double>::quiet_NaN();
+  }
+  return norm.infinity() ? std::max(split, other) : split + other;
+}
+
 }  // namespace
 
 double ClipGradNorm(const std::vector<torch::Tensor>& parameters,
-                    double max_norm, double norm_type) {
-  NormAccumulator norm(norm_type);
+                    double max_norm, double norm_type,
+                    const TensorParallelNorm& tensor_parallel, CallSite site) {
+  const auto [split, other] =
+      SplitByTensorParallel(parameters, tensor_parallel);
+  NormAccumulator split_norm(norm_type), other_norm(norm_type);
   std::vector<torch::Tensor> grads;
-  for (const torch::Tensor& p : parameters) {
-    if (!p.grad().defined()) continue;
-    grads.push_back(p.grad());
-    norm.Add(p.grad());
+  for (const auto& [part, norm] :
+       {std::pair<const std::vector<torch::Tensor>&, NormAccumulator&>{
+            split, split_norm},
+        {other, other_norm}}) {
+    for (const torch::Tensor& p : part) {
+      if (!p.grad().defined()) continue;
+      grads.push_back(p.grad());
+      norm.Add(p.grad());
+    }
   }
-  const double total = norm.Norm(norm.value());
+  const double total = other_norm.Norm(
+      CombineTensorParallel(other_norm, split_norm.value(), other_norm.value(),
+                            tensor_parallel, site));
   ScaleGradients(grads, total, max_norm);
   return total;
 }
@@ -568,30 +633,31 @@ double ClipGradNormAcrossShards(Communicator& comm,
                                 const std::vector<ZeroOptimizer*>& sharded,
                                 const std::vector<torch::Tensor>& parameters,
                                 double max_norm, double norm_type,
-                                CallSite site) {
+                                CallSite site,
+                                const TensorParallelNorm& tensor_parallel) {
+  const auto [split, other] =
+      SplitByTensorParallel(parameters, tensor_parallel);
+  std::vector<double> values;
+  std::vector<torch::Tensor> all;
   NormAccumulator norm(norm_type);
-  ShardedGradients grads = CollectGradients(sharded, parameters);
-  // This rank's part: its pieces, and the replicated gradients on rank 0
-  // only.
-  for (const auto& grad : grads.pieces) norm.Add(grad);
-  if (comm.rank() == 0) {
-    for (const auto& grad : grads.replicated) norm.Add(grad);
+  for (const std::vector<torch::Tensor>* part : {&split, &other}) {
+    NormAccumulator part_norm(norm_type);
+    ShardedGradients grads = CollectGradients(sharded, *part);
+    // This rank's part: its pieces, and the replicated gradients on rank 0
+    // only.
+    for (const auto& grad : grads.pieces) part_norm.Add(grad);
+    if (comm.rank() == 0) {
+      for (const auto& grad : grads.replicated) part_norm.Add(grad);
+    }
+    values.push_back(part_norm.value());
+    all.insert(all.end(), grads.pieces.begin(), grads.pieces.end());
+    all.insert(all.end(), grads.replicated.begin(), grads.replicated.end());
   }
-  CollectiveOptions options;
-  options.api = "clip_grad_norm_ (across ZeRO shards)";
-  options.site = site;
-  // With a NaN flag beside the value: a maximum over ranks may drop NaN.
-  const double local = norm.value();
-  double values[2] = {std::isnan(local) ? 0.0 : local,
-                      std::isnan(local) ? 1.0 : 0.0};
-  AllreduceHostValues(comm, values, 2, torch::kFloat64,
-                      norm.infinity() ? ReduceOp::kMax : ReduceOp::kSum,
-                      options);
-  const double total = values[1] > 0 ? std::numeric_limits<double>::quiet_NaN()
-                                     : norm.Norm(values[0]);
-  grads.pieces.insert(grads.pieces.end(), grads.replicated.begin(),
-                      grads.replicated.end());
-  ScaleGradients(grads.pieces, total, max_norm);
+  ReduceNormValues(comm, values, norm.infinity(),
+                   "clip_grad_norm_ (across ZeRO shards)", site);
+  const double total = norm.Norm(
+      CombineTensorParallel(norm, values[0], values[1], tensor_parallel, site));
+  ScaleGradients(all, total, max_norm);
   return total;
 }
 

@@ -266,13 +266,25 @@ class ZeroOptimizer {
   std::shared_ptr<UnitSchedule> units_;  // Stage 3.
 };
 
+// Tensor parallelism for the norms below: the parameters in `split`
+// (TensorImpl addresses, accel/parallel/parallel_linear.h's
+// TensorParallelParameters) are held in different shares by the ranks of
+// `group`, whose parts of the norm are summed over it; the others are the
+// same on every rank of it and count once. No group: nothing is split.
+struct TensorParallelNorm {
+  Communicator* group = nullptr;
+  std::vector<const void*> split;
+};
+
 // Accelerator::clip_grad_norm_ when nothing is sharded: torch's
 // clip_grad_norm_, with |g|^p summed in float64, so that the norm (and the
 // coefficient) equals ClipGradNormAcrossShards' however the gradients are
 // sharded; it can differ from torch's float32 norm in the last bits.
 // UsageError for a norm_type that is not positive. Returns the norm.
 double ClipGradNorm(const std::vector<torch::Tensor>& parameters,
-                    double max_norm, double norm_type);
+                    double max_norm, double norm_type,
+                    const TensorParallelNorm& tensor_parallel = {},
+                    CallSite site = {});
 
 // Accelerator::clip_grad_norm_ when optimizers are sharded: the norm of the
 // gradients of `parameters` over every rank's pieces (one allreduce), the
@@ -283,7 +295,8 @@ double ClipGradNormAcrossShards(Communicator& comm,
                                 const std::vector<ZeroOptimizer*>& sharded,
                                 const std::vector<torch::Tensor>& parameters,
                                 double max_norm, double norm_type,
-                                CallSite site);
+                                CallSite site,
+                                const TensorParallelNorm& tensor_parallel = {});
 
 // The gradients clip_grad_value_ clips: this rank's pieces of the sharded
 // parameters, and the whole gradients of the others.
