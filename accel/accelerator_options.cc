@@ -1,7 +1,5 @@
 #include "accel/accelerator_options.h"
 
-#include <algorithm>
-#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
@@ -11,6 +9,7 @@
 #include "accel/runtime/base/errors.h"
 #include "accel/runtime/base/excerpt.h"
 #include "accel/runtime/base/logging.h"
+#include "accel/runtime/env/env_value.h"
 #include "accel/runtime/launch/program_flags.h"
 #include "accel/tracking/tracker.h"
 
@@ -111,13 +110,8 @@ std::optional<ParallelismConfig> ParallelismConfigFromFlags() {
       &flags::parallelism_config_tp_size, &flags::parallelism_config_cp_size};
   bool wanted = flags::use_parallelism_config.value();
   for (const ProgramFlag<int32_t>* size : sizes) wanted |= size->given();
-  const char* use = std::getenv("ACCELERATE_USE_PARALLELISM_CONFIG");
-  if (use != nullptr) {
-    std::string text = use;
-    std::transform(text.begin(), text.end(), text.begin(),
-                   [](unsigned char c) { return std::tolower(c); });
-    wanted |= text == "true" || text == "1" || text == "yes";
-  }
+  // Strictly, as accel reads its own switches: "maybe" is a UsageError.
+  wanted |= EnvSwitch("ACCELERATE_USE_PARALLELISM_CONFIG").value_or(false);
   for (const char* variable :
        {"PARALLELISM_CONFIG_DP_REPLICATE_SIZE",
         "PARALLELISM_CONFIG_DP_SHARD_SIZE", "PARALLELISM_CONFIG_TP_SIZE",

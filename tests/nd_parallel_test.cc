@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <vector>
@@ -476,6 +477,14 @@ TEST_F(NdParallelTest, ConfigErrorsSayWhatToChange) {
   options.parallelism_config = Mesh(0, 4);
   EXPECT_THAT(UsageErrorOf([&] { Accelerator a(options); }),
               HasSubstr("dp_replicate_size must be at least 1, found 0"));
+  // Accelerate's switch, read as strictly as accel's own.
+  setenv("ACCELERATE_USE_PARALLELISM_CONFIG", "maybe", 1);
+  EXPECT_THAT(UsageErrorOf([] { ParallelismConfigFromFlags(); }),
+              HasSubstr("ACCELERATE_USE_PARALLELISM_CONFIG"));
+  setenv("ACCELERATE_USE_PARALLELISM_CONFIG", "TRUE", 1);
+  EXPECT_EQ(ParallelismConfigFromFlags(), ParallelismConfig());
+  unsetenv("ACCELERATE_USE_PARALLELISM_CONFIG");
+  EXPECT_FALSE(ParallelismConfigFromFlags().has_value());
   EXPECT_THAT(UsageErrorOf([] { SharedAccelerator().tensor_parallel_rank(); }),
               HasSubstr("no parallelism_config was given"));
 }
