@@ -171,8 +171,7 @@ std::vector<const void*> TensorParallelParameters(
     if (linear == nullptr || !linear->parallel()) continue;
     keys.push_back(linear->weight.unsafeGetTensorImpl());
     // A row-parallel layer's bias is whole on every rank.
-    if (linear->bias.defined() &&
-        linear->bias.size(0) != linear->options.out_features()) {
+    if (linear->bias.defined() && linear->column_parallel()) {
       keys.push_back(linear->bias.unsafeGetTensorImpl());
     }
   }

@@ -81,6 +81,10 @@ class ParallelLinearImpl : public torch::nn::Module {
                            const ParallelStyle& style) const;
   // Whether Parallelize split it (over a group of more than one rank).
   bool parallel() const { return group_ != nullptr; }
+  // Whether it is split column-wise (its bias split too), once parallel.
+  bool column_parallel() const {
+    return parallel() && std::holds_alternative<ColwiseParallel>(style_);
+  }
 
   torch::nn::LinearOptions options;
   torch::Tensor weight;
