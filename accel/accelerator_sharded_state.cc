@@ -44,8 +44,8 @@ struct Slot {
   int64_t begin = 0;
   torch::Tensor values;
   bool whole = false;
-  // Whether this rank writes it: under HSDP replica 0's ranks write ZeRO's
-  // pieces, the others hold the same values.
+  // Whether this rank writes it: on a mesh, the ranks of replica 0 and tp
+  // coordinate 0 write ZeRO's pieces; the others hold the same values.
   bool saved = true;
 };
 
@@ -53,7 +53,7 @@ class ShardPlan {
  public:
   ShardPlan(const std::vector<std::shared_ptr<torch::nn::Module>>& models,
             const std::vector<std::shared_ptr<PreparedOptimizer>>& optimizers,
-            int rank, int world)
+            int rank, int world, bool writes_zero_pieces)
       : rank_(rank), world_(world) {
     std::map<const void*, std::string> names;
     for (size_t m = 0; m < models.size(); ++m) {
@@ -84,7 +84,7 @@ class ShardPlan {
                     piece.begin,
                     piece.values,
                     false,
-                    prepared.zero->replica_index() == 0};
+                    writes_zero_pieces};
           pieces_.push_back(slot);
           part.slots.push_back(slot);
         }
@@ -336,9 +336,15 @@ std::optional<ShardedTensors> Accelerator::ShardedTensorsOfPrepared() {
     }
     return std::nullopt;
   }
-  auto plan = std::make_shared<ShardPlan>(state_->prepared.models(),
-                                          state_->prepared.optimizers(),
-                                          process_index(), num_processes());
+  // ZeRO's pieces are the same on every replica and, the model having no
+  // split layers (RefuseSplitLayers), on every tp rank: one copy writes.
+  const DeviceMesh* mesh = state_->mesh.get();
+  const bool writes_zero_pieces =
+      mesh == nullptr ||
+      (mesh->coordinate("dp_replicate") == 0 && mesh->coordinate("tp") == 0);
+  auto plan = std::make_shared<ShardPlan>(
+      state_->prepared.models(), state_->prepared.optimizers(), process_index(),
+      num_processes(), writes_zero_pieces);
   ShardedTensors tensors;
   tensors.pieces = [plan] { return plan->Pieces(); };
   tensors.check = [plan](const ShardedStateReader& reader) {

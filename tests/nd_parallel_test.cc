@@ -190,6 +190,21 @@ TEST_F(NdParallelTest, CheckpointResumesAtAnotherMesh) {
   const Result stage3 =
       Train({.stage = 3, .steps = 10, .first_step = 10, .load_from = folder});
   EXPECT_LE(MaxDifference(stage3.parameters, whole.parameters), 1e-6);
+  // With tp (no split layers): the two ranks of a tp group hold the same
+  // pieces; one writes (both did: "elements [0, 32) are in two files").
+  const std::string tp_folder = Folder("nd_checkpoint_tp");
+  const Result tp_whole =
+      Train({.stage = 2, .steps = 20, .parallelism = Mesh(1, 2, 2)});
+  Train({.stage = 2,
+         .steps = 10,
+         .save_to = tp_folder,
+         .parallelism = Mesh(1, 2, 2)});
+  const Result tp_resumed = Train({.stage = 3,
+                                   .steps = 10,
+                                   .first_step = 10,
+                                   .load_from = tp_folder,
+                                   .parallelism = Mesh(1, 2, 2)});
+  EXPECT_LE(MaxDifference(tp_resumed.parameters, tp_whole.parameters), 1e-6);
   const Result hsdp_again = Train({.stage = 1,
                                    .steps = 10,
                                    .first_step = 10,
