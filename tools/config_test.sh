@@ -178,6 +178,9 @@ for flag in --use_parallelism_config=true --parallelism_config_dp_replicate_size
   has "$out" "$flag"
 done
 has "$out" "parallelism_config.parallelism_config_cp_comm_strategy (line 12)"
+# A misspelled size is an unknown key, not one of Accelerate's.
+printf 'parallelism_config:\n  parallelism_config_dp_shard_sise: 2\n' >"$dir/typo.yaml"
+has "$("$config" --show --config_file="$dir/typo.yaml" 2>&1)" "unknown key parallelism_config.parallelism_config_dp_shard_sise (line 2) ignored (a misspelling?)"
 # FSDP's hybrid strategies are read (sharded within each machine).
 printf 'distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: HYBRID_SHARD_ZERO2\n' >"$dir/hybrid.yaml"
 has "$("$config" --show --config_file="$dir/hybrid.yaml" 2>&1)" "--fsdp_sharding_strategy=HYBRID_SHARD_ZERO2"

@@ -49,6 +49,21 @@ const std::set<std::string>& NotApplying() {
   return keys;
 }
 
+// parallelism_config's keys of Accelerate's own that accel has no
+// counterpart for (its context- and sequence-parallel backends).
+const std::set<std::string>& AccelerateParallelismKeys() {
+  static const std::set<std::string> keys = {
+      "parallelism_config_cp_backend",
+      "parallelism_config_cp_comm_strategy",
+      "parallelism_config_sp_size",
+      "parallelism_config_sp_backend",
+      "parallelism_config_sp_seq_length",
+      "parallelism_config_sp_seq_length_is_variable",
+      "parallelism_config_sp_attn_implementation",
+  };
+  return keys;
+}
+
 // Values IsHarmless looks at in one file, at most. Aliases let 942 bytes of
 // YAML name 10^10 values (10 levels of 10 keys, each an alias of the level
 // below): walking them all hung every accel program before it started.
@@ -293,8 +308,10 @@ class YamlReader : private YamlValueReader {
           Integer("parallelism_config." + key, value, 1, kMaxLaunchProcesses),
           value);
       Set("use_parallelism_config", "true", value);
-    } else {
+    } else if (AccelerateParallelismKeys().count(key) != 0) {
       ignored_key_ = true;
+    } else {
+      unknown_.Add("parallelism_config." + key, value);
     }
   }
 
