@@ -513,6 +513,13 @@ class Accelerator {
       const torch::nn::Module& model, CallSite site);
   void SaveModelOf(const torch::nn::Module& model, const std::string& dir,
                    const std::string& max_shard_size, CallSite site);
+  // `each(name, value)` for every state_dict entry of `model`, in order,
+  // whole, on every rank: ZeRO-3's units gathered one at a time, tensor-
+  // parallel shares gathered over tp and joined. Every rank calls it alike.
+  void ForEachWholeEntry(const torch::nn::Module& model, const char* api,
+                         CallSite site,
+                         const std::function<void(const std::string&,
+                                                  const torch::Tensor&)>& each);
   // Runs `work` (a save or load of the training state) with every ZeRO-3
   // unit's parameters whole, then reshards them with what they hold.
   void WithWholeParameters(const std::function<void()>& work);
@@ -563,9 +570,9 @@ class Accelerator {
   // The prepared models' tensor-parallel layers (parallelize_module): their
   // split parameters and the tp group, for the gradients' norm.
   TensorParallelNorm TensorParallelOf() const;
-  // UsageError naming `api` when a prepared model has tensor-parallel
-  // layers, whose whole weights accel cannot write or read yet.
-  void RefuseSplitLayers(const char* api) const;
+  // UsageError naming `api` and `why` when a prepared model has
+  // tensor-parallel layers: a checkpoint of whole weights cannot hold them.
+  void RefuseSplitLayers(const char* api, const char* why) const;
   int MeshCoordinate(const char* dimension, const char* api) const;
 
   // The gradient synchronizer of a prepared model (null with one process).

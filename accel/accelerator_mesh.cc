@@ -94,15 +94,16 @@ TensorParallelNorm Accelerator::TensorParallelOf() const {
   return tensor_parallel;
 }
 
-void Accelerator::RefuseSplitLayers(const char* api) const {
+void Accelerator::RefuseSplitLayers(const char* api, const char* why) const {
   for (const auto& model : state_->prepared.models()) {
     if (TensorParallelParameters(*model).empty()) continue;
     throw UsageError(
         std::string(api) +
         ": the model has tensor-parallel layers (parallelize_module), of "
-        "which each rank holds a share; writing or reading them as whole "
-        "weights is not in accel yet (save the model before parallelizing "
-        "it, or train without tp_size)");
+        "which each rank holds a share; accel saves them only in its "
+        "sharded checkpoints, which need a prepared optimizer whose state "
+        "accel knows, and " +
+        why);
   }
 }
 

@@ -5,7 +5,9 @@
 // the pieces it steps; what every rank holds whole (buffers, frozen
 // parameters, everything at stage 0) is cut evenly, each rank saving its
 // share. A load reads into ZeRO's pieces only their ranges (stage 3's units
-// are never gathered), and whole tensors whole.
+// are never gathered), and whole tensors whole. A parameter that tensor
+// parallelism split is saved share by share, each share as a tensor of its
+// own (accel/checkpoint/tensor_shares.h), and read back at any tp size.
 #include <torch/optim/optimizer.h>
 
 #include <algorithm>
@@ -18,8 +20,11 @@
 #include "accel/accelerator.h"
 #include "accel/checkpoint/sharded_state.h"
 #include "accel/checkpoint/state_dict.h"
+#include "accel/checkpoint/tensor_shares.h"
 #include "accel/core/libtorch_compat.h"
+#include "accel/core/tensor_split.h"
 #include "accel/optim/param_state_codec.h"
+#include "accel/parallel/parallel_linear.h"
 #include "accel/parallel/zero.h"
 #include "accel/runtime/base/errors.h"
 
@@ -36,34 +41,64 @@ std::pair<int64_t, int64_t> EvenShare(int64_t n, int rank, int world) {
   return {begin, std::min(n, begin + chunk)};
 }
 
-// A part of a named tensor this rank holds: elements [begin, begin +
-// values.numel()) of `name` (of `shape`), or all of it when `whole`.
+// Where a rank stands in the job, for what it saves: on a mesh, the ranks
+// of replica 0 write ZeRO's pieces (the other replicas hold the same), and
+// of a parameter that tensor parallelism did not split, tp rank 0 alone.
+struct Writer {
+  int rank = 0;
+  int world = 1;
+  bool replica_writes = true;
+  int tp_rank = 0;
+  int tp_size = 1;
+};
+
+// A part of a parameter (or buffer) this rank holds: elements [begin, begin
+// + values.numel()) of `parameter` (of `shape`), or all of it when `whole`;
+// with `split`, of share `share` of it (accel/checkpoint/tensor_shares.h).
 struct Slot {
-  std::string name;
-  std::vector<int64_t> shape;
+  std::string parameter;       // "model_0/blocks.0.fc.weight"
+  std::vector<int64_t> shape;  // Of what this rank holds (its share).
   int64_t begin = 0;
   torch::Tensor values;
   bool whole = false;
-  // Whether this rank writes it: on a mesh, the ranks of replica 0 and tp
-  // coordinate 0 write ZeRO's pieces; the others hold the same values.
-  bool saved = true;
+  bool saved = true;  // Whether this rank writes it.
+  TensorSplit split;  // size 1: not split.
+  int share = 0;
+
+  // The name its pieces have in the checkpoint.
+  std::string Held() const {
+    return split.size > 1 ? ShareName(parameter, share, split.size) : parameter;
+  }
+  std::vector<int64_t> WholeShape() const {
+    return split.size > 1 ? accel::WholeShape(shape, split) : shape;
+  }
 };
 
 class ShardPlan {
  public:
   ShardPlan(const std::vector<std::shared_ptr<torch::nn::Module>>& models,
             const std::vector<std::shared_ptr<PreparedOptimizer>>& optimizers,
-            int rank, int world, bool writes_zero_pieces)
-      : rank_(rank), world_(world) {
-    std::map<const void*, std::string> names;
+            const Writer& writer)
+      : writer_(writer) {
+    std::map<const void*, Slot> named;  // Each tensor's slot, whole.
     for (size_t m = 0; m < models.size(); ++m) {
+      std::map<const void*, SplitParameter> splits;
+      for (SplitParameter& split : TensorParallelSplits(*models[m])) {
+        splits.emplace(Key(split.tensor), std::move(split));
+      }
       std::vector<std::string> model_names;
       for (const StateEntry& entry : StateDict(*models[m])) {
-        const std::string name =
-            "model_" + std::to_string(m) + "/" + entry.name;
-        names.emplace(Key(entry.tensor), name);
+        Slot slot{"model_" + std::to_string(m) + "/" + entry.name,
+                  entry.tensor.sizes().vec(), 0, entry.tensor, true};
+        const auto split = splits.find(Key(entry.tensor));
+        if (split != splits.end()) {
+          slot.split = split->second.split;
+          slot.share = split->second.rank;
+          splits_[slot.parameter] = slot.split;
+        }
+        named.emplace(Key(entry.tensor), slot);
         model_names.push_back(entry.name);
-        entries_.push_back({name, entry.tensor});
+        entries_.push_back(slot);
       }
       model_names_.push_back(std::move(model_names));
     }
@@ -79,27 +114,27 @@ class ShardPlan {
           covered[Key(p)] = true;
         }
         for (const ZeroOptimizer::Piece& piece : prepared.zero->Pieces()) {
-          Slot slot{NameOf(names, piece.parameter),
-                    piece.parameter.sizes().vec(),
-                    piece.begin,
-                    piece.values,
-                    false,
-                    writes_zero_pieces};
+          Slot slot = SlotOf(named, piece.parameter);
+          slot.shape = piece.parameter.sizes().vec();
+          slot.begin = piece.begin;
+          slot.values = piece.values;
+          slot.whole = false;
+          slot.saved = writer_.replica_writes &&
+                       (slot.split.size > 1 || writer_.tp_rank == 0);
           pieces_.push_back(slot);
           part.slots.push_back(slot);
         }
       } else {
         for (const auto& group : prepared.optimizer->param_groups()) {
           for (const torch::Tensor& p : group.params()) {
-            part.slots.push_back(
-                {NameOf(names, p), p.sizes().vec(), 0, p, true});
+            part.slots.push_back(SlotOf(named, p));
           }
         }
       }
       optimizers_.push_back(std::move(part));
     }
-    for (const auto& [name, tensor] : entries_) {
-      if (covered.count(Key(tensor)) == 0) whole_.push_back({name, tensor});
+    for (const Slot& slot : entries_) {
+      if (covered.count(Key(slot.values)) == 0) whole_.push_back(slot);
     }
   }
 
@@ -107,14 +142,19 @@ class ShardPlan {
     return model_names_;
   }
 
+  std::map<std::string, std::string> Metadata() const {
+    if (splits_.empty()) return {};
+    return {{kTensorSplitsKey, EncodeTensorSplits(splits_)}};
+  }
+
   std::vector<ShardPiece> Pieces() const {
     std::vector<ShardPiece> pieces;
     for (const Slot& slot : pieces_) {
       if (!slot.saved) continue;
-      pieces.push_back({slot.name, slot.shape, slot.begin, slot.values});
+      pieces.push_back({slot.Held(), slot.shape, slot.begin, slot.values});
     }
-    for (const auto& [name, tensor] : whole_) {
-      AddShare(name, tensor, &pieces);
+    for (const Slot& slot : whole_) {
+      AddShare(slot, slot.Held(), slot.values, &pieces);
     }
     for (const Optimizer& part : optimizers_) {
       for (const Slot& slot : part.slots) AddState(part, slot, &pieces);
@@ -123,12 +163,13 @@ class ShardPlan {
   }
 
   void Check(const ShardedStateReader& reader) const {
+    const SharesReader shares(reader);
     std::map<std::string, bool> wanted;
-    for (const auto& [name, tensor] : entries_) {
-      wanted[name] = true;
-      CheckShape(reader, name, tensor.sizes().vec());
+    for (const Slot& slot : entries_) {
+      wanted[slot.parameter] = true;
+      CheckShape(shares, {"", slot.parameter, ""}, slot.WholeShape());
     }
-    for (const std::string& name : reader.names()) {
+    for (const std::string& name : shares.Names()) {
       if (name.rfind("model_", 0) == 0 && wanted.count(name) == 0) {
         throw CheckpointError(
             std::string("the checkpoint's shards (") + kShardIndexName +
@@ -139,22 +180,30 @@ class ShardPlan {
     }
     for (const Optimizer& part : optimizers_) {
       for (const Slot& slot : part.slots) {
-        for (const std::string& name : StateNames(reader, part, slot)) {
-          const auto& shape = reader.info(name).shape;
-          if (!shape.empty()) CheckShape(reader, name, slot.shape);
+        for (const std::string& suffix :
+             shares.Suffixes(part.prefix + "/", slot.parameter)) {
+          const StateName name{part.prefix + "/", slot.parameter, suffix};
+          if (!shares.Shape(name).empty()) {
+            CheckShape(shares, name, slot.WholeShape());
+          }
         }
       }
     }
   }
 
   void Load(const ShardedStateReader& reader, CallSite site) const {
+    const SharesReader shares(reader);
     torch::NoGradGuard no_grad;
-    for (const Slot& slot : pieces_) ReadInto(reader, slot.name, slot);
-    for (const auto& [name, tensor] : whole_) {
-      tensor.copy_(reader.ReadWhole(name).to(tensor.device()));
+    for (const Slot& slot : pieces_) {
+      slot.values.copy_(ReadRange(shares, {"", slot.parameter, ""}, slot)
+                            .view_as(slot.values));
+    }
+    for (const Slot& slot : whole_) {
+      slot.values.copy_(ReadRange(shares, {"", slot.parameter, ""}, slot)
+                            .view_as(slot.values));
     }
     for (const Optimizer& part : optimizers_) {
-      for (const Slot& slot : part.slots) LoadState(reader, part, slot);
+      for (const Slot& slot : part.slots) LoadState(shares, part, slot);
     }
     for (ZeroOptimizer* zero : zeros_) zero->ShareLoadedPieces(site);
   }
@@ -166,10 +215,10 @@ class ShardPlan {
     std::vector<Slot> slots;
   };
 
-  static std::string NameOf(const std::map<const void*, std::string>& names,
-                            const torch::Tensor& p) {
-    const auto found = names.find(Key(p));
-    if (found == names.end()) {
+  static Slot SlotOf(const std::map<const void*, Slot>& named,
+                     const torch::Tensor& p) {
+    const auto found = named.find(Key(p));
+    if (found == named.end()) {
       throw UsageError(
           "save_state: an optimizer's parameter is in no prepared model; "
           "sharded checkpoints name each parameter by its model's state_dict");
@@ -179,7 +228,7 @@ class ShardPlan {
 
   // What the checkpoint holds beside a tensor it lacks (a layer renamed:
   // its old names), or "".
-  static std::string Neighbours(const ShardedStateReader& reader,
+  static std::string Neighbours(const SharesReader& shares,
                                 const std::string& name) {
     // The module holding the layer ("model_0/blocks.0." of
     // "model_0/blocks.0.fc1.weight"), or the model's top ("model_0/").
@@ -190,7 +239,7 @@ class ShardPlan {
     const std::string parent = name.substr(
         0, (layer != std::string::npos ? layer : name.find('/')) + 1);
     std::vector<std::string> beside;
-    for (const std::string& held : reader.names()) {
+    for (const std::string& held : shares.Names()) {
       if (held.rfind(parent, 0) == 0) beside.push_back(held);
     }
     if (parent.empty() || beside.empty()) return "";
@@ -201,28 +250,34 @@ class ShardPlan {
     return text + (beside.size() > 4 ? ", ...)" : ")");
   }
 
-  static void CheckShape(const ShardedStateReader& reader,
-                         const std::string& name,
+  static void CheckShape(const SharesReader& shares, const StateName& name,
                          const std::vector<int64_t>& shape) {
-    if (!reader.contains(name)) {
+    if (!shares.Contains(name)) {
       throw CheckpointError(std::string("the checkpoint's shards (") +
-                            kShardIndexName + ") hold no " + name +
+                            kShardIndexName + ") hold no " + name.Whole() +
                             ": the model changed since the save" +
-                            Neighbours(reader, name));
+                            Neighbours(shares, name.Whole()));
     }
-    if (reader.info(name).shape != shape) {
-      throw CheckpointError(
-          std::string("the checkpoint's shards (") + kShardIndexName +
-          ") hold " + name + " of shape " +
-          c10::str(c10::IntArrayRef(reader.info(name).shape)) +
-          ", but this program's is " + c10::str(c10::IntArrayRef(shape)));
+    const std::vector<int64_t> held = shares.Shape(name);
+    if (held != shape) {
+      throw CheckpointError(std::string("the checkpoint's shards (") +
+                            kShardIndexName + ") hold " + name.Whole() +
+                            " of shape " + c10::str(c10::IntArrayRef(held)) +
+                            ", but this program's is " +
+                            c10::str(c10::IntArrayRef(shape)));
     }
   }
 
-  // This rank's even share of a tensor every rank holds whole.
-  void AddShare(const std::string& name, const torch::Tensor& tensor,
+  // This rank's even share of a tensor that ranks hold whole: every rank,
+  // or for a tensor-parallel share, the ranks of its tp coordinate (the tp
+  // dimension is the mesh's last: rank % tp_size).
+  void AddShare(const Slot& slot, const std::string& name,
+                const torch::Tensor& tensor,
                 std::vector<ShardPiece>* pieces) const {
-    const auto [begin, end] = EvenShare(tensor.numel(), rank_, world_);
+    const bool split = slot.split.size > 1;
+    const int holder = split ? writer_.rank / writer_.tp_size : writer_.rank;
+    const int holders = split ? writer_.world / writer_.tp_size : writer_.world;
+    const auto [begin, end] = EvenShare(tensor.numel(), holder, holders);
     const torch::Tensor flat = tensor.detach().reshape({-1});
     pieces->push_back({name, tensor.sizes().vec(), begin,
                        flat.narrow(0, begin, end - begin)});
@@ -237,17 +292,21 @@ class ShardPlan {
     const std::optional<ParamStateValues> values =
         ReadParamState(*found->second);
     if (!values) return;  // Sharded tensors are used only when known.
-    const std::string prefix = part.prefix + "/" + slot.name + "/";
+    const std::string prefix = part.prefix + "/" + slot.Held() + "/";
     for (const auto& [key, tensor] : values->tensors) {
       if (slot.whole) {
-        AddShare(prefix + key, tensor, pieces);
+        AddShare(slot, prefix + key, tensor, pieces);
       } else {
         pieces->push_back(
             {prefix + key, slot.shape, slot.begin, tensor.reshape({-1})});
       }
     }
-    // A count once, with the parameter's first element.
-    if ((slot.whole && rank_ == 0) || (!slot.whole && slot.begin == 0)) {
+    // A count once (per share), with the parameter's first element.
+    const bool first = slot.whole
+                           ? writer_.rank < writer_.tp_size &&
+                                 (slot.split.size > 1 || writer_.rank == 0)
+                           : slot.begin == 0;
+    if (first) {
       for (const auto& [key, count] : values->counts) {
         pieces->push_back(
             {prefix + key, {}, 0, torch::tensor({count}, torch::kInt64)});
@@ -255,64 +314,51 @@ class ShardPlan {
     }
   }
 
-  static std::vector<std::string> StateNames(const ShardedStateReader& reader,
-                                             const Optimizer& part,
-                                             const Slot& slot) {
-    const std::string prefix = part.prefix + "/" + slot.name + "/";
-    std::vector<std::string> names;
-    for (const std::string& name : reader.names()) {
-      if (name.compare(0, prefix.size(), prefix) == 0) names.push_back(name);
-    }
-    return names;
-  }
-
-  // Elements of `name` for slot's range, on the slot's device.
-  static torch::Tensor ReadRange(const ShardedStateReader& reader,
-                                 const std::string& name, const Slot& slot) {
-    if (slot.whole) return reader.ReadWhole(name).to(slot.values.device());
+  // Elements of `name` for slot's range (of its share), on the slot's
+  // device.
+  static torch::Tensor ReadRange(const SharesReader& shares,
+                                 const StateName& name, const Slot& slot) {
     torch::Tensor out =
         torch::empty({slot.values.numel()},
-                     torch::TensorOptions().dtype(reader.info(name).dtype));
-    reader.Read(name, slot.begin, out);
+                     torch::TensorOptions().dtype(shares.Dtype(name)));
+    shares.Read(name, slot.split, slot.share, slot.whole ? 0 : slot.begin, out);
     return out.to(slot.values.device());
   }
 
-  static void ReadInto(const ShardedStateReader& reader,
-                       const std::string& name, const Slot& slot) {
-    slot.values.copy_(ReadRange(reader, name, slot).view_as(slot.values));
-  }
-
-  void LoadState(const ShardedStateReader& reader, const Optimizer& part,
+  void LoadState(const SharesReader& shares, const Optimizer& part,
                  const Slot& slot) const {
     auto& state = part.optimizer->state();
-    const std::vector<std::string> names = StateNames(reader, part, slot);
-    if (names.empty()) {
+    std::vector<std::string> suffixes =
+        shares.Suffixes(part.prefix + "/", slot.parameter);
+    suffixes.erase(std::remove(suffixes.begin(), suffixes.end(), ""),
+                   suffixes.end());
+    if (suffixes.empty()) {
       state.erase(compat::StateKey(slot.values));
       return;
     }
     ParamStateValues values;
-    const size_t cut = part.prefix.size() + slot.name.size() + 2;
-    for (const std::string& name : names) {
-      const std::string key = name.substr(cut);
-      if (reader.info(name).shape.empty()) {
-        values.counts[key] = reader.ReadWhole(name).item<int64_t>();
+    for (const std::string& suffix : suffixes) {
+      const StateName name{part.prefix + "/", slot.parameter, suffix};
+      const std::string key = suffix.substr(1);
+      if (shares.Shape(name).empty()) {
+        values.counts[key] = shares.ReadWhole(name).item<int64_t>();
       } else {
-        values.tensors[key] = ReadRange(reader, name, slot)
+        values.tensors[key] = ReadRange(shares, name, slot)
                                   .view_as(slot.values)
                                   .to(slot.values.dtype())
                                   .contiguous();
       }
     }
     state[compat::StateKey(slot.values)] =
-        MakeParamState(*part.optimizer, values, slot.name);
+        MakeParamState(*part.optimizer, values, slot.parameter);
   }
 
-  int rank_;
-  int world_;
+  Writer writer_;
   std::vector<std::vector<std::string>> model_names_;
-  std::vector<std::pair<std::string, torch::Tensor>> entries_;
+  std::vector<Slot> entries_;  // Every model tensor, whole.
+  std::map<std::string, TensorSplit> splits_;
   std::vector<Slot> pieces_;  // ZeRO's, this rank's.
-  std::vector<std::pair<std::string, torch::Tensor>> whole_;
+  std::vector<Slot> whole_;
   std::vector<Optimizer> optimizers_;
   std::vector<ZeroOptimizer*> zeros_;
 };
@@ -336,15 +382,14 @@ std::optional<ShardedTensors> Accelerator::ShardedTensorsOfPrepared() {
     }
     return std::nullopt;
   }
-  // ZeRO's pieces are the same on every replica and, the model having no
-  // split layers (RefuseSplitLayers), on every tp rank: one copy writes.
-  const DeviceMesh* mesh = state_->mesh.get();
-  const bool writes_zero_pieces =
-      mesh == nullptr ||
-      (mesh->coordinate("dp_replicate") == 0 && mesh->coordinate("tp") == 0);
+  Writer writer{process_index(), num_processes()};
+  if (const DeviceMesh* mesh = state_->mesh.get()) {
+    writer.replica_writes = mesh->coordinate("dp_replicate") == 0;
+    writer.tp_rank = mesh->coordinate("tp");
+    writer.tp_size = mesh->size("tp");
+  }
   auto plan = std::make_shared<ShardPlan>(
-      state_->prepared.models(), state_->prepared.optimizers(), process_index(),
-      num_processes(), writes_zero_pieces);
+      state_->prepared.models(), state_->prepared.optimizers(), writer);
   ShardedTensors tensors;
   tensors.pieces = [plan] { return plan->Pieces(); };
   tensors.check = [plan](const ShardedStateReader& reader) {
@@ -354,6 +399,7 @@ std::optional<ShardedTensors> Accelerator::ShardedTensorsOfPrepared() {
     plan->Load(reader, CallSite::Here());
   };
   tensors.model_names = plan->model_names();
+  tensors.metadata = plan->Metadata();
   return tensors;
 }
 

@@ -1,11 +1,16 @@
 // The Accelerator's checkpoints, weights (get_state_dict, save_model) and
 // trackers, over CheckpointManager and TrackerSet (see accelerator.h).
+#include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "accel/accelerator.h"
 #include "accel/checkpoint/checkpoint_manager.h"
 #include "accel/core/tensor_ops.h"
+#include "accel/core/tensor_split.h"
+#include "accel/parallel/parallel_linear.h"
+#include "accel/parallel/tensor_parallel.h"
 #include "accel/parallel/zero.h"
 #include "accel/runtime/base/logging.h"
 #include "accel/tracking/tracker_set.h"
@@ -25,40 +30,52 @@ void Accelerator::MakeCheckpointManager() {
       options_.project_dir, options_.total_limit, std::move(job));
 }
 
-namespace {
-
-// The module's state with ZeRO-3 units gathered one at a time; the main
-// process keeps CPU copies (in state_dict order), the others nothing.
-std::vector<std::pair<std::string, torch::Tensor>> GatheredState(
-    ZeroOptimizer& zero, const torch::nn::Module& model, bool keep,
-    const char* api, CallSite site) {
+void Accelerator::ForEachWholeEntry(
+    const torch::nn::Module& model, const char* api, CallSite site,
+    const std::function<void(const std::string&, const torch::Tensor&)>& each) {
   const std::vector<StateEntry> entries = StateDict(model);
+  std::map<const void*, TensorSplit> splits;
+  for (const SplitParameter& split : TensorParallelSplits(model)) {
+    splits.emplace(split.tensor.unsafeGetTensorImpl(), split.split);
+  }
+  const auto whole = [&](size_t i, const torch::Tensor& value) {
+    const auto split = splits.find(entries[i].tensor.unsafeGetTensorImpl());
+    if (split == splits.end()) {
+      each(entries[i].name, value);
+      return;
+    }
+    // Every rank's share, stacked in tp order, then joined.
+    torch::NoGradGuard no_grad;
+    const torch::Tensor shares = tp::GatherFromRegion(
+        value.detach().unsqueeze(0), state_->mesh->group("tp"), 0);
+    each(entries[i].name, JoinShares(shares.unbind(0), split->second));
+  };
+  ZeroOptimizer* zero = ParameterShardingOf(model);
+  if (zero == nullptr) {
+    for (size_t i = 0; i < entries.size(); ++i) whole(i, entries[i].tensor);
+    return;
+  }
   std::vector<torch::Tensor> tensors;
   for (const StateEntry& entry : entries) tensors.push_back(entry.tensor);
-  std::vector<std::pair<std::string, torch::Tensor>> kept;
-  zero.ForEachGathered(
-      tensors,
-      [&](size_t i, const torch::Tensor& value) {
-        if (!keep) return;
-        kept.emplace_back(entries[i].name,
-                          value.detach().to(torch::kCPU, true, true));
-      },
-      api, site);
-  return kept;
+  zero->ForEachGathered(tensors, whole, api, site);
 }
-
-}  // namespace
 
 std::map<std::string, torch::Tensor> Accelerator::StateDictOf(
     const torch::nn::Module& model, CallSite site) {
-  RefuseSplitLayers("get_state_dict");
   ZeroOptimizer* zero = ParameterShardingOf(model);
-  if (zero == nullptr) return StateDictOnCpu(model);
-  std::map<std::string, torch::Tensor> state;
-  for (auto& [name, tensor] :
-       GatheredState(*zero, model, is_main_process(), "get_state_dict", site)) {
-    state[name] = std::move(tensor);
+  if (zero == nullptr && TensorParallelSplits(model).empty()) {
+    return StateDictOnCpu(model);
   }
+  // Under ZeRO the main process keeps the whole state, as Accelerate's
+  // FULL_STATE_DICT with rank0_only; with tensor parallelism alone, every
+  // process (as DDP's).
+  const bool keep = zero == nullptr || is_main_process();
+  std::map<std::string, torch::Tensor> state;
+  ForEachWholeEntry(model, "get_state_dict", site,
+                    [&](const std::string& name, const torch::Tensor& value) {
+                      if (!keep) return;
+                      state[name] = value.detach().to(torch::kCPU, true, true);
+                    });
   return state;
 }
 
@@ -66,14 +83,18 @@ void Accelerator::SaveModelOf(const torch::nn::Module& model,
                               const std::string& dir,
                               const std::string& max_shard_size,
                               CallSite site) {
-  RefuseSplitLayers("save_model");
-  ZeroOptimizer* zero = ParameterShardingOf(model);
-  if (zero == nullptr) {
+  if (ParameterShardingOf(model) == nullptr &&
+      TensorParallelSplits(model).empty()) {
     if (is_main_process()) SaveModelWeights(model, dir, max_shard_size);
     return;
   }
-  const auto state =
-      GatheredState(*zero, model, is_main_process(), "save_model", site);
+  std::vector<std::pair<std::string, torch::Tensor>> state;
+  ForEachWholeEntry(model, "save_model", site,
+                    [&](const std::string& name, const torch::Tensor& value) {
+                      if (!is_main_process()) return;
+                      state.emplace_back(
+                          name, value.detach().to(torch::kCPU, true, true));
+                    });
   if (is_main_process()) SaveModelWeights(state, dir, max_shard_size);
 }
 
@@ -86,7 +107,6 @@ void Accelerator::register_load_state_pre_hook(StateHook hook) {
 }
 
 CheckpointContents Accelerator::Contents() {
-  RefuseSplitLayers("save_state / load_state");
   CheckpointContents contents = state_->prepared.Contents();
   contents.scaler = state_->scaler;
   contents.step = step_;
@@ -95,6 +115,13 @@ CheckpointContents Accelerator::Contents() {
     contents.zero_stage = options_.zero_stage;
   }
   contents.sharded_tensors = ShardedTensorsOfPrepared();
+  if (!contents.sharded_tensors || contents.optimizers.empty()) {
+    RefuseSplitLayers("save_state / load_state",
+                      contents.optimizers.empty()
+                          ? "no optimizer is prepared"
+                          : "an optimizer's state is not one accel knows "
+                            "(accel/optim/param_state_codec.h)");
+  }
   // A checkpoint of whole weights (no sharded tensors) needs stage 3's
   // units gathered around its save or load.
   contents.with_whole_models = [this](const std::function<void()>& work) {

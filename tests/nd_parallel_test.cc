@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "accel/accelerator.h"
+#include "accel/checkpoint/checkpoint.h"
+#include "accel/core/tensor_split.h"
 #include "examples/gpt_model.h"
 #include "tests/multiprocess_main.h"
 #include "tests/usage_error.h"
@@ -226,38 +228,34 @@ examples::GptConfig SmallGpt() {
   return config;
 }
 
-// Data-parallel rank `dp`'s tokens and targets at `step`: [2, 8] each.
-std::pair<torch::Tensor, torch::Tensor> Tokens(int step, int dp) {
-  auto generator =
-      at::make_generator<at::CPUGeneratorImpl>(100 * step + dp + 1);
-  const torch::Tensor text = torch::randint(0, 32, {2, 9}, generator);
+// The global batch's tokens and targets at `step` ([4, 8] each), or
+// data-parallel rank `dp`'s rows of it of `dp_size`.
+std::pair<torch::Tensor, torch::Tensor> Tokens(int step, int dp = 0,
+                                               int dp_size = 1) {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(100 * step + 1);
+  const torch::Tensor text = torch::randint(0, 32, {4, 9}, generator)
+                                 .narrow(0, dp * 4 / dp_size, 4 / dp_size);
   return {text.narrow(1, 0, 8), text.narrow(1, 1, 8)};
 }
 
 // This tp rank's share of a whole parameter of the GPT, as ParallelizeGpt
 // splits it (by name).
-torch::Tensor ShareOf(const std::string& name, const torch::Tensor& whole,
-                      int rank, int size) {
+torch::Tensor ShareByName(const std::string& name, const torch::Tensor& whole,
+                          int rank, int size) {
   const auto ends = [&](const std::string& tail) {
     return name.size() >= tail.size() &&
            name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
   };
-  int64_t dim = -1, fused = 1;
   if (ends("attention.qkv.weight") || ends("attention.qkv.bias")) {
-    dim = 0;
-    fused = 3;
-  } else if (ends("fc.weight") || ends("fc.bias")) {
-    dim = 0;
-  } else if (ends("attention.proj.weight") || ends("fc_proj.weight")) {
-    dim = 1;
+    return accel::ShareOf(whole, {.dim = 0, .fused = 3, .size = size}, rank);
   }
-  if (dim < 0) return whole;
-  const int64_t block = whole.size(dim) / fused, part = block / size;
-  std::vector<torch::Tensor> pieces;
-  for (int64_t b = 0; b < fused; ++b) {
-    pieces.push_back(whole.narrow(dim, b * block + rank * part, part));
+  if (ends("fc.weight") || ends("fc.bias")) {
+    return accel::ShareOf(whole, {.dim = 0, .size = size}, rank);
   }
-  return torch::cat(pieces, dim);
+  if (ends("attention.proj.weight") || ends("fc_proj.weight")) {
+    return accel::ShareOf(whole, {.dim = 1, .size = size}, rank);
+  }
+  return whole;
 }
 
 double RelativeDifference(const torch::Tensor& got, const torch::Tensor& want) {
@@ -269,6 +267,7 @@ struct GptRun {
   std::vector<double> losses, norms;
   torch::Tensor first_logits;  // Step 0, this data-parallel rank's batch.
   std::map<std::string, torch::Tensor> first_grads, weights;
+  std::map<std::string, torch::Tensor> whole_weights;  // get_state_dict's.
 };
 
 constexpr int kGptSteps = 20;
@@ -291,11 +290,9 @@ GptRun TrainWhole(int dp_rank) {
   const torch::Tensor mask = examples::CausalMask(8);
   GptRun run;
   for (int step = 0; step < kGptSteps; ++step) {
-    const auto [x0, y0] = Tokens(step, 0);
-    const auto [x1, y1] = Tokens(step, 1);
-    const torch::Tensor logits = gpt->forward(torch::cat({x0, x1}), mask);
-    const torch::Tensor loss =
-        examples::LanguageModelLoss(logits, torch::cat({y0, y1}));
+    const auto [x, y] = Tokens(step);
+    const torch::Tensor logits = gpt->forward(x, mask);
+    const torch::Tensor loss = examples::LanguageModelLoss(logits, y);
     loss.backward();
     if (step == 0) {
       run.first_logits = logits.narrow(0, 2 * dp_rank, 2).detach().clone();
@@ -315,28 +312,41 @@ GptRun TrainWhole(int dp_rank) {
   return run;
 }
 
-GptRun TrainSplit(int stage) {
-  AcceleratorOptions options = Options({.stage = stage});
-  options.parallelism_config = Mesh(1, 2, /*tp=*/2);
+struct GptTraining {
+  int stage = 1;
+  ParallelismConfig mesh = Mesh(1, 2, /*tp=*/2);
+  int steps = kGptSteps;
+  int first_step = 0;
+  std::string save_to, load_from;
+};
+
+GptRun TrainSplit(const GptTraining& training) {
+  AcceleratorOptions options = Options({.stage = training.stage});
+  options.parallelism_config = training.mesh;
   Accelerator accelerator(options);
   torch::manual_seed(21);
   examples::Gpt gpt(SmallGpt());
-  EXPECT_EQ(examples::ParallelizeGpt(
-                *gpt, accelerator.torch_device_mesh()->group("tp")),
-            8);
+  if (training.mesh.tp_size > 1) {
+    EXPECT_EQ(examples::ParallelizeGpt(
+                  *gpt, accelerator.torch_device_mesh()->group("tp")),
+              8);
+  }
   torch::optim::SGD sgd = Sgd(*gpt);
   auto [model, optimizer] = accelerator.prepare(gpt, sgd);
+  if (!training.load_from.empty()) accelerator.load_state(training.load_from);
   const torch::Tensor mask = examples::CausalMask(8);
   const int dp = accelerator.data_parallel_index();
+  const int dp_size = accelerator.data_parallel_size();
   GptRun run;
-  for (int step = 0; step < kGptSteps; ++step) {
-    const auto [x, y] = Tokens(step, dp);
+  for (int step = training.first_step;
+       step < training.first_step + training.steps; ++step) {
+    const auto [x, y] = Tokens(step, dp, dp_size);
     const torch::Tensor logits = model->forward(x, mask);
     const torch::Tensor loss = examples::LanguageModelLoss(logits, y);
     accelerator.backward(loss);
     if (step == 0) {
       run.first_logits = logits.detach().clone();
-      if (stage == 1) {
+      if (training.stage == 1) {
         for (const auto& p : model->named_parameters()) {
           run.first_grads[p.key()] = p.value().grad().clone();
         }
@@ -349,11 +359,14 @@ GptRun TrainSplit(int stage) {
     optimizer.step();
     optimizer.zero_grad();
   }
-  if (stage < 3) {
+  if (!training.save_to.empty()) accelerator.save_state(training.save_to);
+  if (training.stage < 3) {
     for (const auto& p : model->named_parameters()) {
       run.weights[p.key()] = p.value().detach().clone();
     }
   }
+  // Whole, on the main process: shares joined, units gathered.
+  run.whole_weights = accelerator.get_state_dict(model);
   return run;
 }
 
@@ -365,7 +378,7 @@ TEST_F(NdParallelTest, TensorParallelGptMatchesOneProcess) {
   const int tp_rank = job.process_index() % 2;
   const GptRun whole = TrainWhole(job.process_index() / 2);
   for (int stage : {1, 2, 3}) {
-    const GptRun split = TrainSplit(stage);
+    const GptRun split = TrainSplit({.stage = stage});
     EXPECT_LE(RelativeDifference(split.first_logits, whole.first_logits), 1e-5)
         << "stage " << stage;
     for (int step = 0; step < kGptSteps; ++step) {
@@ -379,14 +392,15 @@ TEST_F(NdParallelTest, TensorParallelGptMatchesOneProcess) {
     for (const auto& [name, grad] : split.first_grads) {
       EXPECT_LE(
           RelativeDifference(
-              grad, ShareOf(name, whole.first_grads.at(name), tp_rank, 2)),
+              grad, ShareByName(name, whole.first_grads.at(name), tp_rank, 2)),
           1e-5)
           << "gradient of " << name;
     }
     for (const auto& [name, weight] : split.weights) {
-      EXPECT_LE(RelativeDifference(
-                    weight, ShareOf(name, whole.weights.at(name), tp_rank, 2)),
-                1e-5)
+      EXPECT_LE(
+          RelativeDifference(
+              weight, ShareByName(name, whole.weights.at(name), tp_rank, 2)),
+          1e-5)
           << "stage " << stage << ", weight " << name;
     }
     double worst_grad = 0, worst_weight = 0, worst_loss = 0;
@@ -394,13 +408,13 @@ TEST_F(NdParallelTest, TensorParallelGptMatchesOneProcess) {
       worst_grad = std::max(
           worst_grad,
           RelativeDifference(
-              grad, ShareOf(name, whole.first_grads.at(name), tp_rank, 2)));
+              grad, ShareByName(name, whole.first_grads.at(name), tp_rank, 2)));
     }
     for (const auto& [name, weight] : split.weights) {
       worst_weight = std::max(
           worst_weight,
           RelativeDifference(
-              weight, ShareOf(name, whole.weights.at(name), tp_rank, 2)));
+              weight, ShareByName(name, whole.weights.at(name), tp_rank, 2)));
     }
     for (int step = 0; step < kGptSteps; ++step) {
       worst_loss = std::max(
@@ -417,6 +431,18 @@ TEST_F(NdParallelTest, TensorParallelGptMatchesOneProcess) {
     }
     EXPECT_EQ(split.first_grads.empty(), stage != 1);
     EXPECT_EQ(split.weights.empty(), stage == 3);
+    // get_state_dict joins the shares: the whole model's weights (under
+    // stage 3 on the main process only, as FSDP's rank0_only).
+    if (job.is_main_process()) {
+      ASSERT_EQ(split.whole_weights.size(), whole.weights.size());
+      for (const auto& [name, weight] : whole.weights) {
+        EXPECT_LE(RelativeDifference(split.whole_weights.at(name), weight),
+                  1e-5)
+            << "stage " << stage << ", get_state_dict's " << name;
+      }
+    } else {
+      EXPECT_EQ(split.whole_weights.empty(), stage == 3);
+    }
   }
   // Not vacuous: the weights moved.
   torch::manual_seed(21);
@@ -427,21 +453,79 @@ TEST_F(NdParallelTest, TensorParallelGptMatchesOneProcess) {
       1e-3);
 }
 
-// Checkpoints of split layers are not written yet: a clear error, not a
-// file of shares.
-TEST_F(NdParallelTest, SplitLayersAreNotSavedAsWholeWeights) {
+// The largest relative difference of two runs' whole weights.
+double WorstDifference(const std::map<std::string, torch::Tensor>& got,
+                       const std::map<std::string, torch::Tensor>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double worst = 0;
+  for (const auto& [name, weight] : want) {
+    worst = std::max(worst, RelativeDifference(got.at(name), weight));
+  }
+  return worst;
+}
+
+// A checkpoint of split layers: written share by share at tp 2 x dp_shard
+// 2, merged whole, resumed at dp_shard 4 (the layers whole), at tp 2 under
+// stage 3 and at tp 4 (other shares); one written whole resumes split.
+TEST_F(NdParallelTest, SplitLayersCheckpointAtAnotherMesh) {
+  Accelerator& job = SharedAccelerator();
+  const std::string folder = Folder("nd_split_checkpoint");
+  const GptRun whole = TrainSplit({.stage = 2});
+  const GptRun first = TrainSplit({.stage = 2, .steps = 10, .save_to = folder});
+  if (job.is_main_process()) {
+    // merge-weights' reading: the shares joined, the saved bits.
+    const auto merged = ReadCheckpointWeights(folder, 0);
+    ASSERT_EQ(merged.size(), first.whole_weights.size());
+    for (const auto& [name, weight] : merged) {
+      EXPECT_TRUE(weight.equal(first.whole_weights.at(name))) << name;
+    }
+  }
+  struct Resume {
+    const char* what;
+    int stage;
+    ParallelismConfig mesh;
+  };
+  for (const Resume& resume :
+       {Resume{"dp_shard 4", 2, Mesh(1, 4)},
+        Resume{"tp 2 x dp_shard 2, stage 3", 3, Mesh(1, 2, 2)},
+        Resume{"tp 4, stage 1", 1, Mesh(1, 1, 4)}}) {
+    const GptRun resumed = TrainSplit({.stage = resume.stage,
+                                       .mesh = resume.mesh,
+                                       .steps = 10,
+                                       .first_step = 10,
+                                       .load_from = folder});
+    if (!job.is_main_process()) continue;
+    const double worst =
+        WorstDifference(resumed.whole_weights, whole.whole_weights);
+    std::printf(
+        "saved at tp 2 x dp_shard 2, resumed at %s: weights after "
+        "20 steps within %.2g of the run that did not stop\n",
+        resume.what, worst);
+    EXPECT_LE(worst, 1e-5) << resume.what;
+  }
+  // Whole weights (dp_shard 4) resumed in shares.
+  const std::string whole_folder = Folder("nd_whole_checkpoint");
+  TrainSplit(
+      {.stage = 2, .mesh = Mesh(1, 4), .steps = 10, .save_to = whole_folder});
+  const GptRun split = TrainSplit(
+      {.stage = 2, .steps = 10, .first_step = 10, .load_from = whole_folder});
+  if (job.is_main_process()) {
+    EXPECT_LE(WorstDifference(split.whole_weights, whole.whole_weights), 1e-5);
+  }
+}
+
+// Without an optimizer accel knows, save_state would write whole weights,
+// which a split model does not have: a clear error.
+TEST_F(NdParallelTest, SplitLayersNeedTheShardedCheckpoint) {
   AcceleratorOptions options = Options({.stage = 1});
   options.parallelism_config = Mesh(1, 2, /*tp=*/2);
   Accelerator accelerator(options);
   examples::Gpt gpt(SmallGpt());
   examples::ParallelizeGpt(*gpt, accelerator.torch_device_mesh()->group("tp"));
-  torch::optim::AdamW adamw(gpt->parameters());
-  auto [model, optimizer] = accelerator.prepare(gpt, adamw);
+  auto model = accelerator.prepare_model(gpt);
   EXPECT_THAT(UsageErrorOf([&] { accelerator.save_state(Folder("split")); }),
               HasSubstr("save_state / load_state: the model has "
                         "tensor-parallel layers"));
-  EXPECT_THAT(UsageErrorOf([&] { accelerator.get_state_dict(model); }),
-              HasSubstr("get_state_dict: the model has tensor-parallel"));
   examples::GptConfig odd = SmallGpt();
   odd.n_head = 1;
   odd.n_embd = 16;

@@ -6,9 +6,10 @@
 //   $ bazel run //tools:merge_weights -- run/checkpoints/checkpoint_3 out
 //   $ accel-merge-weights CHECKPOINT OUT [--model=1] [--max_shard_size=5GB]
 //
-// accel keeps every model's whole weights in a checkpoint's shared file at
-// every ZeRO stage (stage 3 gathers them to save), so merging reads that
-// file, verified, and writes no rank's optimizer shard.
+// A checkpoint of whole weights keeps them in its shared file; a sharded
+// one (accel/checkpoint/sharded_state.h) in the ranks' pieces, which
+// merging joins, tensor-parallel shares included (tensor_shares.h),
+// verified; no optimizer state is written.
 #include <gflags/gflags.h>
 
 #include <cstdio>

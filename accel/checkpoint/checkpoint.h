@@ -87,6 +87,8 @@ struct ShardedTensors {
   std::function<void(const ShardedStateReader&)> load;
   // Model m's state_dict names, in order (ReadCheckpointWeights).
   std::vector<std::vector<std::string>> model_names;
+  // Every rank file's metadata (tensor_shares.h's splits).
+  std::map<std::string, std::string> metadata;
 };
 
 struct CheckpointContents {

@@ -13,7 +13,9 @@
 #include "accel/checkpoint/checkpoint.h"
 #include "accel/checkpoint/checkpoint_file.h"
 #include "accel/checkpoint/checkpoint_sharded.h"
+#include "accel/checkpoint/sharded_state.h"
 #include "accel/checkpoint/state_dict.h"
+#include "accel/checkpoint/tensor_shares.h"
 #include "accel/core/tensor_ops.h"
 #include "accel/runtime/base/dtype.h"
 #include "accel/runtime/base/errors.h"
@@ -160,15 +162,19 @@ std::vector<std::pair<std::string, torch::Tensor>> ReadCheckpointWeights(
   if (file.archive->try_read("sharded_tensors", shards) && shards.isBool() &&
       shards.toBool()) {
     // The weights are in the ranks' shard files.
+    // Tensor-parallel shares joined.
     const ShardedStateReader reader = ShardedStateReader::Open(dir);
+    const SharesReader shares(reader);
     std::vector<std::pair<std::string, torch::Tensor>> weights;
     for (const std::string& name :
          checkpoint_internal::ReadModelNames(*file.archive, index, path)) {
-      const std::string tensor = "model_" + std::to_string(index) + "/" + name;
-      if (!reader.contains(tensor)) {
-        throw CheckpointError("'" + dir + "': no shard holds " + tensor);
+      const StateName tensor{"", "model_" + std::to_string(index) + "/" + name,
+                             ""};
+      if (!shares.Contains(tensor)) {
+        throw CheckpointError("'" + dir + "': no shard holds " +
+                              tensor.Whole());
       }
-      weights.emplace_back(name, reader.ReadWhole(tensor));
+      weights.emplace_back(name, shares.ReadWhole(tensor));
     }
     return weights;
   }

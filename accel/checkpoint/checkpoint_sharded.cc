@@ -51,7 +51,8 @@ std::string WriteRankShards(const std::string& dir, int rank, int world_size,
     }
   }
   WriteShardFile(dir, rank, world_size, contents.run_id,
-                 contents.sharded_tensors->pieces());
+                 contents.sharded_tensors->pieces(),
+                 contents.sharded_tensors->metadata);
   return Join(dir, mine);
 }
 

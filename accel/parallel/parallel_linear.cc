@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "accel/core/tensor_split.h"
 #include "accel/parallel/tensor_parallel.h"
 #include "accel/runtime/base/errors.h"
 
@@ -28,18 +29,6 @@ bool Matches(const std::string& pattern, const std::string& name) {
     ++n;
   }
   return p == pattern.size() && n == name.size();
-}
-
-// Rows [rank share] of each of `fused` equal blocks of dim 0.
-torch::Tensor ShareOfBlocks(const torch::Tensor& t, int64_t fused, int rank,
-                            int size) {
-  const int64_t block = t.size(0) / fused;
-  const int64_t part = block / size;
-  std::vector<torch::Tensor> pieces;
-  for (int64_t b = 0; b < fused; ++b) {
-    pieces.push_back(t.narrow(0, b * block + rank * part, part));
-  }
-  return torch::cat(pieces).contiguous();
 }
 
 void RequireSplit(const std::string& what, int64_t features, int64_t blocks,
@@ -109,13 +98,11 @@ void ParallelLinearImpl::Parallelize(Communicator& group,
   const int rank = group.rank();
   torch::NoGradGuard no_grad;
   if (const auto* column = std::get_if<ColwiseParallel>(&style)) {
-    weight.set_data(ShareOfBlocks(weight, column->fused, rank, size));
-    if (bias.defined()) {
-      bias.set_data(ShareOfBlocks(bias, column->fused, rank, size));
-    }
+    const TensorSplit rows{.dim = 0, .fused = column->fused, .size = size};
+    weight.set_data(ShareOf(weight, rows, rank));
+    if (bias.defined()) bias.set_data(ShareOf(bias, rows, rank));
   } else {
-    const int64_t part = options.in_features() / size;
-    weight.set_data(weight.narrow(1, rank * part, part).contiguous());
+    weight.set_data(ShareOf(weight, {.dim = 1, .size = size}, rank));
   }
   style_ = style;
   if (size > 1) group_ = &group;
@@ -163,17 +150,37 @@ int parallelize_module(
   return static_cast<int>(split.size());
 }
 
+std::vector<SplitParameter> ParallelLinearImpl::SplitParameters() const {
+  if (group_ == nullptr) return {};
+  const int size = group_->size(), rank = group_->rank();
+  if (const auto* column = std::get_if<ColwiseParallel>(&style_)) {
+    const TensorSplit rows{.dim = 0, .fused = column->fused, .size = size};
+    std::vector<SplitParameter> split{{weight, rows, rank}};
+    if (bias.defined()) split.push_back({bias, rows, rank});
+    return split;
+  }
+  // A row-parallel layer's bias is whole on every rank.
+  return {{weight, {.dim = 1, .size = size}, rank}};
+}
+
+std::vector<SplitParameter> TensorParallelSplits(
+    const torch::nn::Module& model) {
+  std::vector<SplitParameter> split;
+  for (const auto& module : model.modules()) {
+    const auto* linear = dynamic_cast<const ParallelLinearImpl*>(module.get());
+    if (linear == nullptr) continue;
+    for (SplitParameter& parameter : linear->SplitParameters()) {
+      split.push_back(std::move(parameter));
+    }
+  }
+  return split;
+}
+
 std::vector<const void*> TensorParallelParameters(
     const torch::nn::Module& model) {
   std::vector<const void*> keys;
-  for (const auto& module : model.modules()) {
-    const auto* linear = dynamic_cast<const ParallelLinearImpl*>(module.get());
-    if (linear == nullptr || !linear->parallel()) continue;
-    keys.push_back(linear->weight.unsafeGetTensorImpl());
-    // A row-parallel layer's bias is whole on every rank.
-    if (linear->bias.defined() && linear->column_parallel()) {
-      keys.push_back(linear->bias.unsafeGetTensorImpl());
-    }
+  for (const SplitParameter& parameter : TensorParallelSplits(model)) {
+    keys.push_back(parameter.tensor.unsafeGetTensorImpl());
   }
   return keys;
 }

@@ -41,9 +41,18 @@
 #include <variant>
 #include <vector>
 
+#include "accel/core/tensor_split.h"
 #include "accel/runtime/comm/communicator.h"
 
 namespace accel {
+
+// A parameter a parallelized layer split, and how: this rank holds share
+// `rank` of it (accel/core/tensor_split.h).
+struct SplitParameter {
+  torch::Tensor tensor;
+  TensorSplit split;
+  int rank = 0;
+};
 
 // torch's ColwiseParallel: the output features are split.
 struct ColwiseParallel {
@@ -85,6 +94,10 @@ class ParallelLinearImpl : public torch::nn::Module {
   bool column_parallel() const {
     return parallel() && std::holds_alternative<ColwiseParallel>(style_);
   }
+  // The parameters it split (none until parallel): a column-parallel
+  // layer's weight and bias along dim 0, a row-parallel layer's weight
+  // along dim 1 (its bias stays whole).
+  std::vector<SplitParameter> SplitParameters() const;
 
   torch::nn::LinearOptions options;
   torch::Tensor weight;
@@ -108,6 +121,10 @@ TORCH_MODULE(ParallelLinear);
 int parallelize_module(
     torch::nn::Module& model, Communicator& group,
     const std::vector<std::pair<std::string, ParallelStyle>>& plan);
+
+// Every parameter `model`'s parallelized layers split, in modules() order.
+std::vector<SplitParameter> TensorParallelSplits(
+    const torch::nn::Module& model);
 
 // The parameters that `model`'s parallelized layers split (each rank holds
 // a different share of them; the others are the same on every rank of the
