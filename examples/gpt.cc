@@ -42,6 +42,7 @@
 #include "accel/memory/host_memory_tracker.h"
 #include "accel/throughput.h"
 #include "examples/gpt_model.h"
+#include "examples/gpt_text.h"
 #include "examples/sotu_corpus.h"
 
 DEFINE_string(text, "sotu",
@@ -96,59 +97,6 @@ DEFINE_int64(generate, 300, "Tokens to generate at the end (0: none).");
 DEFINE_int64(top_k, 5, "Sample each generated token from the k likeliest.");
 
 namespace {
-
-// `length` tokens of a Markov chain whose next token is (5 * token + 1) %
-// vocab, or a uniformly random one with probability 0.2.
-torch::Tensor MarkovChain(uint64_t seed, int64_t length, int64_t vocab) {
-  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
-  const torch::Tensor noise = torch::rand({length}, generator);
-  const torch::Tensor random = torch::randint(0, vocab, {length}, generator);
-  torch::Tensor tokens = torch::empty({length}, torch::kLong);
-  auto t = tokens.accessor<int64_t, 1>();
-  auto n = noise.accessor<float, 1>();
-  auto r = random.accessor<int64_t, 1>();
-  t[0] = r[0];
-  for (int64_t j = 1; j < length; ++j) {
-    t[j] = n[j] < 0.2 ? r[j] : (5 * t[j - 1] + 1) % vocab;
-  }
-  return tokens;
-}
-
-struct Text {
-  torch::Tensor train, validation;  // 1-D token ids.
-  int64_t vocab_size = 0;
-  std::string description;
-};
-
-Text LoadText(uint64_t seed) {
-  if (FLAGS_text == "markov") {
-    const int64_t tokens = FLAGS_samples * FLAGS_block_size + 1;
-    return {MarkovChain(seed, tokens, FLAGS_vocab_size),
-            MarkovChain(seed + 1, tokens, FLAGS_vocab_size), FLAGS_vocab_size,
-            "a Markov chain of " + std::to_string(tokens) + " tokens"};
-  }
-  const std::string dir = accel_examples::FindSotuCorpus(FLAGS_data_dir);
-  const accel_examples::SotuText text =
-      accel_examples::SplitByYear(accel_examples::ReadSotuCorpus(dir));
-  return {text.train, text.validation, accel_examples::kByteVocabulary,
-          "State of the Union: " + std::to_string(text.train_addresses) +
-              " addresses, " + std::to_string(text.train.numel()) +
-              " bytes to train on; " +
-              std::to_string(text.validation_addresses) + " held out, " +
-              std::to_string(text.validation.numel()) + " bytes"};
-}
-
-uint64_t Fingerprint(const std::map<std::string, torch::Tensor>& state) {
-  uint64_t hash = 1469598103934665603ull;
-  for (const auto& [name, tensor] : state) {
-    const torch::Tensor data = tensor.detach().cpu().contiguous();
-    const auto* bytes = static_cast<const unsigned char*>(data.data_ptr());
-    for (int64_t i = 0; i < data.numel() * data.element_size(); ++i) {
-      hash = (hash ^ bytes[i]) * 1099511628211ull;
-    }
-  }
-  return hash;
-}
 
 void CheckFlags() {
   const auto require = [](bool ok, const std::string& message) {
@@ -287,7 +235,13 @@ int Main(int, char**) {
         ") must be a multiple of the number of processes (" +
         std::to_string(accelerator.num_processes()) + ")");
   }
-  const Text text = LoadText(*options.seed);
+  const examples::GptText text =
+      examples::LoadGptText({.kind = FLAGS_text,
+                             .data_dir = FLAGS_data_dir,
+                             .block_size = FLAGS_block_size,
+                             .samples = FLAGS_samples,
+                             .vocab_size = FLAGS_vocab_size},
+                            *options.seed);
 
   examples::GptConfig config;
   config.vocab_size = text.vocab_size;
@@ -499,8 +453,9 @@ int Main(int, char**) {
     }
     std::printf("Step %lld loss %.6f\n",
                 static_cast<long long>(accelerator.step()), last_loss);
-    std::printf("Parameter fingerprint: %016llx\n",
-                static_cast<unsigned long long>(Fingerprint(weights)));
+    std::printf(
+        "Parameter fingerprint: %016llx\n",
+        static_cast<unsigned long long>(examples::Fingerprint(weights)));
     std::printf("Parameter norm: %.9e\n", std::sqrt(squares));
     // This run's steps (a resumed run's own).
     const int64_t tokens = progress.tokens_per_step * steps_this_run;
