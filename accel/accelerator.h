@@ -157,6 +157,19 @@ class Accelerator {
   // prepared data loaders shard over.
   int data_parallel_size() const;
   int data_parallel_index() const;
+  // Accelerate's maybe_context_parallel: with a mesh of cp_size > 1, cuts
+  // each of `buffers` (token ids, targets, position ids: a batch's tensors
+  // that run along the sequence) in place to this rank's contiguous part
+  // along its entry of `buffer_seq_dims`; otherwise leaves them. The
+  // model's attention exchanges over torch_device_mesh()->group("cp")
+  // (accel/parallel/context_parallel.h; the GPT example's
+  // ContextParallelGpt). Differs from Accelerate on purpose: a call, not a
+  // context manager, and nothing is restored afterwards (as if every
+  // buffer were in no_restore_buffers): LibTorch has no SDPA to swap, so
+  // the model calls the exchanges itself. UsageError when the counts
+  // differ or a sequence does not divide over cp.
+  void maybe_context_parallel(const std::vector<torch::Tensor*>& buffers,
+                              const std::vector<int64_t>& buffer_seq_dims);
 
   // --- Preparation -------------------------------------------------------
   // Returns its arguments prepared, in order (a single argument comes back

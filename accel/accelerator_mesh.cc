@@ -3,8 +3,10 @@
 // work runs over (accelerator.h).
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "accel/accelerator.h"
+#include "accel/parallel/context_parallel.h"
 #include "accel/runtime/base/errors.h"
 #include "accel/runtime/base/logging.h"
 
@@ -79,6 +81,23 @@ int Accelerator::data_parallel_size() const {
 int Accelerator::data_parallel_index() const {
   const DeviceMesh* mesh = state_->mesh.get();
   return mesh == nullptr ? process_index() : mesh->coordinate("dp");
+}
+
+void Accelerator::maybe_context_parallel(
+    const std::vector<torch::Tensor*>& buffers,
+    const std::vector<int64_t>& buffer_seq_dims) {
+  if (buffers.size() != buffer_seq_dims.size()) {
+    throw UsageError(
+        "maybe_context_parallel: " + std::to_string(buffers.size()) +
+        " buffers but " + std::to_string(buffer_seq_dims.size()) +
+        " buffer_seq_dims");
+  }
+  DeviceMesh* mesh = state_->mesh.get();
+  if (mesh == nullptr || mesh->size("cp") == 1) return;
+  Communicator& cp = mesh->group("cp");
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    *buffers[i] = cp::ShardSequence(*buffers[i], cp, buffer_seq_dims[i]);
+  }
 }
 
 TensorParallelNorm Accelerator::TensorParallelOf() const {

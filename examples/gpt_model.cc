@@ -9,6 +9,7 @@
 #include <string>
 
 #include "accel/accelerator.h"
+#include "accel/parallel/context_parallel.h"
 
 namespace examples {
 
@@ -26,29 +27,49 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& config)
 
 torch::Tensor CausalSelfAttentionImpl::forward(torch::Tensor x,
                                                torch::Tensor mask) {
-  const int64_t batch = x.size(0), length = x.size(1), width = x.size(2);
-  const int64_t head = width / n_head_;
-  // [B, T, 3C] -> three [B, heads, T, head]; under tensor parallelism this
-  // rank's share of the heads (3C / tp features).
+  const int64_t batch = x.size(0), length = x.size(1);
+  const int64_t head = qkv_->options.in_features() / n_head_;
+  // [B, T, 3C] -> q, k, v of [B, T, heads, head]; under tensor parallelism
+  // this rank's share of the heads (3C / tp features).
   const torch::Tensor all = qkv_(x);
   const int64_t local = all.size(2) / 3;
   auto split = all.split(local, 2);
+  // Under context parallelism T is this rank's part of the sequence: each
+  // rank trades it for the whole sequence of a share of the heads.
   auto heads = [&](const torch::Tensor& t) {
-    return t.view({batch, length, local / head, head}).transpose(1, 2);
+    torch::Tensor h = t.view({batch, length, local / head, head});
+    if (context_parallel_ != nullptr) {
+      h = accel::cp::SequenceToHeads(h, *context_parallel_, 1, 2);
+    }
+    return h.transpose(1, 2);  // [B, heads, T, head]
   };
   const torch::Tensor q = heads(split[0]), k = heads(split[1]),
                       v = heads(split[2]);
+  if (mask.dim() != 2 || mask.size(0) != q.size(2) ||
+      mask.size(1) != q.size(2)) {
+    throw accel::UsageError(
+        "GPT attention: a mask of shape " + c10::str(mask.sizes()) +
+        " for a sequence of " + std::to_string(q.size(2)) + " positions" +
+        (context_parallel_ == nullptr
+             ? " (with a sequence cut by maybe_context_parallel, call "
+               "examples::ContextParallelGpt first)"
+             : ""));
+  }
   torch::Tensor scores =
       torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(head));
   scores = scores.masked_fill(mask.logical_not(),
                               -std::numeric_limits<float>::infinity());
   const torch::Tensor weights =
       attention_dropout_(torch::softmax(scores, /*dim=*/-1));
-  const torch::Tensor y = torch::matmul(weights, v)
-                              .transpose(1, 2)
-                              .contiguous()
-                              .view({batch, length, local});
-  return residual_dropout_(proj_(y));
+  torch::Tensor y = torch::matmul(weights, v).transpose(1, 2);
+  if (context_parallel_ != nullptr) {
+    y = accel::cp::HeadsToSequence(y, *context_parallel_, 1, 2);
+  }
+  return residual_dropout_(proj_(y.contiguous().view({batch, length, local})));
+}
+
+int64_t CausalSelfAttentionImpl::local_heads() const {
+  return qkv_->weight.size(0) / 3 / (qkv_->options.in_features() / n_head_);
 }
 
 BlockImpl::BlockImpl(const GptConfig& config) {
@@ -104,14 +125,21 @@ GptImpl::GptImpl(const GptConfig& config) : config_(config) {
 }
 
 torch::Tensor GptImpl::forward(torch::Tensor tokens, torch::Tensor mask) {
-  const int64_t length = tokens.size(1);
-  if (length > config_.block_size) {
-    throw accel::UsageError("GPT: a sequence of " + std::to_string(length) +
-                            " tokens is longer than block_size " +
-                            std::to_string(config_.block_size));
+  return forward(
+      tokens, mask,
+      torch::arange(tokens.size(1), tokens.options().dtype(torch::kLong)));
+}
+
+torch::Tensor GptImpl::forward(torch::Tensor tokens, torch::Tensor mask,
+                               torch::Tensor positions) {
+  const int64_t last =
+      positions.numel() == 0 ? -1 : positions.max().item<int64_t>();
+  if (tokens.size(1) > config_.block_size || last >= config_.block_size) {
+    throw accel::UsageError(
+        "GPT: a sequence of " + std::to_string(tokens.size(1)) +
+        " tokens (positions up to " + std::to_string(last) +
+        ") is longer than block_size " + std::to_string(config_.block_size));
   }
-  const torch::Tensor positions =
-      torch::arange(length, tokens.options().dtype(torch::kLong));
   torch::Tensor x =
       dropout_(token_embedding_(tokens) + position_embedding_(positions));
   for (Block& block : block_list_) {
@@ -146,6 +174,21 @@ int ParallelizeGpt(GptImpl& gpt, accel::Communicator& tp) {
        {"blocks.*.attention.proj", accel::RowwiseParallel{}},
        {"blocks.*.fc", accel::ColwiseParallel{}},
        {"blocks.*.fc_proj", accel::RowwiseParallel{}}});
+}
+
+int ContextParallelGpt(GptImpl& gpt, accel::Communicator& cp) {
+  for (Block& block : gpt.blocks()) {
+    const int64_t heads = block->attention()->local_heads();
+    if (heads % cp.size() != 0) {
+      throw accel::UsageError(
+          "GPT: context parallelism over " + std::to_string(cp.size()) +
+          " ranks splits each rank's " + std::to_string(heads) +
+          " attention head(s) (n_head " + std::to_string(gpt.config().n_head) +
+          " over tensor parallelism); give a cp_size dividing it");
+    }
+    block->attention()->set_context_parallel(cp.size() > 1 ? &cp : nullptr);
+  }
+  return static_cast<int>(gpt.blocks().size());
 }
 
 int64_t GptImpl::parameter_count() const {

@@ -50,11 +50,19 @@ struct GptConfig {
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   explicit CausalSelfAttentionImpl(const GptConfig& config);
-  // x: [B, T, C]; mask: [T, T] bool, true where a position may attend.
+  // x: [B, T, C]; mask: [T, T] bool, true where a position may attend
+  // (under context parallelism T is the whole sequence's length, x this
+  // rank's part of it).
   torch::Tensor forward(torch::Tensor x, torch::Tensor mask);
+
+  // Heads this rank computes (n_head over tensor parallelism's ranks).
+  int64_t local_heads() const;
+  // Ulysses' context parallelism over `cp` (null: none).
+  void set_context_parallel(accel::Communicator* cp) { context_parallel_ = cp; }
 
  private:
   int64_t n_head_;
+  accel::Communicator* context_parallel_ = nullptr;
   accel::ParallelLinear qkv_{nullptr}, proj_{nullptr};
   torch::nn::Dropout attention_dropout_{nullptr}, residual_dropout_{nullptr};
 };
@@ -64,6 +72,7 @@ class BlockImpl : public torch::nn::Module {
  public:
   explicit BlockImpl(const GptConfig& config);
   torch::Tensor forward(torch::Tensor x, torch::Tensor mask);
+  CausalSelfAttention& attention() { return attention_; }
 
  private:
   torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
@@ -79,11 +88,17 @@ class GptImpl : public torch::nn::Module {
   // tokens: [B, T] int64, T <= block_size; mask: CausalMask(T). Returns
   // the logits, [B, T, vocab_size].
   torch::Tensor forward(torch::Tensor tokens, torch::Tensor mask);
+  // With the tokens' positions ([T] or [1, T]): under context parallelism
+  // tokens and positions are this rank's part of the sequence
+  // (Accelerator::maybe_context_parallel) and mask the whole sequence's.
+  torch::Tensor forward(torch::Tensor tokens, torch::Tensor mask,
+                        torch::Tensor positions);
 
   const GptConfig& config() const { return config_; }
   // The blocks, in the order forward runs them (to mark them with
   // accel::fully_shard).
   const std::vector<Block>& blocks() const { return block_list_; }
+  std::vector<Block>& blocks() { return block_list_; }
   // All parameters (the tied head counts once).
   int64_t parameter_count() const;
   // Those the matrix multiplies use: all but the position embedding (for
@@ -108,6 +123,13 @@ TORCH_MODULE(Gpt);
 // LayerNorms and the tied head stay whole. UsageError when n_head does not
 // split over tp's ranks. Returns the layers split (4 per block).
 int ParallelizeGpt(GptImpl& gpt, accel::Communicator& tp);
+
+// DeepSpeed-Ulysses' context parallelism of every attention over `cp`
+// (accel/parallel/context_parallel.h), after ParallelizeGpt: each rank
+// holds a part of every sequence and attends with a share of the heads
+// over the whole of it. UsageError when the heads (after tp) do not divide
+// over cp. Returns the attentions changed.
+int ContextParallelGpt(GptImpl& gpt, accel::Communicator& cp);
 
 // [T, T] bool, lower triangular: position t attends to 0..t.
 torch::Tensor CausalMask(int64_t length);

@@ -1,10 +1,10 @@
 // N-D parallelism with accel's ParallelismConfig: Accelerate's
 // examples/torch_native_parallelism/nd_parallel.py in C++. The GPT model
 // (examples/gpt_model.h) trains with any mix of data-parallel replication
-// (--dp_replicate_size), ZeRO sharding (--dp_shard_size) and Megatron
-// tensor parallelism (--tp_size) whose product is the number of
-// processes; ZeRO stage 3 (FSDP) when anything is sharded, as the Python
-// example's FSDP2 plugin.
+// (--dp_replicate_size), ZeRO sharding (--dp_shard_size), Megatron
+// tensor parallelism (--tp_size) and Ulysses context parallelism
+// (--cp_size) whose product is the number of processes; ZeRO stage 3
+// (FSDP) when anything is sharded, as the Python example's FSDP2 plugin.
 //
 //   bazel run //examples:nd_parallel -- --num_processes=4 --tp_size=2
 //       --dp_shard_size=2 --max_steps=100
@@ -16,7 +16,7 @@
 // section (Accelerate's tp_hsdp.yaml) or --parallelism_config_*_size does
 // the same when these flags are left at 1.
 //
-// Every --print_every steps: the loss averaged over the data-parallel ranks
+// Every --print_every steps: the loss averaged over the dp x cp ranks
 // and tokens/s per process (Accelerate's example divides by the ranks that
 // share a batch: tp x cp). Checkpoints every --checkpointing_steps (sharded,
 // tensor-parallel shares included: they resume at any other mesh); at the
@@ -30,6 +30,7 @@
 #include <string>
 
 #include "accel/accelerator.h"
+#include "accel/core/tensor_ops.h"
 #include "examples/gpt_model.h"
 #include "examples/gpt_text.h"
 #include "examples/sotu_corpus.h"
@@ -38,8 +39,7 @@ DEFINE_int32(dp_replicate_size, 1, "Data-parallel replicas (DDP / HSDP).");
 DEFINE_int32(dp_shard_size, 1, "Ranks that shard the model (ZeRO / FSDP).");
 DEFINE_int32(tp_size, 1, "Tensor-parallel ranks splitting each block.");
 DEFINE_int32(cp_size, 1,
-             "Context-parallel ranks splitting each sequence (not in accel "
-             "yet: 1).");
+             "Context-parallel ranks splitting each sequence (Ulysses).");
 DEFINE_string(text, "sotu", "sotu (State of the Union bytes) or markov.");
 DEFINE_string(data_dir, "", "The corpus's folder (default: installed).");
 DEFINE_int64(samples, 96, "--text=markov: training sequences.");
@@ -96,12 +96,6 @@ int Main(int, char**) {
   accel::Accelerator accelerator(options);
   const accel::ParallelismConfig mesh =
       accelerator.parallelism_config().value_or(accel::ParallelismConfig{});
-  if (mesh.cp_size > 1) {
-    throw accel::UsageError(
-        "--cp_size " + std::to_string(mesh.cp_size) +
-        ": context parallelism is not in accel yet (the GPT's attention "
-        "would need the sequence split across ranks); give cp_size 1");
-  }
   if (FLAGS_batch_size % accelerator.data_parallel_size() != 0) {
     throw accel::UsageError(
         "--batch_size (" + std::to_string(FLAGS_batch_size) +
@@ -123,10 +117,16 @@ int Main(int, char**) {
   config.n_embd = FLAGS_n_embd;
   config.dropout = 0;
   examples::Gpt gpt(config);
+  const int64_t parameters = gpt->parameter_count();  // Before any split.
   if (mesh.tp_size > 1) {
     // Before the optimizer: it steps this rank's shares.
     examples::ParallelizeGpt(*gpt,
                              accelerator.torch_device_mesh()->group("tp"));
+  }
+  if (mesh.cp_size > 1) {
+    // Each rank attends with a share of the heads over the whole sequence.
+    examples::ContextParallelGpt(*gpt,
+                                 accelerator.torch_device_mesh()->group("cp"));
   }
   torch::optim::AdamW adamw(gpt->parameters(),
                             torch::optim::AdamWOptions(FLAGS_lr));
@@ -143,18 +143,27 @@ int Main(int, char**) {
   }
   auto [model, optimizer, loader] = accelerator.prepare(gpt, adamw, data);
   accelerator.print(text.description);
-  accelerator.print("GPT:", gpt->parameter_count() * mesh.tp_size,
-                    "parameters on", accelerator.num_processes(),
-                    "process(es),", mesh.ToString(), "zero_stage",
-                    options.zero_stage);
+  accelerator.print("GPT:", parameters, "parameters on",
+                    accelerator.num_processes(), "process(es),",
+                    mesh.ToString(), "zero_stage", options.zero_stage);
   if (!FLAGS_resume_from.empty()) {
     accelerator.load_state(FLAGS_resume_from);
     accelerator.print("Resumed from", FLAGS_resume_from, "at step",
                       accelerator.step());
   }
 
+  // The whole sequence's mask and positions (context parallelism cuts the
+  // positions with the tokens).
   const torch::Tensor mask =
       examples::CausalMask(FLAGS_block_size).to(accelerator.device());
+  const torch::Tensor positions =
+      torch::arange(FLAGS_block_size, torch::kLong).to(accelerator.device());
+  // The loss is averaged over the ranks with different tokens: dp x cp.
+  const auto mean_loss = [&](const torch::Tensor& loss) {
+    accel::DeviceMesh* device_mesh = accelerator.torch_device_mesh();
+    if (device_mesh == nullptr) return accelerator.reduce(loss, "mean");
+    return accel::ReduceTensor(device_mesh->group("dp_cp"), loss, "mean");
+  };
   // Tokens a process works through per step: its data-parallel share of
   // the batch (the tp ranks of a group share one).
   const double tokens_per_process =
@@ -166,8 +175,13 @@ int Main(int, char**) {
   model->train();
   while (accelerator.step() < FLAGS_max_steps) {
     for (auto& batch : loader) {
+      // Labels are shifted before the split (the loader's targets).
+      torch::Tensor tokens = batch.data, targets = batch.target,
+                    where = positions;
+      accelerator.maybe_context_parallel({&tokens, &targets, &where},
+                                         {1, 1, 0});
       const torch::Tensor loss = examples::LanguageModelLoss(
-          model->forward(batch.data, mask), batch.target);
+          model->forward(tokens, mask, where), targets);
       accelerator.backward(loss);
       if (FLAGS_max_grad_norm > 0) {
         accelerator.clip_grad_norm_(model->parameters(), FLAGS_max_grad_norm);
@@ -178,7 +192,7 @@ int Main(int, char**) {
       const int64_t step = accelerator.step();
       const bool last = step >= FLAGS_max_steps;
       if (last || (FLAGS_print_every > 0 && step % FLAGS_print_every == 0)) {
-        last_loss = accelerator.reduce(loss.detach(), "mean").item<double>();
+        last_loss = mean_loss(loss.detach()).item<double>();
         const double seconds = std::chrono::duration<double>(
                                    std::chrono::steady_clock::now() - since)
                                    .count();

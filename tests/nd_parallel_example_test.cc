@@ -1,9 +1,9 @@
 // //examples:nd_parallel (Accelerate's nd_parallel.py) end to end on the
-// Markov text: one process, tp 2 x dp_shard 2 at 4 and dp_replicate 2 x
-// dp_shard 2 x tp 2 at 8 end on the same loss and parameter norm (other
-// summation orders: not the same bits); a checkpoint written at 4 with
-// split layers resumes at 1 process; the whole model is saved; bad meshes
-// are refused by name.
+// Markov text: one process, tp 2 x dp_shard 2 and dp_shard 2 x cp 2 at 4,
+// dp_replicate 2 x dp_shard 2 x tp 2 and dp_shard 2 x cp 2 x tp 2 at 8 end
+// on the same loss and parameter norm (other summation orders: not the
+// same bits); a checkpoint written at 4 with split layers resumes at 1
+// process; the whole model is saved; bad meshes are refused by name.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -62,7 +62,15 @@ TEST(NdParallelExampleTest, EveryMeshTrainsTheSameModel) {
       MakeTempDir("nd_eight"), 8,
       {"--dp_replicate_size=2", "--dp_shard_size=2", "--tp_size=2"});
   ASSERT_EQ(eight.exit_code, 0) << eight.output;
-  for (const ProcessResult* run : {&four, &eight}) {
+  // Ulysses' context parallelism, alone and beside tensor parallelism.
+  const ProcessResult context = RunNdParallel(
+      MakeTempDir("nd_cp"), 4, {"--dp_shard_size=2", "--cp_size=2"});
+  ASSERT_EQ(context.exit_code, 0) << context.output;
+  const ProcessResult all = RunNdParallel(
+      MakeTempDir("nd_cp_tp"), 8,
+      {"--dp_shard_size=2", "--cp_size=2", "--tp_size=2"});
+  ASSERT_EQ(all.exit_code, 0) << all.output;
+  for (const ProcessResult* run : {&four, &eight, &context, &all}) {
     EXPECT_NEAR(Loss(*run), Loss(one), 1e-5 * Loss(one));
     EXPECT_NEAR(Norm(*run), Norm(one), 1e-6 * Norm(one));
   }
@@ -92,7 +100,7 @@ TEST(NdParallelExampleTest, RefusesBadMeshesByName) {
   };
   for (const Bad& bad : std::vector<Bad>{
            {4, {"--tp_size=3"}, "is 3 processes, but the job has 4"},
-           {2, {"--cp_size=2"}, "context parallelism is not in accel yet"},
+           {3, {"--cp_size=3"}, "give a cp_size dividing it"},
            {4, {"--tp_size=4", "--n_head=2"}, "n_head is 2"},
            {2,
             {"--dp_shard_size=2", "--batch_size=3"},

@@ -19,6 +19,7 @@
 
 #include "accel/accelerator.h"
 #include "accel/checkpoint/checkpoint.h"
+#include "accel/core/tensor_ops.h"
 #include "accel/core/tensor_split.h"
 #include "examples/gpt_model.h"
 #include "tests/multiprocess_main.h"
@@ -265,7 +266,7 @@ double RelativeDifference(const torch::Tensor& got, const torch::Tensor& want) {
 
 struct GptRun {
   std::vector<double> losses, norms;
-  torch::Tensor first_logits;  // Step 0, this data-parallel rank's batch.
+  torch::Tensor first_logits;  // Step 0, of this process's tokens.
   std::map<std::string, torch::Tensor> first_grads, weights;
   std::map<std::string, torch::Tensor> whole_weights;  // get_state_dict's.
 };
@@ -283,7 +284,7 @@ torch::optim::SGD Sgd(examples::GptImpl& gpt) {
 constexpr double kMaxNorm = 0.05;  // Clipping engages at every step.
 
 // One process: the global batch (both data-parallel ranks').
-GptRun TrainWhole(int dp_rank) {
+GptRun TrainWhole() {
   torch::manual_seed(21);
   examples::Gpt gpt(SmallGpt());
   torch::optim::SGD sgd = Sgd(*gpt);
@@ -295,7 +296,7 @@ GptRun TrainWhole(int dp_rank) {
     const torch::Tensor loss = examples::LanguageModelLoss(logits, y);
     loss.backward();
     if (step == 0) {
-      run.first_logits = logits.narrow(0, 2 * dp_rank, 2).detach().clone();
+      run.first_logits = logits.detach().clone();  // [4, 8, V]
       for (const auto& p : gpt->named_parameters()) {
         run.first_grads[p.key()] = p.value().grad().clone();
       }
@@ -331,6 +332,11 @@ GptRun TrainSplit(const GptTraining& training) {
                   *gpt, accelerator.torch_device_mesh()->group("tp")),
               8);
   }
+  if (training.mesh.cp_size > 1) {
+    EXPECT_EQ(examples::ContextParallelGpt(
+                  *gpt, accelerator.torch_device_mesh()->group("cp")),
+              2);
+  }
   torch::optim::SGD sgd = Sgd(*gpt);
   auto [model, optimizer] = accelerator.prepare(gpt, sgd);
   if (!training.load_from.empty()) accelerator.load_state(training.load_from);
@@ -340,8 +346,10 @@ GptRun TrainSplit(const GptTraining& training) {
   GptRun run;
   for (int step = training.first_step;
        step < training.first_step + training.steps; ++step) {
-    const auto [x, y] = Tokens(step, dp, dp_size);
-    const torch::Tensor logits = model->forward(x, mask);
+    auto [x, y] = Tokens(step, dp, dp_size);
+    torch::Tensor positions = torch::arange(8);
+    accelerator.maybe_context_parallel({&x, &y, &positions}, {1, 1, 0});
+    const torch::Tensor logits = model->forward(x, mask, positions);
     const torch::Tensor loss = examples::LanguageModelLoss(logits, y);
     accelerator.backward(loss);
     if (step == 0) {
@@ -354,8 +362,11 @@ GptRun TrainSplit(const GptTraining& training) {
     }
     run.norms.push_back(
         accelerator.clip_grad_norm_(model->parameters(), kMaxNorm));
+    // The mean over the ranks with different tokens: dp x cp.
     run.losses.push_back(
-        accelerator.reduce(loss.detach(), "mean").item<double>());
+        ReduceTensor(accelerator.torch_device_mesh()->group("dp_cp"),
+                     loss.detach(), "mean")
+            .item<double>());
     optimizer.step();
     optimizer.zero_grad();
   }
@@ -376,10 +387,12 @@ GptRun TrainSplit(const GptTraining& training) {
 TEST_F(NdParallelTest, TensorParallelGptMatchesOneProcess) {
   Accelerator& job = SharedAccelerator();
   const int tp_rank = job.process_index() % 2;
-  const GptRun whole = TrainWhole(job.process_index() / 2);
+  const GptRun whole = TrainWhole();
+  const torch::Tensor whole_logits =
+      whole.first_logits.narrow(0, 2 * (job.process_index() / 2), 2);
   for (int stage : {1, 2, 3}) {
     const GptRun split = TrainSplit({.stage = stage});
-    EXPECT_LE(RelativeDifference(split.first_logits, whole.first_logits), 1e-5)
+    EXPECT_LE(RelativeDifference(split.first_logits, whole_logits), 1e-5)
         << "stage " << stage;
     for (int step = 0; step < kGptSteps; ++step) {
       EXPECT_NEAR(split.losses[step], whole.losses[step],
@@ -410,24 +423,28 @@ TEST_F(NdParallelTest, TensorParallelGptMatchesOneProcess) {
           RelativeDifference(
               grad, ShareByName(name, whole.first_grads.at(name), tp_rank, 2)));
     }
-    for (const auto& [name, weight] : split.weights) {
+    for (const auto& [name, weight] : split.whole_weights) {
       worst_weight = std::max(
-          worst_weight,
-          RelativeDifference(
-              weight, ShareByName(name, whole.weights.at(name), tp_rank, 2)));
+          worst_weight, RelativeDifference(weight, whole.weights.at(name)));
     }
     for (int step = 0; step < kGptSteps; ++step) {
       worst_loss = std::max(
           worst_loss, std::abs(split.losses[step] / whole.losses[step] - 1));
     }
     if (job.is_main_process()) {
+      // Gradients stay whole on a rank at stage 1 only (2-3 keep shards).
+      char gradients[48] = "";
+      if (stage == 1) {
+        std::snprintf(gradients, sizeof(gradients), "gradients %.2g, ",
+                      worst_grad);
+      }
       std::printf(
           "tp 2 x dp_shard 2, stage %d, %d steps: logits %.2g, losses "
-          "%.2g, gradients %.2g, weights %.2g (largest relative "
-          "differences)\n",
+          "%.2g, %sweights %.2g (largest relative differences; weights "
+          "joined by get_state_dict)\n",
           stage, kGptSteps,
-          RelativeDifference(split.first_logits, whole.first_logits),
-          worst_loss, worst_grad, worst_weight);
+          RelativeDifference(split.first_logits, whole_logits), worst_loss,
+          gradients, worst_weight);
     }
     EXPECT_EQ(split.first_grads.empty(), stage != 1);
     EXPECT_EQ(split.weights.empty(), stage == 3);
@@ -462,6 +479,70 @@ double WorstDifference(const std::map<std::string, torch::Tensor>& got,
     worst = std::max(worst, RelativeDifference(got.at(name), weight));
   }
   return worst;
+}
+
+// Context parallelism (Ulysses) at dp_shard 2 x cp 2, and with tensor
+// parallelism at tp 2 x cp 2: each rank holds half of every sequence
+// (labels shifted before the split), the loss averaged over dp x cp;
+// logits, losses, clipping norms and the weights after 20 steps within
+// 1e-5 of one process's.
+TEST_F(NdParallelTest, ContextParallelGptMatchesOneProcess) {
+  Accelerator& job = SharedAccelerator();
+  struct Case {
+    const char* what;
+    int stage;
+    ParallelismConfig mesh;
+    int dp;  // This rank's data-parallel index.
+    int cp;  // Its context-parallel coordinate.
+  };
+  const int rank = job.process_index();
+  const GptRun whole = TrainWhole();
+  for (const Case& c :
+       {Case{"dp_shard 2 x cp 2, stage 1", 1, Mesh(1, 2, 1, 2), rank / 2,
+             rank % 2},
+        Case{"dp_shard 2 x cp 2, stage 3", 3, Mesh(1, 2, 1, 2), rank / 2,
+             rank % 2},
+        Case{"tp 2 x cp 2, stage 2", 2, Mesh(1, 1, 2, 2), 0, rank / 2}}) {
+    const GptRun split = TrainSplit({.stage = c.stage, .mesh = c.mesh});
+    // This rank's rows (its dp index's) and half of the sequence.
+    const torch::Tensor logits =
+        whole.first_logits
+            .narrow(0, c.dp * 4 / c.mesh.dp_size(), 4 / c.mesh.dp_size())
+            .narrow(1, 4 * c.cp, 4);
+    EXPECT_LE(RelativeDifference(split.first_logits, logits), 1e-5) << c.what;
+    double worst_loss = 0;
+    for (int step = 0; step < kGptSteps; ++step) {
+      worst_loss = std::max(
+          worst_loss, std::abs(split.losses[step] / whole.losses[step] - 1));
+      EXPECT_NEAR(split.norms[step], whole.norms[step],
+                  1e-5 * whole.norms[step])
+          << c.what << ", step " << step;
+    }
+    EXPECT_LE(worst_loss, 1e-5) << c.what;
+    // Stage 1 keeps every gradient whole: averaged over dp x cp, the
+    // global batch's.
+    double worst_grad = 0;
+    for (const auto& [name, grad] : split.first_grads) {
+      worst_grad = std::max(
+          worst_grad, RelativeDifference(grad, whole.first_grads.at(name)));
+    }
+    EXPECT_LE(worst_grad, 1e-5) << c.what;
+    EXPECT_EQ(split.first_grads.empty(), c.stage != 1);
+    if (job.is_main_process()) {
+      const double worst = WorstDifference(split.whole_weights, whole.weights);
+      char gradients[48] = "";
+      if (c.stage == 1) {
+        std::snprintf(gradients, sizeof(gradients), "gradients %.2g, ",
+                      worst_grad);
+      }
+      std::printf(
+          "%s, %d steps: logits %.2g, losses %.2g, %sweights %.2g (largest "
+          "relative differences)\n",
+          c.what, kGptSteps, RelativeDifference(split.first_logits, logits),
+          worst_loss, gradients, worst);
+      EXPECT_LE(worst, 1e-5) << c.what;
+    }
+  }
 }
 
 // A checkpoint of split layers: written share by share at tp 2 x dp_shard
