@@ -545,6 +545,101 @@ TEST_F(NdParallelTest, ContextParallelGptMatchesOneProcess) {
   }
 }
 
+// torch's CommDebugMode tests: the collectives one training step starts on
+// each group of the mesh, by phase, so that a change that adds one is
+// caught. The GPT has 2 blocks, each with a column- and a row-parallel
+// pair in attention and in the MLP, and, under context parallelism, four
+// all-to-alls per attention (q, k, v in, the output back).
+TEST_F(NdParallelTest, CollectivesPerStepAndDimension) {
+  struct Case {
+    const char* what;
+    ParallelismConfig mesh;
+    // Per phase (forward, backward, clip, step), per group.
+    std::map<std::string, std::vector<uint64_t>> expected;
+  };
+  const std::vector<Case> cases = {
+      {"tp 2 x dp_shard 2, stage 2",
+       Mesh(1, 2, 2),
+       // tp: forward sums each row-parallel layer's outputs (2 a block),
+       // backward each column-parallel layer's input gradients (2 a
+       // block); clipping sums the shares' squares once. dp_shard_cp
+       // (ZeRO's): one reduce-scatter of the gradients' one bucket, one sum
+       // of the shards' squares, one all-gather of the stepped parameters.
+       {{"tp", {4, 4, 1, 0}},
+        {"cp", {0, 0, 0, 0}},
+        {"dp_replicate", {0, 0, 0, 0}},
+        {"dp_shard_cp", {0, 1, 1, 1}}}},
+      {"dp_shard 2 x cp 2, stage 2",
+       Mesh(1, 2, 1, 2),
+       {{"tp", {0, 0, 0, 0}},
+        {"cp", {8, 8, 0, 0}},
+        {"dp_replicate", {0, 0, 0, 0}},
+        {"dp_shard_cp", {0, 1, 1, 1}}}},
+      {"dp_replicate 2 x dp_shard 2 (HSDP), stage 2",
+       Mesh(2, 2),
+       // The bucket's reduce-scattered share all-reduced across replicas.
+       {{"tp", {0, 0, 0, 0}},
+        {"cp", {0, 0, 0, 0}},
+        {"dp_replicate", {0, 1, 0, 0}},
+        {"dp_shard_cp", {0, 1, 1, 1}}}},
+  };
+  for (const Case& c : cases) {
+    AcceleratorOptions options = Options({.stage = 2});
+    // One gradient bucket (the model is 28 KiB), not the tests' small ones.
+    options.gradient_sync.first_bucket_bytes = 1 << 20;
+    options.parallelism_config = c.mesh;
+    Accelerator accelerator(options);
+    DeviceMesh& mesh = *accelerator.torch_device_mesh();
+    torch::manual_seed(21);
+    examples::Gpt gpt(SmallGpt());
+    if (c.mesh.tp_size > 1) examples::ParallelizeGpt(*gpt, mesh.group("tp"));
+    if (c.mesh.cp_size > 1) {
+      examples::ContextParallelGpt(*gpt, mesh.group("cp"));
+    }
+    torch::optim::SGD sgd = Sgd(*gpt);
+    auto [model, optimizer] = accelerator.prepare(gpt, sgd);
+    const torch::Tensor mask = examples::CausalMask(8);
+    std::map<std::string, std::vector<uint64_t>> counted;
+    for (int step = 0; step < 2; ++step) {
+      std::map<std::string, uint64_t> before;
+      const auto mark = [&](bool record) {
+        for (const auto& [group, unused] : c.expected) {
+          const uint64_t now = mesh.group(group).operations_started();
+          if (record) counted[group].push_back(now - before[group]);
+          before[group] = now;
+        }
+      };
+      mark(false);
+      auto [x, y] = Tokens(step, accelerator.data_parallel_index(),
+                           accelerator.data_parallel_size());
+      torch::Tensor positions = torch::arange(8);
+      accelerator.maybe_context_parallel({&x, &y, &positions}, {1, 1, 0});
+      const torch::Tensor loss =
+          examples::LanguageModelLoss(model->forward(x, mask, positions), y);
+      const bool record = step == 1;  // The first may set things up.
+      mark(record);
+      accelerator.backward(loss);
+      mark(record);
+      accelerator.clip_grad_norm_(model->parameters(), kMaxNorm);
+      mark(record);
+      optimizer.step();
+      optimizer.zero_grad();
+      mark(record);
+    }
+    std::string table;
+    for (const auto& [group, counts] : counted) {
+      table += " " + group + " " +
+               c10::str(c10::IntArrayRef(
+                   std::vector<int64_t>(counts.begin(), counts.end())));
+    }
+    if (accelerator.is_main_process()) {
+      std::printf("%s: collectives (forward, backward, clip, step):%s\n",
+                  c.what, table.c_str());
+    }
+    EXPECT_EQ(counted, c.expected) << c.what << ":" << table;
+  }
+}
+
 // A checkpoint of split layers: written share by share at tp 2 x dp_shard
 // 2, merged whole, resumed at dp_shard 4 (the layers whole), at tp 2 under
 // stage 3 and at tp 4 (other shares); one written whole resumes split.

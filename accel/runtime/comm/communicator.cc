@@ -158,6 +158,11 @@ std::vector<std::string> Communicator::ExchangeThroughStore(
   }
 }
 
+uint64_t Communicator::operations_started() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return next_sequence_ - 1;
+}
+
 std::string Communicator::Where() const {
   return "[" + backend_name() + "] " + RankWhere(context_) + ": ";
 }

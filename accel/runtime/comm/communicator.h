@@ -211,6 +211,10 @@ class Communicator {
   const std::string& group_name() const { return context_.group; }
   // The rank in the job of this communicator's rank `rank`.
   int job_rank(int rank) const;
+  // Operations started on this communicator since it was made or renewed
+  // (the last one's sequence number): tests count them per training step
+  // to catch a change that adds a collective, as torch's CommDebugMode.
+  uint64_t operations_started();
 
   // "[gloo] rank 0/2: gather #3 (train.cc:75): ", the prefix of every
   // message about one call, for errors found in a collective's result.
