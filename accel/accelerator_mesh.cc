@@ -1,6 +1,7 @@
 // The Accelerator's device mesh (AcceleratorOptions::parallelism_config):
 // building it, the coordinates Accelerate names, and the groups accel's own
 // work runs over (accelerator.h).
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -92,11 +93,39 @@ void Accelerator::maybe_context_parallel(
         " buffers but " + std::to_string(buffer_seq_dims.size()) +
         " buffer_seq_dims");
   }
+  // Checked at any mesh, so that a one-process run finds the mistake too.
+  std::vector<int64_t> dims;
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    const std::string which =
+        "maybe_context_parallel: buffer " + std::to_string(i);
+    if (buffers[i] == nullptr || !buffers[i]->defined()) {
+      throw UsageError(which + " is null or an undefined tensor");
+    }
+    const int64_t rank = buffers[i]->dim();
+    const int64_t dim = buffer_seq_dims[i];
+    if (dim < -rank || dim >= std::max<int64_t>(rank, 1) || rank == 0) {
+      throw UsageError(which + " (shape " + c10::str(buffers[i]->sizes()) +
+                       ") has no dimension " + std::to_string(dim) +
+                       " (its buffer_seq_dims entry)");
+    }
+    dims.push_back(dim < 0 ? dim + rank : dim);
+  }
   DeviceMesh* mesh = state_->mesh.get();
   if (mesh == nullptr || mesh->size("cp") == 1) return;
   Communicator& cp = mesh->group("cp");
   for (size_t i = 0; i < buffers.size(); ++i) {
-    *buffers[i] = cp::ShardSequence(*buffers[i], cp, buffer_seq_dims[i]);
+    const int64_t length = buffers[i]->size(dims[i]);
+    if (length % cp.size() != 0) {
+      throw UsageError("maybe_context_parallel: buffer " + std::to_string(i) +
+                       " (shape " + c10::str(buffers[i]->sizes()) +
+                       ") has a sequence of " + std::to_string(length) +
+                       " along dimension " + std::to_string(dims[i]) +
+                       ", which does not split over cp_size " +
+                       std::to_string(cp.size()) + "; make it a multiple");
+    }
+  }
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    *buffers[i] = cp::ShardSequence(*buffers[i], cp, dims[i]);
   }
 }
 

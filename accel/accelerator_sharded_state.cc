@@ -168,6 +168,7 @@ class ShardPlan {
     for (const Slot& slot : entries_) {
       wanted[slot.parameter] = true;
       CheckShape(shares, {"", slot.parameter, ""}, slot.WholeShape());
+      CheckLayout(shares, slot);
     }
     for (const std::string& name : shares.Names()) {
       if (name.rfind("model_", 0) == 0 && wanted.count(name) == 0) {
@@ -265,6 +266,22 @@ class ShardPlan {
                             " of shape " + c10::str(c10::IntArrayRef(held)) +
                             ", but this program's is " +
                             c10::str(c10::IntArrayRef(shape)));
+    }
+  }
+
+  // A parameter split here and in the checkpoint is cut along the same
+  // dimension into the same blocks (the sizes may differ): otherwise the
+  // plan changed since the save, or the checkpoint's table did, and joining
+  // would mix rows.
+  static void CheckLayout(const SharesReader& shares, const Slot& slot) {
+    const TensorSplit* saved = shares.SplitOf(slot.parameter);
+    if (saved == nullptr || slot.split.size == 1) return;
+    if (saved->dim != slot.split.dim || saved->fused != slot.split.fused) {
+      throw CheckpointError(
+          std::string("the checkpoint's shards (") + kShardIndexName +
+          ") hold " + slot.parameter + " split as " + saved->ToString() +
+          ", but this program splits it as " + slot.split.ToString() +
+          ": the tensor-parallel plan changed since the save");
     }
   }
 

@@ -66,9 +66,9 @@ TEST(NdParallelExampleTest, EveryMeshTrainsTheSameModel) {
   const ProcessResult context = RunNdParallel(
       MakeTempDir("nd_cp"), 4, {"--dp_shard_size=2", "--cp_size=2"});
   ASSERT_EQ(context.exit_code, 0) << context.output;
-  const ProcessResult all = RunNdParallel(
-      MakeTempDir("nd_cp_tp"), 8,
-      {"--dp_shard_size=2", "--cp_size=2", "--tp_size=2"});
+  const ProcessResult all =
+      RunNdParallel(MakeTempDir("nd_cp_tp"), 8,
+                    {"--dp_shard_size=2", "--cp_size=2", "--tp_size=2"});
   ASSERT_EQ(all.exit_code, 0) << all.output;
   for (const ProcessResult* run : {&four, &eight, &context, &all}) {
     EXPECT_NEAR(Loss(*run), Loss(one), 1e-5 * Loss(one));

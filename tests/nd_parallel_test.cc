@@ -486,62 +486,92 @@ double WorstDifference(const std::map<std::string, torch::Tensor>& got,
 // (labels shifted before the split), the loss averaged over dp x cp;
 // logits, losses, clipping norms and the weights after 20 steps within
 // 1e-5 of one process's.
+// A GPT run on `mesh` against one process's on the global batch: this
+// rank's logits (its rows `dp` of the data-parallel ranks and part `cp` of
+// the sequence), the losses and clipping norms at every step, the
+// gradients (stage 1; tp rank `tp`'s shares) and the joined weights after
+// 20 steps, each within 1e-5.
+struct MeshCase {
+  const char* what;
+  int stage;
+  ParallelismConfig mesh;
+  int dp;      // This rank's data-parallel index.
+  int cp = 0;  // Its context-parallel coordinate.
+  int tp = 0;  // Its tensor-parallel coordinate.
+};
+
+void ExpectMatchesOneProcess(const MeshCase& c, const GptRun& whole) {
+  const GptRun split = TrainSplit({.stage = c.stage, .mesh = c.mesh});
+  const int rows = 4 / c.mesh.dp_size(), part = 8 / c.mesh.cp_size;
+  const torch::Tensor logits = whole.first_logits.narrow(0, c.dp * rows, rows)
+                                   .narrow(1, part * c.cp, part);
+  EXPECT_LE(RelativeDifference(split.first_logits, logits), 1e-5) << c.what;
+  double worst_loss = 0;
+  for (int step = 0; step < kGptSteps; ++step) {
+    worst_loss = std::max(
+        worst_loss, std::abs(split.losses[step] / whole.losses[step] - 1));
+    EXPECT_NEAR(split.norms[step], whole.norms[step], 1e-5 * whole.norms[step])
+        << c.what << ", step " << step;
+  }
+  EXPECT_LE(worst_loss, 1e-5) << c.what;
+  // Stage 1 keeps every gradient (each tp rank its shares): averaged over
+  // dp x cp, the global batch's.
+  double worst_grad = 0;
+  for (const auto& [name, grad] : split.first_grads) {
+    worst_grad = std::max(
+        worst_grad,
+        RelativeDifference(grad, ShareByName(name, whole.first_grads.at(name),
+                                             c.tp, c.mesh.tp_size)));
+  }
+  EXPECT_LE(worst_grad, 1e-5) << c.what;
+  EXPECT_EQ(split.first_grads.empty(), c.stage != 1);
+  if (!SharedAccelerator().is_main_process()) return;
+  const double worst = WorstDifference(split.whole_weights, whole.weights);
+  char gradients[48] = "";
+  if (c.stage == 1) {
+    std::snprintf(gradients, sizeof(gradients), "gradients %.2g, ", worst_grad);
+  }
+  std::printf(
+      "%s, %d steps: logits %.2g, losses %.2g, %sweights %.2g (largest "
+      "relative differences)\n",
+      c.what, kGptSteps, RelativeDifference(split.first_logits, logits),
+      worst_loss, gradients, worst);
+  EXPECT_LE(worst, 1e-5) << c.what;
+}
+
+// Context parallelism (Ulysses) at dp_shard 2 x cp 2, and beside tensor
+// parallelism at tp 2 x cp 2: each rank holds half of every sequence
+// (labels shifted before the split), the loss averaged over dp x cp.
 TEST_F(NdParallelTest, ContextParallelGptMatchesOneProcess) {
-  Accelerator& job = SharedAccelerator();
-  struct Case {
-    const char* what;
-    int stage;
-    ParallelismConfig mesh;
-    int dp;  // This rank's data-parallel index.
-    int cp;  // Its context-parallel coordinate.
-  };
-  const int rank = job.process_index();
+  const int rank = SharedAccelerator().process_index();
   const GptRun whole = TrainWhole();
-  for (const Case& c :
-       {Case{"dp_shard 2 x cp 2, stage 1", 1, Mesh(1, 2, 1, 2), rank / 2,
-             rank % 2},
-        Case{"dp_shard 2 x cp 2, stage 3", 3, Mesh(1, 2, 1, 2), rank / 2,
-             rank % 2},
-        Case{"tp 2 x cp 2, stage 2", 2, Mesh(1, 1, 2, 2), 0, rank / 2}}) {
-    const GptRun split = TrainSplit({.stage = c.stage, .mesh = c.mesh});
-    // This rank's rows (its dp index's) and half of the sequence.
-    const torch::Tensor logits =
-        whole.first_logits
-            .narrow(0, c.dp * 4 / c.mesh.dp_size(), 4 / c.mesh.dp_size())
-            .narrow(1, 4 * c.cp, 4);
-    EXPECT_LE(RelativeDifference(split.first_logits, logits), 1e-5) << c.what;
-    double worst_loss = 0;
-    for (int step = 0; step < kGptSteps; ++step) {
-      worst_loss = std::max(
-          worst_loss, std::abs(split.losses[step] / whole.losses[step] - 1));
-      EXPECT_NEAR(split.norms[step], whole.norms[step],
-                  1e-5 * whole.norms[step])
-          << c.what << ", step " << step;
-    }
-    EXPECT_LE(worst_loss, 1e-5) << c.what;
-    // Stage 1 keeps every gradient whole: averaged over dp x cp, the
-    // global batch's.
-    double worst_grad = 0;
-    for (const auto& [name, grad] : split.first_grads) {
-      worst_grad = std::max(
-          worst_grad, RelativeDifference(grad, whole.first_grads.at(name)));
-    }
-    EXPECT_LE(worst_grad, 1e-5) << c.what;
-    EXPECT_EQ(split.first_grads.empty(), c.stage != 1);
-    if (job.is_main_process()) {
-      const double worst = WorstDifference(split.whole_weights, whole.weights);
-      char gradients[48] = "";
-      if (c.stage == 1) {
-        std::snprintf(gradients, sizeof(gradients), "gradients %.2g, ",
-                      worst_grad);
-      }
-      std::printf(
-          "%s, %d steps: logits %.2g, losses %.2g, %sweights %.2g (largest "
-          "relative differences)\n",
-          c.what, kGptSteps, RelativeDifference(split.first_logits, logits),
-          worst_loss, gradients, worst);
-      EXPECT_LE(worst, 1e-5) << c.what;
-    }
+  for (const MeshCase& c :
+       {MeshCase{"dp_shard 2 x cp 2, stage 1", 1, Mesh(1, 2, 1, 2), rank / 2,
+                 rank % 2},
+        MeshCase{"dp_shard 2 x cp 2, stage 3", 3, Mesh(1, 2, 1, 2), rank / 2,
+                 rank % 2},
+        MeshCase{"tp 2 x cp 2, stage 2", 2, Mesh(1, 1, 2, 2), 0, rank / 2,
+                 rank % 2}}) {
+    ExpectMatchesOneProcess(c, whole);
+  }
+}
+
+// At 8 processes (the mesh order is dp_replicate, dp_shard, cp, tp):
+// dp_replicate 2 x dp_shard 2 x tp 2, and dp_shard 2 x cp 2 x tp 2.
+TEST(NdParallelEightTest, TwoByTwoByTwoMatchesOneProcess) {
+  if (SharedAccelerator().num_processes() != 8) {
+    GTEST_SKIP() << "the meshes here are of 8 processes";
+  }
+  const int rank = SharedAccelerator().process_index();
+  const GptRun whole = TrainWhole();
+  for (const MeshCase& c :
+       {MeshCase{"dp_replicate 2 x dp_shard 2 x tp 2, stage 1", 1,
+                 Mesh(2, 2, 2), rank / 2, 0, rank % 2},
+        MeshCase{"dp_replicate 2 x dp_shard 2 x tp 2, stage 3", 3,
+                 Mesh(2, 2, 2), rank / 2, 0, rank % 2},
+        MeshCase{"dp_shard 2 x cp 2 x tp 2, stage 2", 2, Mesh(1, 2, 2, 2),
+                 rank / 4, (rank / 2) % 2, rank % 2}}) {
+    ExpectMatchesOneProcess(c, whole);
   }
 }
 
@@ -688,6 +718,59 @@ TEST_F(NdParallelTest, SplitLayersCheckpointAtAnotherMesh) {
   if (job.is_main_process()) {
     EXPECT_LE(WorstDifference(split.whole_weights, whole.whole_weights), 1e-5);
   }
+  // A plan that cuts q|k|v as one block (not three) reads the shares
+  // wrongly: refused, before anything changes.
+  AcceleratorOptions options = Options({.stage = 2});
+  options.parallelism_config = Mesh(1, 2, 2);
+  Accelerator accelerator(options);
+  examples::Gpt gpt(SmallGpt());
+  parallelize_module(*gpt, accelerator.torch_device_mesh()->group("tp"),
+                     {{"blocks.*.attention.qkv", ColwiseParallel{}},
+                      {"blocks.*.attention.proj", RowwiseParallel{}}});
+  torch::optim::SGD sgd = Sgd(*gpt);
+  auto [model, optimizer] = accelerator.prepare(gpt, sgd);
+  try {
+    accelerator.load_state(folder);
+    ADD_FAILURE() << "the changed plan was not noticed";
+  } catch (const CheckpointError& error) {
+    EXPECT_THAT(error.what(),
+                HasSubstr("split as dim 0 in 3 blocks, 2 shares, but this "
+                          "program splits it as dim 0, 2 shares: the "
+                          "tensor-parallel plan changed since the save"));
+  }
+}
+
+// maybe_context_parallel names the buffer at fault, at any mesh.
+TEST_F(NdParallelTest, MaybeContextParallelChecksItsBuffers) {
+  AcceleratorOptions options = Options({.stage = 1});
+  options.parallelism_config = Mesh(1, 2, 1, 2);
+  Accelerator accelerator(options);
+  torch::Tensor tokens = torch::zeros({2, 8}), odd = torch::zeros({2, 9});
+  torch::Tensor undefined;
+  EXPECT_THAT(UsageErrorOf([&] {
+                accelerator.maybe_context_parallel({&tokens, nullptr}, {1, 1});
+              }),
+              HasSubstr("maybe_context_parallel: buffer 1 is null"));
+  EXPECT_THAT(UsageErrorOf([&] {
+                accelerator.maybe_context_parallel({&undefined}, {0});
+              }),
+              HasSubstr("buffer 0 is null or an undefined tensor"));
+  EXPECT_THAT(
+      UsageErrorOf([&] { accelerator.maybe_context_parallel({&tokens}, {2}); }),
+      HasSubstr("buffer 0 (shape [2, 8]) has no dimension 2"));
+  EXPECT_THAT(UsageErrorOf([&] {
+                accelerator.maybe_context_parallel({&tokens, &odd}, {1, 1});
+              }),
+              HasSubstr("buffer 1 (shape [2, 9]) has a sequence of 9 along "
+                        "dimension 1, which does not split over cp_size 2"));
+  EXPECT_THAT(UsageErrorOf([&] {
+                accelerator.maybe_context_parallel({&tokens}, {1, 1});
+              }),
+              HasSubstr("1 buffers but 2 buffer_seq_dims"));
+  // Nothing was cut by the calls that failed; this one cuts.
+  EXPECT_EQ(tokens.size(1), 8);
+  accelerator.maybe_context_parallel({&tokens}, {-1});
+  EXPECT_EQ(tokens.size(1), 4);
 }
 
 // Without an optimizer accel knows, save_state would write whole weights,

@@ -34,9 +34,25 @@ std::map<std::string, TensorSplit> DecodeSplits(
   std::map<std::string, TensorSplit> splits;
   const auto& metadata = reader.metadata(0);
   const auto found = metadata.find(kTensorSplitsKey);
-  if (found == metadata.end()) return splits;
   const std::string where = std::string("the checkpoint's ") +
                             kTensorSplitsKey + " (rank 0's metadata)";
+  // Every rank writes the same table: one that differs was changed.
+  for (int rank = 1; rank < reader.world_size(); ++rank) {
+    const auto& other = reader.metadata(rank);
+    const auto theirs = other.find(kTensorSplitsKey);
+    const bool same =
+        (found == metadata.end()) == (theirs == other.end()) &&
+        (found == metadata.end() || found->second == theirs->second);
+    if (!same) {
+      throw CheckpointError(std::string("the checkpoint's ") +
+                            kTensorSplitsKey +
+                            " differ between rank 0's and "
+                            "rank " +
+                            std::to_string(rank) +
+                            "'s files: the files were changed after the save");
+    }
+  }
+  if (found == metadata.end()) return splits;
   try {
     // Kept in a variable: items() refers to it for the whole loop.
     const Json parsed = Json::parse(found->second);

@@ -31,7 +31,8 @@ struct Saved {
   torch::Tensor b = torch::arange(5, torch::kFloat32);
 };
 
-Saved Save(const std::string& splits_metadata) {
+Saved Save(const std::string& splits_metadata,
+           const std::string& rank_3_metadata = "") {
   Saved saved;
   saved.dir = FreshDir();
   for (int rank = 0; rank < 4; ++rank) {
@@ -61,7 +62,9 @@ Saved Save(const std::string& splits_metadata) {
                         saved.b.narrow(0, shard * 3, shard == 0 ? 3 : 2)});
     }
     WriteShardFile(saved.dir, rank, 4, "run", pieces,
-                   {{kTensorSplitsKey, splits_metadata}});
+                   {{kTensorSplitsKey, rank == 3 && !rank_3_metadata.empty()
+                                           ? rank_3_metadata
+                                           : splits_metadata}});
   }
   WriteShardIndex(saved.dir, 4, "run");
   return saved;
@@ -123,6 +126,22 @@ TEST(TensorSharesTest, ASplitThatDoesNotFitIsACheckpointError) {
       CheckpointError);
   EXPECT_THROW(shares.Read({"", "model_0/w", ""}, kColumns, 0, 10, out),
                CheckpointError);
+}
+
+TEST(TensorSharesTest, RankFilesWhoseSplitsDifferAreACheckpointError) {
+  const Saved saved =
+      Save(kSplits, EncodeTensorSplits({{"model_0/w", {.dim = 0, .size = 2}}}));
+  const ShardedStateReader reader = ShardedStateReader::Open(saved.dir);
+  try {
+    SharesReader shares(reader);
+    ADD_FAILURE() << "no error";
+  } catch (const CheckpointError& error) {
+    EXPECT_NE(std::string(error.what())
+                  .find("differ between rank 0's and "
+                        "rank 3's files"),
+              std::string::npos)
+        << error.what();
+  }
 }
 
 TEST(TensorSharesTest, MetadataThatDoesNotMatchTheSharesIsACheckpointError) {
