@@ -447,16 +447,7 @@ int Main(int, char**) {
   const std::map<std::string, torch::Tensor> weights =
       accelerator.get_state_dict(model);
   if (accelerator.is_main_process()) {
-    double squares = 0;
-    for (const auto& entry : weights) {
-      squares += entry.second.to(torch::kFloat64).pow(2).sum().item<double>();
-    }
-    std::printf("Step %lld loss %.6f\n",
-                static_cast<long long>(accelerator.step()), last_loss);
-    std::printf(
-        "Parameter fingerprint: %016llx\n",
-        static_cast<unsigned long long>(examples::Fingerprint(weights)));
-    std::printf("Parameter norm: %.9e\n", std::sqrt(squares));
+    examples::PrintFinalWeights(accelerator.step(), last_loss, weights);
     // This run's steps (a resumed run's own).
     const int64_t tokens = progress.tokens_per_step * steps_this_run;
     std::printf(

@@ -2,6 +2,9 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <cmath>
+#include <cstdio>
+
 #include "accel/runtime/base/errors.h"
 #include "examples/sotu_corpus.h"
 
@@ -60,6 +63,18 @@ uint64_t Fingerprint(const std::map<std::string, torch::Tensor>& state) {
     }
   }
   return hash;
+}
+
+void PrintFinalWeights(int64_t step, double loss,
+                       const std::map<std::string, torch::Tensor>& weights) {
+  double squares = 0;
+  for (const auto& [name, tensor] : weights) {
+    squares += tensor.to(torch::kFloat64).pow(2).sum().item<double>();
+  }
+  std::printf("Step %lld loss %.6f\n", static_cast<long long>(step), loss);
+  std::printf("Parameter fingerprint: %016llx\n",
+              static_cast<unsigned long long>(Fingerprint(weights)));
+  std::printf("Parameter norm: %.9e\n", std::sqrt(squares));
 }
 
 }  // namespace examples

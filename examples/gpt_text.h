@@ -39,4 +39,11 @@ GptText LoadGptText(const GptTextOptions& options, uint64_t seed);
 // equal fingerprints, across process counts and stages.
 uint64_t Fingerprint(const std::map<std::string, torch::Tensor>& state);
 
+// The lines the GPT examples end on, which their tests read:
+//   Step 200 loss 1.234567
+//   Parameter fingerprint: 0123456789abcdef
+//   Parameter norm: 1.310988404e+01
+void PrintFinalWeights(int64_t step, double loss,
+                       const std::map<std::string, torch::Tensor>& weights);
+
 }  // namespace examples

@@ -216,16 +216,7 @@ int Main(int, char**) {
   accelerator.save_model(model, FLAGS_output_dir + "/model");
   const auto weights = accelerator.get_state_dict(model);
   if (accelerator.is_main_process()) {
-    double squares = 0;
-    for (const auto& [name, tensor] : weights) {
-      squares += tensor.to(torch::kFloat64).pow(2).sum().item<double>();
-    }
-    std::printf("Step %lld loss %.6f\n",
-                static_cast<long long>(accelerator.step()), last_loss);
-    std::printf(
-        "Parameter fingerprint: %016llx\n",
-        static_cast<unsigned long long>(examples::Fingerprint(weights)));
-    std::printf("Parameter norm: %.9e\n", std::sqrt(squares));
+    examples::PrintFinalWeights(accelerator.step(), last_loss, weights);
     std::printf("Model saved to %s/model\n", FLAGS_output_dir.c_str());
   }
   accelerator.end_training();
