@@ -68,7 +68,12 @@ torch::Tensor ParallelLinearImpl::forward(const torch::Tensor& input) {
   torch::Tensor output = row.sequence_parallel
                              ? tp::ReduceScatterSequence(partial, *group_, 1)
                              : tp::ReduceFromRegion(partial, *group_);
-  return bias.defined() ? output + bias : output;
+  if (!bias.defined()) return output;
+  // Under sequence parallelism each rank adds the bias to its part of the
+  // sequence only: its gradient is that part's, summed over the group in
+  // backward to the whole sequence's (as one process has it).
+  return output +
+         (row.sequence_parallel ? tp::CopyToRegion(bias, *group_) : bias);
 }
 
 void ParallelLinearImpl::CheckParallelizable(const Communicator& group,

@@ -23,7 +23,9 @@
 // features (of the attention heads), and nothing travels. With
 // sequence_parallel the input of a column-parallel layer is split along the
 // sequence (dim 1) and gathered, and a row-parallel layer's output is
-// reduce-scattered back to this rank's part of the sequence.
+// reduce-scattered back to this rank's part of the sequence (its bias's
+// gradient summed over the group in backward, so that it is the whole
+// sequence's on every rank).
 //
 // Differences from torch's parallelize_module, on purpose: LibTorch modules
 // have no forward hooks, so the layers to split must be ParallelLinear (a

@@ -143,10 +143,9 @@ void Compare(Communicator& tp, bool sequence) {
           layer.split->bias.grad(),
           Share(layer.reference->bias.grad(), 0, layer.fused, rank, size),
           "bias gradient");
-    } else if (!sequence) {
-      // A row-parallel bias is whole; under sequence parallelism each rank
-      // has its part of the sequence's gradient (summed over the group by
-      // whoever syncs them).
+    } else {
+      // A row-parallel bias is whole, and so is its gradient (under
+      // sequence parallelism summed over the ranks' parts of the sequence).
       ExpectClose(layer.split->bias.grad(), layer.reference->bias.grad(),
                   "row bias gradient");
     }
