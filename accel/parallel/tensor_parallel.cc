@@ -118,28 +118,49 @@ torch::Tensor Sum(const torch::Tensor& x, Communicator& group, int64_t,
   return AllReduceSum(x, group, api);
 }
 
-template <Operation kForward, Operation kBackward>
-struct Conjugate : torch::autograd::Function<Conjugate<kForward, kBackward>> {
+// What a failed collective's error calls each direction of a function:
+// the function the model called, and whether in its forward or (through
+// autograd) its backward.
+struct Names {
+  const char* forward;
+  const char* backward;
+};
+constexpr Names kCopyToRegion{"tp::CopyToRegion forward",
+                              "tp::CopyToRegion backward"};
+constexpr Names kReduceFromRegion{"tp::ReduceFromRegion forward",
+                                  "tp::ReduceFromRegion backward"};
+constexpr Names kGatherFromRegion{"tp::GatherFromRegion forward",
+                                  "tp::GatherFromRegion backward"};
+constexpr Names kScatterToRegion{"tp::ScatterToRegion forward",
+                                 "tp::ScatterToRegion backward"};
+constexpr Names kGatherSequence{"tp::GatherSequence forward",
+                                "tp::GatherSequence backward"};
+constexpr Names kReduceScatterSequence{"tp::ReduceScatterSequence forward",
+                                       "tp::ReduceScatterSequence backward"};
+
+template <Operation kForward, Operation kBackward, const Names& kNames>
+struct Conjugate
+    : torch::autograd::Function<Conjugate<kForward, kBackward, kNames>> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                int64_t group, int64_t dim) {
     ctx->saved_data["group"] = group;
     ctx->saved_data["dim"] = dim;
     Communicator& comm =
         *reinterpret_cast<Communicator*>(static_cast<intptr_t>(group));
-    return kForward(x, comm, dim, "tensor parallel forward");
+    return kForward(x, comm, dim, kNames.forward);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const torch::Tensor grad =
         kBackward(grads[0], GroupOf(ctx), ctx->saved_data["dim"].toInt(),
-                  "tensor parallel backward");
+                  kNames.backward);
     return {grad, torch::Tensor(), torch::Tensor()};
   }
 };
 
-template <Operation kForward, Operation kBackward>
+template <Operation kForward, Operation kBackward, const Names& kNames>
 torch::Tensor Apply(const torch::Tensor& x, Communicator& group, int64_t dim) {
   if (group.size() == 1) return x;
-  return Conjugate<kForward, kBackward>::apply(x, Handle(group), dim);
+  return Conjugate<kForward, kBackward, kNames>::apply(x, Handle(group), dim);
 }
 
 // In place: the values of `x` reduced with `op` over the group.
@@ -167,7 +188,7 @@ struct CrossEntropy : torch::autograd::Function<CrossEntropy> {
           std::to_string(vocabulary) + ") (" + std::to_string(columns) +
           " columns on each of " + std::to_string(comm.size()) + " ranks)");
     }
-    const char* api = "tensor parallel cross entropy";
+    const char* api = "tp::VocabParallelCrossEntropy forward";
     torch::Tensor max = std::get<0>(logits.max(1)).contiguous();
     AllReduceInPlace(max, comm, ReduceOp::kMax, api);
     const torch::Tensor shifted = logits - max.unsqueeze(1);
@@ -224,31 +245,33 @@ torch::Tensor VocabParallelCrossEntropy(const torch::Tensor& logits,
 }
 
 torch::Tensor CopyToRegion(const torch::Tensor& x, Communicator& group) {
-  return Apply<Identity, Sum>(x, group, 0);
+  return Apply<Identity, Sum, kCopyToRegion>(x, group, 0);
 }
 
 torch::Tensor ReduceFromRegion(const torch::Tensor& x, Communicator& group) {
-  return Apply<Sum, Identity>(x, group, 0);
+  return Apply<Sum, Identity, kReduceFromRegion>(x, group, 0);
 }
 
 torch::Tensor GatherFromRegion(const torch::Tensor& x, Communicator& group,
                                int64_t dim) {
-  return Apply<AllGather, Slice>(x, group, Dim(x, dim));
+  return Apply<AllGather, Slice, kGatherFromRegion>(x, group, Dim(x, dim));
 }
 
 torch::Tensor ScatterToRegion(const torch::Tensor& x, Communicator& group,
                               int64_t dim) {
-  return Apply<Slice, AllGather>(x, group, Dim(x, dim));
+  return Apply<Slice, AllGather, kScatterToRegion>(x, group, Dim(x, dim));
 }
 
 torch::Tensor GatherSequence(const torch::Tensor& x, Communicator& group,
                              int64_t dim) {
-  return Apply<AllGather, ReduceScatter>(x, group, Dim(x, dim));
+  return Apply<AllGather, ReduceScatter, kGatherSequence>(x, group,
+                                                          Dim(x, dim));
 }
 
 torch::Tensor ReduceScatterSequence(const torch::Tensor& x, Communicator& group,
                                     int64_t dim) {
-  return Apply<ReduceScatter, AllGather>(x, group, Dim(x, dim));
+  return Apply<ReduceScatter, AllGather, kReduceScatterSequence>(x, group,
+                                                                 Dim(x, dim));
 }
 
 }  // namespace accel::tp

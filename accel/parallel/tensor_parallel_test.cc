@@ -126,6 +126,24 @@ TEST(TensorParallelTest, SequenceParallelMlpMatchesOneProcess) {
   }
 }
 
+// A failed collective names the function the model called and its
+// direction, with each rank's call.
+TEST(TensorParallelTest, ACollectivesErrorNamesTheFunction) {
+  testing::RunRanks("gloo", 2, [](Communicator& tp) {
+    // Rank 1's activations are one row longer.
+    const torch::Tensor x = torch::ones({2 + tp.rank(), 3});
+    try {
+      ReduceFromRegion(x, tp);
+      ADD_FAILURE() << "different shapes did not fail";
+    } catch (const UsageError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("ranks called different collectives"));
+      EXPECT_THAT(e.what(), HasSubstr("tp::ReduceFromRegion forward #1"));
+      EXPECT_THAT(e.what(), HasSubstr("[allreduce sum float32 x 6]"));
+      EXPECT_THAT(e.what(), HasSubstr("[allreduce sum float32 x 9]"));
+    }
+  });
+}
+
 TEST(TensorParallelTest, GatherAndScatterAreConjugate) {
   testing::RunRanks("gloo", 2, [](Communicator& tp) {
     torch::Tensor x =
