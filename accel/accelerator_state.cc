@@ -1,7 +1,10 @@
 // The Accelerator's checkpoints, weights (get_state_dict, save_model) and
 // trackers, over CheckpointManager and TrackerSet (see accelerator.h).
+#include <c10/util/Type.h>
+
 #include <map>
 #include <string>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -9,6 +12,7 @@
 #include "accel/checkpoint/checkpoint_manager.h"
 #include "accel/core/tensor_ops.h"
 #include "accel/core/tensor_split.h"
+#include "accel/optim/param_state_codec.h"
 #include "accel/parallel/parallel_linear.h"
 #include "accel/parallel/tensor_parallel.h"
 #include "accel/parallel/zero.h"
@@ -116,11 +120,18 @@ CheckpointContents Accelerator::Contents() {
   }
   contents.sharded_tensors = ShardedTensorsOfPrepared();
   if (!contents.sharded_tensors || contents.optimizers.empty()) {
-    RefuseSplitLayers("save_state / load_state",
-                      contents.optimizers.empty()
-                          ? "no optimizer is prepared"
-                          : "an optimizer's state is not one accel knows "
-                            "(accel/optim/param_state_codec.h)");
+    std::string why = "no optimizer is prepared";
+    for (const auto& prepared : state_->prepared.optimizers()) {
+      if (KnowsParamState(*prepared->optimizer)) continue;
+      const torch::optim::Optimizer& optimizer = *prepared->optimizer;
+      why = "the prepared optimizer " +
+            c10::demangle(typeid(optimizer).name()) +
+            " is not one whose state accel knows (Adam, AdamW, SGD, "
+            "Adagrad, RMSprop, AdamWScheduleFree: "
+            "accel/optim/param_state_codec.h)";
+      break;
+    }
+    RefuseSplitLayers("save_state / load_state", why.c_str());
   }
   // A checkpoint of whole weights (no sharded tensors) needs stage 3's
   // units gathered around its save or load.

@@ -785,6 +785,12 @@ TEST_F(NdParallelTest, SplitLayersNeedTheShardedCheckpoint) {
   EXPECT_THAT(UsageErrorOf([&] { accelerator.save_state(Folder("split")); }),
               HasSubstr("save_state / load_state: the model has "
                         "tensor-parallel layers"));
+  // An optimizer whose state accel's sharded format cannot hold is named.
+  torch::optim::LBFGS lbfgs(gpt->parameters());
+  accelerator.prepare_optimizer(lbfgs);
+  EXPECT_THAT(UsageErrorOf([&] { accelerator.save_state(Folder("lbfgs")); }),
+              HasSubstr("the prepared optimizer torch::optim::LBFGS is not "
+                        "one whose state accel knows"));
   examples::GptConfig odd = SmallGpt();
   odd.n_head = 1;
   odd.n_embd = 16;
