@@ -3,6 +3,7 @@
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/linear.h>
 #include <torch/nn/functional/loss.h>
+#include <torch/nn/functional/normalization.h>
 
 #include <cmath>
 #include <limits>
@@ -10,8 +11,50 @@
 
 #include "accel/accelerator.h"
 #include "accel/parallel/context_parallel.h"
+#include "accel/parallel/tensor_parallel.h"
 
 namespace examples {
+namespace {
+
+// A LayerNorm of this rank's part of the sequence under sequence
+// parallelism: its parameters' gradients summed over tp in backward (each
+// rank's is its part's), as one process's are the whole sequence's.
+torch::Tensor Norm(torch::nn::LayerNorm& norm, const torch::Tensor& x,
+                   const GptSplit& split) {
+  if (!split.sequence_parallel) return norm(x);
+  namespace F = torch::nn::functional;
+  return F::layer_norm(
+      x, F::LayerNormFuncOptions(norm->options.normalized_shape())
+             .weight(accel::tp::CopyToRegion(norm->weight, *split.tp))
+             .bias(accel::tp::CopyToRegion(norm->bias, *split.tp))
+             .eps(norm->options.eps()));
+}
+
+torch::Tensor Dropout(const torch::nn::Dropout& dropout, const torch::Tensor& x,
+                      const std::vector<accel::DropoutShare>& shares) {
+  return accel::SplitDropout(x, dropout->options.p(), dropout->is_training(),
+                             shares);
+}
+
+accel::DropoutShare ShareOf(const accel::Communicator& group) {
+  return {.dim = 1, .index = group.rank(), .count = group.size()};
+}
+
+}  // namespace
+
+std::vector<accel::DropoutShare> GptSplit::HeadShares() const {
+  std::vector<accel::DropoutShare> shares;
+  if (tp != nullptr) shares.push_back(ShareOf(*tp));
+  if (cp != nullptr) shares.push_back(ShareOf(*cp));
+  return shares;
+}
+
+std::vector<accel::DropoutShare> GptSplit::SequenceShares() const {
+  std::vector<accel::DropoutShare> shares;
+  if (cp != nullptr) shares.push_back(ShareOf(*cp));
+  if (sequence_parallel) shares.push_back(ShareOf(*tp));
+  return shares;
+}
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& config)
     : n_head_(config.n_head) {
@@ -27,19 +70,20 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& config)
 
 torch::Tensor CausalSelfAttentionImpl::forward(torch::Tensor x,
                                                torch::Tensor mask) {
-  const int64_t batch = x.size(0), length = x.size(1);
   const int64_t head = qkv_->options.in_features() / n_head_;
   // [B, T, 3C] -> q, k, v of [B, T, heads, head]; under tensor parallelism
-  // this rank's share of the heads (3C / tp features).
+  // this rank's share of the heads (3C / tp features); under sequence
+  // parallelism qkv_ gathers the sequence (x held this rank's part).
   const torch::Tensor all = qkv_(x);
+  const int64_t batch = all.size(0), length = all.size(1);
   const int64_t local = all.size(2) / 3;
   auto split = all.split(local, 2);
   // Under context parallelism T is this rank's part of the sequence: each
   // rank trades it for the whole sequence of a share of the heads.
   auto heads = [&](const torch::Tensor& t) {
     torch::Tensor h = t.view({batch, length, local / head, head});
-    if (context_parallel_ != nullptr) {
-      h = accel::cp::SequenceToHeads(h, *context_parallel_, 1, 2);
+    if (split_.cp != nullptr) {
+      h = accel::cp::SequenceToHeads(h, *split_.cp, 1, 2);
     }
     return h.transpose(1, 2);  // [B, heads, T, head]
   };
@@ -50,7 +94,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(torch::Tensor x,
     throw accel::UsageError(
         "GPT attention: a mask of shape " + c10::str(mask.sizes()) +
         " for a sequence of " + std::to_string(q.size(2)) + " positions" +
-        (context_parallel_ == nullptr
+        (split_.cp == nullptr
              ? " (with a sequence cut by maybe_context_parallel, call "
                "examples::ContextParallelGpt first)"
              : ""));
@@ -60,12 +104,15 @@ torch::Tensor CausalSelfAttentionImpl::forward(torch::Tensor x,
   scores = scores.masked_fill(mask.logical_not(),
                               -std::numeric_limits<float>::infinity());
   const torch::Tensor weights =
-      attention_dropout_(torch::softmax(scores, /*dim=*/-1));
+      Dropout(attention_dropout_, torch::softmax(scores, /*dim=*/-1),
+              split_.HeadShares());
   torch::Tensor y = torch::matmul(weights, v).transpose(1, 2);
-  if (context_parallel_ != nullptr) {
-    y = accel::cp::HeadsToSequence(y, *context_parallel_, 1, 2);
+  if (split_.cp != nullptr) {
+    y = accel::cp::HeadsToSequence(y, *split_.cp, 1, 2);
   }
-  return residual_dropout_(proj_(y.contiguous().view({batch, length, local})));
+  return Dropout(residual_dropout_,
+                 proj_(y.contiguous().view({batch, length, local})),
+                 split_.SequenceShares());
 }
 
 int64_t CausalSelfAttentionImpl::local_heads() const {
@@ -87,9 +134,16 @@ BlockImpl::BlockImpl(const GptConfig& config) {
   dropout_ = register_module("dropout", torch::nn::Dropout(config.dropout));
 }
 
+void BlockImpl::set_split(const GptSplit& split) {
+  split_ = split;
+  attention_->set_split(split);
+}
+
 torch::Tensor BlockImpl::forward(torch::Tensor x, torch::Tensor mask) {
-  x = x + attention_(ln1_(x), mask);
-  return x + dropout_(fc_proj_(torch::gelu(fc_(ln2_(x)))));
+  x = x + attention_(Norm(ln1_, x, split_), mask);
+  return x + Dropout(dropout_,
+                     fc_proj_(torch::gelu(fc_(Norm(ln2_, x, split_)))),
+                     split_.SequenceShares());
 }
 
 GptImpl::GptImpl(const GptConfig& config) : config_(config) {
@@ -140,8 +194,20 @@ torch::Tensor GptImpl::forward(torch::Tensor tokens, torch::Tensor mask,
         " tokens (positions up to " + std::to_string(last) +
         ") is longer than block_size " + std::to_string(config_.block_size));
   }
-  torch::Tensor x =
-      dropout_(token_embedding_(tokens) + position_embedding_(positions));
+  torch::Tensor x = token_embedding_(tokens) + position_embedding_(positions);
+  if (split_.sequence_parallel) {
+    if (x.size(1) % split_.tp->size() != 0) {
+      throw accel::UsageError(
+          "GPT: sequence parallelism over " +
+          std::to_string(split_.tp->size()) +
+          " tensor-parallel ranks splits each sequence, but this rank's are " +
+          std::to_string(x.size(1)) +
+          " tokens long; make the sequence length (over cp_size) a multiple "
+          "of tp_size");
+    }
+    x = accel::tp::ScatterToRegion(x, *split_.tp, 1);
+  }
+  x = Dropout(dropout_, x, split_.SequenceShares());
   for (Block& block : block_list_) {
     if (config_.activation_checkpointing) {
       // The function runs again in backward, after this forward has
@@ -156,24 +222,43 @@ torch::Tensor GptImpl::forward(torch::Tensor tokens, torch::Tensor mask,
       x = accel::forward(block, x, mask);
     }
   }
+  x = Norm(ln_f_, x, split_);
+  if (split_.sequence_parallel) {
+    x = accel::tp::GatherFromRegion(x, *split_.tp, 1);
+  }
   // The head is the token embedding, transposed (weight tying): one
   // parameter, so the optimizer, the gradient sync and ZeRO see it once.
-  return torch::nn::functional::linear(ln_f_(x), token_embedding_->weight);
+  return torch::nn::functional::linear(x, token_embedding_->weight);
 }
 
-int ParallelizeGpt(GptImpl& gpt, accel::Communicator& tp) {
+void GptImpl::set_split(const GptSplit& split) {
+  split_ = split;
+  for (Block& block : block_list_) block->set_split(split);
+}
+
+int ParallelizeGpt(GptImpl& gpt, accel::Communicator& tp,
+                   bool sequence_parallel) {
   if (gpt.config().n_head % tp.size() != 0) {
     throw accel::UsageError(
         "GPT: tensor parallelism over " + std::to_string(tp.size()) +
         " ranks splits the attention heads, but n_head is " +
         std::to_string(gpt.config().n_head) + "; give a tp_size dividing it");
   }
-  return accel::parallelize_module(
+  const bool sequence = sequence_parallel && tp.size() > 1;
+  const int split = accel::parallelize_module(
       gpt, tp,
-      {{"blocks.*.attention.qkv", accel::ColwiseParallel{.fused = 3}},
-       {"blocks.*.attention.proj", accel::RowwiseParallel{}},
-       {"blocks.*.fc", accel::ColwiseParallel{}},
-       {"blocks.*.fc_proj", accel::RowwiseParallel{}}});
+      {{"blocks.*.attention.qkv",
+        accel::ColwiseParallel{.fused = 3, .sequence_parallel = sequence}},
+       {"blocks.*.attention.proj",
+        accel::RowwiseParallel{.sequence_parallel = sequence}},
+       {"blocks.*.fc", accel::ColwiseParallel{.sequence_parallel = sequence}},
+       {"blocks.*.fc_proj",
+        accel::RowwiseParallel{.sequence_parallel = sequence}}});
+  GptSplit layout = gpt.split();
+  layout.tp = tp.size() > 1 ? &tp : nullptr;
+  layout.sequence_parallel = sequence;
+  gpt.set_split(layout);
+  return split;
 }
 
 int ContextParallelGpt(GptImpl& gpt, accel::Communicator& cp) {
@@ -186,8 +271,10 @@ int ContextParallelGpt(GptImpl& gpt, accel::Communicator& cp) {
           " attention head(s) (n_head " + std::to_string(gpt.config().n_head) +
           " over tensor parallelism); give a cp_size dividing it");
     }
-    block->attention()->set_context_parallel(cp.size() > 1 ? &cp : nullptr);
   }
+  GptSplit layout = gpt.split();
+  layout.cp = cp.size() > 1 ? &cp : nullptr;
+  gpt.set_split(layout);
   return static_cast<int>(gpt.blocks().size());
 }
 

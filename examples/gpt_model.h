@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "accel/parallel/parallel_linear.h"
+#include "accel/parallel/split_dropout.h"
 #include "accel/runtime/comm/communicator.h"
 
 namespace examples {
@@ -47,22 +48,40 @@ struct GptConfig {
   bool activation_checkpointing = false;
 };
 
+// How ParallelizeGpt and ContextParallelGpt split the model's tensors over
+// ranks: what each layer's communication and each dropout's share follow.
+struct GptSplit {
+  accel::Communicator* tp = nullptr;  // Tensor parallelism (null: none).
+  // The residual stream (LayerNorms, dropouts) split along the sequence
+  // over tp as well (Megatron's sequence parallelism).
+  bool sequence_parallel = false;
+  accel::Communicator* cp = nullptr;  // Context parallelism (null: none).
+
+  // This rank's share of the attention heads (dim 1 of [B, heads, T, T]):
+  // tp's share, then cp's share of it.
+  std::vector<accel::DropoutShare> HeadShares() const;
+  // Its share of the residual stream's sequence (dim 1 of [B, T, C]): cp's
+  // part, then tp's part of it under sequence parallelism.
+  std::vector<accel::DropoutShare> SequenceShares() const;
+};
+
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   explicit CausalSelfAttentionImpl(const GptConfig& config);
   // x: [B, T, C]; mask: [T, T] bool, true where a position may attend
-  // (under context parallelism T is the whole sequence's length, x this
-  // rank's part of it).
+  // (under context or sequence parallelism T is the whole sequence's
+  // length, x this rank's part of it).
   torch::Tensor forward(torch::Tensor x, torch::Tensor mask);
 
   // Heads this rank computes (n_head over tensor parallelism's ranks).
   int64_t local_heads() const;
   // Ulysses' context parallelism over `cp` (null: none).
-  void set_context_parallel(accel::Communicator* cp) { context_parallel_ = cp; }
+  void set_context_parallel(accel::Communicator* cp) { split_.cp = cp; }
+  void set_split(const GptSplit& split) { split_ = split; }
 
  private:
   int64_t n_head_;
-  accel::Communicator* context_parallel_ = nullptr;
+  GptSplit split_;
   accel::ParallelLinear qkv_{nullptr}, proj_{nullptr};
   torch::nn::Dropout attention_dropout_{nullptr}, residual_dropout_{nullptr};
 };
@@ -73,8 +92,10 @@ class BlockImpl : public torch::nn::Module {
   explicit BlockImpl(const GptConfig& config);
   torch::Tensor forward(torch::Tensor x, torch::Tensor mask);
   CausalSelfAttention& attention() { return attention_; }
+  void set_split(const GptSplit& split);
 
  private:
+  GptSplit split_;
   torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
   CausalSelfAttention attention_{nullptr};
   accel::ParallelLinear fc_{nullptr}, fc_proj_{nullptr};
@@ -95,6 +116,10 @@ class GptImpl : public torch::nn::Module {
                         torch::Tensor positions);
 
   const GptConfig& config() const { return config_; }
+  const GptSplit& split() const { return split_; }
+  // Gives every block and attention `split` (ParallelizeGpt and
+  // ContextParallelGpt call it).
+  void set_split(const GptSplit& split);
   // The blocks, in the order forward runs them (to mark them with
   // accel::fully_shard).
   const std::vector<Block>& blocks() const { return block_list_; }
@@ -107,6 +132,7 @@ class GptImpl : public torch::nn::Module {
 
  private:
   GptConfig config_;
+  GptSplit split_;
   torch::nn::Embedding token_embedding_{nullptr};
   torch::nn::Embedding position_embedding_{nullptr};
   torch::nn::Dropout dropout_{nullptr};
@@ -120,9 +146,21 @@ TORCH_MODULE(Gpt);
 // alike, before prepare): each attention's q|k|v projection and each
 // MLP's first layer column-parallel (a share of the heads, of the hidden
 // features), their output projections row-parallel; the embeddings, the
-// LayerNorms and the tied head stay whole. UsageError when n_head does not
-// split over tp's ranks. Returns the layers split (4 per block).
-int ParallelizeGpt(GptImpl& gpt, accel::Communicator& tp);
+// LayerNorms and the tied head stay whole. With `sequence_parallel`
+// (Megatron's sequence parallelism, torch's SequenceParallel) the residual
+// stream between the blocks' projections is split along the sequence as
+// well: the LayerNorms and dropouts work on this rank's part (their
+// parameters' gradients summed over tp in backward), the column-parallel
+// layers all-gather the sequence and the row-parallel ones
+// reduce-scatter it (in place of an all-reduce), and the final LayerNorm's
+// output is gathered before the head; each sequence's length (this rank's
+// part of it under context parallelism) must then be a multiple of tp's
+// size. Every dropout of a split tensor keeps its share of what one
+// process's dropout would draw (accel::SplitDropout), so that tp and cp
+// train as one process does. UsageError when n_head does not split over
+// tp's ranks. Returns the layers split (4 per block).
+int ParallelizeGpt(GptImpl& gpt, accel::Communicator& tp,
+                   bool sequence_parallel = false);
 
 // DeepSpeed-Ulysses' context parallelism of every attention over `cp`
 // (accel/parallel/context_parallel.h), after ParallelizeGpt: each rank

@@ -4,7 +4,9 @@
 // (--dp_replicate_size), ZeRO sharding (--dp_shard_size), Megatron
 // tensor parallelism (--tp_size) and Ulysses context parallelism
 // (--cp_size) whose product is the number of processes; ZeRO stage 3
-// (FSDP) when anything is sharded, as the Python example's FSDP2 plugin.
+// (FSDP) when anything is sharded, as the Python example's FSDP2 plugin;
+// --sequence_parallel splits the residual stream along the sequence over
+// tp as well (Megatron's sequence parallelism).
 //
 //   bazel run //examples:nd_parallel -- --num_processes=4 --tp_size=2
 //       --dp_shard_size=2 --max_steps=100
@@ -40,6 +42,9 @@ DEFINE_int32(dp_shard_size, 1, "Ranks that shard the model (ZeRO / FSDP).");
 DEFINE_int32(tp_size, 1, "Tensor-parallel ranks splitting each block.");
 DEFINE_int32(cp_size, 1,
              "Context-parallel ranks splitting each sequence (Ulysses).");
+DEFINE_bool(sequence_parallel, false,
+            "Under tensor parallelism, split the LayerNorms' and dropouts' "
+            "activations along the sequence over tp as well.");
 DEFINE_string(text, "sotu", "sotu (State of the Union bytes) or markov.");
 DEFINE_string(data_dir, "", "The corpus's folder (default: installed).");
 DEFINE_int64(samples, 96, "--text=markov: training sequences.");
@@ -120,8 +125,8 @@ int Main(int, char**) {
   const int64_t parameters = gpt->parameter_count();  // Before any split.
   if (mesh.tp_size > 1) {
     // Before the optimizer: it steps this rank's shares.
-    examples::ParallelizeGpt(*gpt,
-                             accelerator.torch_device_mesh()->group("tp"));
+    examples::ParallelizeGpt(*gpt, accelerator.torch_device_mesh()->group("tp"),
+                             FLAGS_sequence_parallel);
   }
   if (mesh.cp_size > 1) {
     // Each rank attends with a share of the heads over the whole sequence.

@@ -58,9 +58,11 @@ TEST(NdParallelExampleTest, EveryMeshTrainsTheSameModel) {
   ASSERT_EQ(four.exit_code, 0) << four.output;
   EXPECT_THAT(four.output, HasSubstr("dp_replicate 1 x dp_shard 2 x cp 1 x "
                                      "tp 2 zero_stage 3"));
-  const ProcessResult eight = RunNdParallel(
-      MakeTempDir("nd_eight"), 8,
-      {"--dp_replicate_size=2", "--dp_shard_size=2", "--tp_size=2"});
+  // With Megatron's sequence parallelism inside the tp groups.
+  const ProcessResult eight =
+      RunNdParallel(MakeTempDir("nd_eight"), 8,
+                    {"--dp_replicate_size=2", "--dp_shard_size=2",
+                     "--tp_size=2", "--sequence_parallel"});
   ASSERT_EQ(eight.exit_code, 0) << eight.output;
   // Ulysses' context parallelism, alone and beside tensor parallelism.
   const ProcessResult context = RunNdParallel(
@@ -102,6 +104,9 @@ TEST(NdParallelExampleTest, RefusesBadMeshesByName) {
            {4, {"--tp_size=3"}, "is 3 processes, but the job has 4"},
            {3, {"--cp_size=3"}, "give a cp_size dividing it"},
            {4, {"--tp_size=4", "--n_head=2"}, "n_head is 2"},
+           {2,
+            {"--tp_size=2", "--sequence_parallel", "--block_size=31"},
+            "this rank's are 31 tokens long"},
            {2,
             {"--dp_shard_size=2", "--batch_size=3"},
             "multiple of the data-parallel ranks (2)"}}) {

@@ -218,14 +218,14 @@ TEST_F(NdParallelTest, CheckpointResumesAtAnotherMesh) {
 
 // --- Tensor parallelism: the GPT at tp 2 x dp_shard 2 against one process.
 
-examples::GptConfig SmallGpt() {
+examples::GptConfig SmallGpt(double dropout = 0) {
   examples::GptConfig config;
   config.vocab_size = 32;
   config.block_size = 8;
   config.n_layer = 2;
   config.n_head = 4;
   config.n_embd = 16;
-  config.dropout = 0;
+  config.dropout = dropout;
   return config;
 }
 
@@ -284,9 +284,9 @@ torch::optim::SGD Sgd(examples::GptImpl& gpt) {
 constexpr double kMaxNorm = 0.05;  // Clipping engages at every step.
 
 // One process: the global batch (both data-parallel ranks').
-GptRun TrainWhole() {
+GptRun TrainWhole(double dropout = 0) {
   torch::manual_seed(21);
-  examples::Gpt gpt(SmallGpt());
+  examples::Gpt gpt(SmallGpt(dropout));
   torch::optim::SGD sgd = Sgd(*gpt);
   const torch::Tensor mask = examples::CausalMask(8);
   GptRun run;
@@ -319,6 +319,8 @@ struct GptTraining {
   int steps = kGptSteps;
   int first_step = 0;
   std::string save_to, load_from;
+  bool sequence_parallel = false;
+  double dropout = 0;
 };
 
 GptRun TrainSplit(const GptTraining& training) {
@@ -326,10 +328,11 @@ GptRun TrainSplit(const GptTraining& training) {
   options.parallelism_config = training.mesh;
   Accelerator accelerator(options);
   torch::manual_seed(21);
-  examples::Gpt gpt(SmallGpt());
+  examples::Gpt gpt(SmallGpt(training.dropout));
   if (training.mesh.tp_size > 1) {
     EXPECT_EQ(examples::ParallelizeGpt(
-                  *gpt, accelerator.torch_device_mesh()->group("tp")),
+                  *gpt, accelerator.torch_device_mesh()->group("tp"),
+                  training.sequence_parallel),
               8);
   }
   if (training.mesh.cp_size > 1) {
@@ -498,10 +501,15 @@ struct MeshCase {
   int dp;      // This rank's data-parallel index.
   int cp = 0;  // Its context-parallel coordinate.
   int tp = 0;  // Its tensor-parallel coordinate.
+  bool sequence_parallel = false;
+  double dropout = 0;
 };
 
 void ExpectMatchesOneProcess(const MeshCase& c, const GptRun& whole) {
-  const GptRun split = TrainSplit({.stage = c.stage, .mesh = c.mesh});
+  const GptRun split = TrainSplit({.stage = c.stage,
+                                   .mesh = c.mesh,
+                                   .sequence_parallel = c.sequence_parallel,
+                                   .dropout = c.dropout});
   const int rows = 4 / c.mesh.dp_size(), part = 8 / c.mesh.cp_size;
   const torch::Tensor logits = whole.first_logits.narrow(0, c.dp * rows, rows)
                                    .narrow(1, part * c.cp, part);
@@ -554,6 +562,34 @@ TEST_F(NdParallelTest, ContextParallelGptMatchesOneProcess) {
                  rank % 2}}) {
     ExpectMatchesOneProcess(c, whole);
   }
+}
+
+// Megatron's sequence parallelism (the LayerNorms' and row-parallel
+// biases' gradients are each rank's part of the sequence's, summed over
+// tp), and dropout in every split region: each rank keeps its share of the
+// masks one process draws (accel::SplitDropout), so that tensor and
+// context parallelism train as one process does with dropout on (data
+// parallelism does not: each data-parallel rank draws its own batch's
+// masks, as in Accelerate).
+TEST_F(NdParallelTest, SequenceParallelAndDropoutMatchOneProcess) {
+  const int rank = SharedAccelerator().process_index();
+  ExpectMatchesOneProcess(
+      {"tp 2 x dp_shard 2, sequence parallel, stage 1", 1, Mesh(1, 2, 2),
+       rank / 2, 0, rank % 2, /*sequence_parallel=*/true},
+      TrainWhole());
+  const GptRun dropped = TrainWhole(0.1);
+  for (const MeshCase& c :
+       {MeshCase{"tp 2 x cp 2, dropout 0.1, stage 1", 1, Mesh(1, 1, 2, 2), 0,
+                 rank / 2, rank % 2, false, 0.1},
+        MeshCase{"tp 2 x cp 2, sequence parallel, dropout 0.1, stage 3", 3,
+                 Mesh(1, 1, 2, 2), 0, rank / 2, rank % 2, true, 0.1},
+        MeshCase{"tp 4, sequence parallel, dropout 0.1, stage 2", 2,
+                 Mesh(1, 1, 4), 0, 0, rank, true, 0.1}}) {
+    ExpectMatchesOneProcess(c, dropped);
+  }
+  // Not vacuous: dropout changed the run.
+  EXPECT_GT(std::abs(dropped.losses.back() / TrainWhole().losses.back() - 1),
+            1e-3);
 }
 
 // At 8 processes (the mesh order is dp_replicate, dp_shard, cp, tp):
