@@ -33,6 +33,13 @@
 // needs CUDA) on the same model; their state is counted over the tensors
 // (parameters, gradients, optimizer state), Python having no allocator
 // counter to install.
+// With --tp_size=T the gpt also runs at each stage 1-3 with tensor
+// parallelism over T ranks and ZeRO over the other ranks / T (a mesh of
+// tp T x dp_shard ranks/T; examples::ParallelizeGpt splits every block's
+// four projections, the embeddings and LayerNorms stay whole), and a table
+// shows its model state per parameter of the whole model against the
+// bytes expected of the split parameters: 8/T + 8/(T D) at stage 1,
+// 4/T + 12/(T D) at stage 2, 16/(T D) at stage 3 (D = ranks / T).
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <torch/nn/functional/loss.h>
@@ -87,6 +94,9 @@ DEFINE_bool(with_activation_checkpointing, false,
             "Also run the gpt at every stage with each block's activations "
             "recomputed in backward (accel::fully_shard's "
             "activation_checkpointing), and compare the activations kept.");
+DEFINE_int32(tp_size, 1,
+             "With --models=gpt, also run stages 1-3 at tp_size x "
+             "(ranks / tp_size) dp_shard, tensor-parallel (1: no).");
 DEFINE_bool(worker, false, "Internal: run one measurement as a rank.");
 DEFINE_bool(activation_checkpointing, false,
             "Internal: the worker's gpt recomputes its blocks' activations.");
@@ -258,8 +268,14 @@ void MeasureRank(accel::HostMemoryTracker& counter) {
   } else if (FLAGS_model == "transformer") {
     step_s = train(Transformer(), torch::randn({32, kBatch, 256}));
   } else if (FLAGS_model == "gpt") {
-    step_s = train(examples::Gpt(GptConfig()),
-                   torch::randint(0, 1024, {kBatch, 64}));
+    examples::Gpt gpt(GptConfig());
+    const int64_t whole = gpt->parameter_count();
+    if (FLAGS_tp_size > 1) {
+      examples::ParallelizeGpt(*gpt,
+                               accelerator.torch_device_mesh()->group("tp"));
+    }
+    step_s = train(gpt, torch::randint(0, 1024, {kBatch, 64}));
+    parameters = whole;  // Per parameter of the whole model.
   } else {
     throw accel::UsageError(
         "--model: expected mlp, transformer or gpt, found " + FLAGS_model);
@@ -457,9 +473,10 @@ void PrintTorchTable(std::map<int, Cell>& ours, TorchCells& torch) {
   }
 }
 
-// One job of `ranks` workers at `stage`; its figures join cells[stage].
+// One job of `ranks` workers at `stage` (tensor-parallel over `tp` of
+// them); its figures join cells[stage].
 void MeasureStage(const std::string& model, int ranks, int stage,
-                  bool recompute, std::map<int, Cell>& cells) {
+                  bool recompute, std::map<int, Cell>& cells, int tp = 1) {
   char folder[] = "/tmp/accel_bench_sharding_XXXXXX";
   const std::string dir =
       mkdtemp(folder) != nullptr ? folder : "/tmp/accel_bench_sharding";
@@ -469,11 +486,17 @@ void MeasureStage(const std::string& model, int ranks, int stage,
           << " --transformer_layers=" << FLAGS_transformer_layers
           << " --main_process_port=0 --backend=gloo --zero_stage=" << stage
           << " --warmup=" << FLAGS_warmup << " --steps=" << FLAGS_steps
-          << " --checkpoint=" << (FLAGS_checkpoint ? "true" : "false")
+          << " --checkpoint="
+          << (FLAGS_checkpoint && tp == 1 ? "true" : "false")
           << " --checkpoint_dir=" << dir
           << " --activation_checkpointing=" << (recompute ? "true" : "false");
+  if (tp > 1) {
+    command << " --tp_size=" << tp << " --parallelism_config_tp_size=" << tp
+            << " --parallelism_config_dp_shard_size=" << ranks / tp;
+  }
   const accel::bench::Results r = accel::bench::RunAndParse(
-      "stage " + std::to_string(stage) + (recompute ? " recomputing" : ""),
+      "stage " + std::to_string(stage) + (recompute ? " recomputing" : "") +
+          (tp > 1 ? " tp " + std::to_string(tp) : ""),
       command.str());
   std::system(("rm -rf " + dir).c_str());
   if (!r.count("step_s")) return;
@@ -485,7 +508,7 @@ void MeasureStage(const std::string& model, int ranks, int stage,
   cell.state_mb.values.push_back(r.at("state_bytes") / 1e6);
   cell.step_s.values.push_back(r.at("step_s"));
   cell.parameters = r.at("parameters");
-  if (FLAGS_checkpoint) {
+  if (FLAGS_checkpoint && tp == 1) {
     cell.save_s.values.push_back(r.at("save_s"));
     cell.load_s.values.push_back(r.at("load_s"));
     cell.save_peak_mb.values.push_back(r.at("save_peak_bytes") / 1e6);
@@ -523,6 +546,43 @@ void PrintRecomputeTable(std::map<int, Cell>& kept,
   }
 }
 
+// Bytes of model state per parameter that fp32 AdamW's split parameters
+// should cost at `stage` over tp x dp_shard ranks: parameters (4),
+// gradients (4) and optimizer state (8), each divided by the ranks that
+// split or shard it.
+double ExpectedBytesPerParameter(int stage, int tp, int dp_shard) {
+  const double split = tp, all = tp * dp_shard;
+  if (stage == 1) return 8 / split + 8 / all;
+  if (stage == 2) return 4 / split + 12 / all;
+  return 16 / all;
+}
+
+void PrintTensorParallelTable(int ranks, int tp, std::map<int, Cell>& ddp,
+                              std::map<int, Cell>& cells) {
+  if (cells.empty() || !ddp.count(0)) return;
+  std::printf(
+      "\ngpt at tp %d x dp_shard %d (every block's projections split over "
+      "tp; ZeRO over dp_shard), largest rank; bytes per parameter of the "
+      "whole model (%.1fM); min/median/max over %d runs\n",
+      tp, ranks / tp, cells.begin()->second.parameters / 1e6,
+      static_cast<int>(cells.begin()->second.state_mb.values.size()));
+  std::printf("%-8s %12s %18s %12s %15s %18s %15s\n", "stage", "state MB",
+              "bytes/parameter", "expected", "x DDP", "step ms", "x DDP");
+  for (auto& [stage, cell] : cells) {
+    Spread per_parameter;
+    for (double mb : cell.state_mb.values) {
+      per_parameter.values.push_back(mb * 1e6 / cell.parameters);
+    }
+    std::printf("%-8d %12s %18s %12.2f %15s %18s %15s\n", stage,
+                accel::bench::Plain(cell.state_mb, "%.0f").c_str(),
+                accel::bench::Plain(per_parameter, "%.2f").c_str(),
+                ExpectedBytesPerParameter(stage, tp, ranks / tp),
+                accel::bench::Ratio(cell.state_mb, ddp[0].state_mb).c_str(),
+                accel::bench::Ms(cell.step_s).c_str(),
+                accel::bench::Ratio(cell.step_s, ddp[0].step_s).c_str());
+  }
+}
+
 int Main(int, char**) {
   if (FLAGS_with_activation_checkpointing &&
       accel::bench::ParseNames(FLAGS_models) !=
@@ -532,6 +592,14 @@ int Main(int, char**) {
         "through accel::forward at every stage); found --models=" +
         FLAGS_models);
   }
+  if (FLAGS_tp_size > 1 && !FLAGS_worker &&
+      accel::bench::ParseNames(FLAGS_models) !=
+          std::vector<std::string>{"gpt"}) {
+    throw accel::UsageError(
+        "--tp_size needs --models=gpt (its blocks are what "
+        "examples::ParallelizeGpt splits); found --models=" +
+        FLAGS_models);
+  }
   if (FLAGS_worker) {
     MeasureRank(accel::HostMemoryTracker::Install());
     return 0;
@@ -539,7 +607,13 @@ int Main(int, char**) {
   const std::vector<int> stages = accel::bench::ParseList(FLAGS_stages);
   for (const std::string& model : accel::bench::ParseNames(FLAGS_models)) {
     for (int ranks : accel::bench::ParseList(FLAGS_ranks)) {
-      std::map<int, Cell> cells, recomputed;
+      std::map<int, Cell> cells, recomputed, split;
+      const int tp = FLAGS_tp_size;
+      if (tp > 1 && ranks % tp != 0) {
+        throw accel::UsageError("--tp_size " + std::to_string(tp) +
+                                " does not divide " + std::to_string(ranks) +
+                                " ranks (--ranks)");
+      }
       TorchCells torch;
       const bool with_torch = FLAGS_torch_baseline && ranks == 2;
       for (int rep = 0; rep < FLAGS_repetitions; ++rep) {
@@ -550,6 +624,9 @@ int Main(int, char**) {
           MeasureStage(model, ranks, stage, false, cells);
           if (FLAGS_with_activation_checkpointing) {
             MeasureStage(model, ranks, stage, true, recomputed);
+          }
+          if (tp > 1 && stage > 0) {
+            MeasureStage(model, ranks, stage, false, split, tp);
           }
         }
       }
@@ -564,6 +641,7 @@ int Main(int, char**) {
                            model == "mlp" ? 25 : FLAGS_transformer_layers);
       if (with_torch) PrintTorchTable(cells, torch);
       PrintRecomputeTable(cells, recomputed);
+      PrintTensorParallelTable(ranks, tp, cells, split);
     }
   }
   return 0;
