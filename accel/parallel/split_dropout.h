@@ -15,12 +15,25 @@
 // is drawing `count` times the random numbers a share needs. Megatron-LM
 // instead draws each rank's share from a generator of its own: cheaper, but
 // no two tensor-parallel sizes then train alike.
+//
+// The generators must be alike: accel::Accelerator makes them so within
+// every tp and cp group in prepare() and after load_state()
+// (AlignModelParallelGenerators below), so a program that seeds each rank
+// differently, or a checkpoint loaded at another process count (whose
+// extra ranks find no random state of their own), still drops alike.
+//
+// Equal to torch::dropout's mask on the CPU only: on CUDA torch::dropout
+// draws with its fused kernel, while SplitDropout draws with bernoulli_
+// (its shares still agree with each other at every tp and cp size).
 #pragma once
 
 #include <torch/types.h>
 
 #include <cstdint>
 #include <vector>
+
+#include "accel/runtime/comm/communicator.h"
+#include "accel/runtime/comm/device_mesh.h"
 
 namespace accel {
 
@@ -35,9 +48,18 @@ struct DropoutShare {
 };
 
 // torch::dropout(x, p, training) of the whole tensor, this share of it.
-// With no shares, torch::dropout itself. UsageError for p outside [0, 1], a
-// dim `x` lacks, or an index outside [0, count).
+// With no shares, torch::dropout itself. A negative dim counts from the
+// end. UsageError for p outside [0, 1], a dim `x` lacks, a count below 1,
+// an index outside [0, count), or a whole tensor too large to draw.
 torch::Tensor SplitDropout(const torch::Tensor& x, double p, bool training,
                            const std::vector<DropoutShare>& shares);
+
+// Gives every rank of `group` the default CPU generator's state of the
+// group's rank 0 (one broadcast of about 5 KB; `api` names it in errors).
+void AlignGenerators(Communicator& group, const char* api);
+
+// AlignGenerators over the mesh's tp group, then its cp group: every rank
+// of a tp x cp block ends with the state of the block's first rank.
+void AlignModelParallelGenerators(DeviceMesh& mesh, const char* api);
 
 }  // namespace accel

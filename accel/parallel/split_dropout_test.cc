@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <vector>
 
 #include "accel/runtime/base/errors.h"
@@ -104,14 +105,35 @@ std::string ErrorOf(double p, const DropoutShare& share) {
 }
 
 TEST(SplitDropoutTest, BadSharesAreUsageErrors) {
-  EXPECT_THAT(ErrorOf(1.5, {0, 0, 2}), HasSubstr("a probability of 1.5"));
+  EXPECT_THAT(ErrorOf(1.5, {0, 0, 2}), HasSubstr("a probability of 1.5;"));
+  // Shown as given, not rounded into range.
+  EXPECT_THAT(ErrorOf(1 + 1e-9, {0, 0, 2}),
+              HasSubstr("a probability of 1.000000001"));
+  EXPECT_THAT(ErrorOf(std::nan(""), {0, 0, 2}),
+              HasSubstr("a probability of nan"));
   EXPECT_THAT(ErrorOf(0.1, {2, 0, 2}),
               HasSubstr("of a tensor of shape [2, 3], which has no such "
-                        "dimension"));
+                        "dimension (dims run from -2 to 1)"));
+  EXPECT_THAT(ErrorOf(0.1, {-3, 0, 2}), HasSubstr("no such dimension"));
   EXPECT_THAT(ErrorOf(0.1, {1, 2, 2}),
               HasSubstr("{dim 1, index 2, count 2}: the index must lie"));
   EXPECT_THAT(ErrorOf(0.1, {1, 0, 0}),
-              HasSubstr("index must lie in [0, count)"));
+              HasSubstr("the count of shares must be at least 1"));
+  try {
+    SplitDropout(torch::ones({2, 3}), 0.1, true,
+                 {{0, 0, int64_t{1} << 32}, {1, 0, int64_t{1} << 32}});
+    ADD_FAILURE() << "counts past 2^63 were accepted";
+  } catch (const UsageError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("too large to draw"));
+  }
+}
+
+TEST(SplitDropoutTest, NegativeDimsCountFromTheEnd) {
+  const Whole whole = DropWhole(5);
+  torch::manual_seed(5);
+  const torch::Tensor last =
+      SplitDropout(whole.x.narrow(3, 1, 1), kP, true, {{-1, 1, 3}});
+  EXPECT_TRUE(last.equal(whole.dropped.narrow(3, 1, 1)));
 }
 
 }  // namespace
