@@ -14,6 +14,7 @@
 #include "accel/core/tensor_ops.h"
 #include "accel/parallel/invariant_reduction.h"
 #include "accel/parallel/sharded_units.h"
+#include "accel/parallel/split_dropout.h"
 #include "accel/parallel/zero.h"
 #include "accel/runtime/base/errors.h"
 #include "accel/runtime/base/logging.h"
@@ -80,6 +81,11 @@ void Accelerator::PrepareModule(
   // Within the ranks that hold the same tensor-parallel slice.
   BroadcastCoalesced(GradientGroup(), names, tensors, 0,
                      At(CallSite::Here(), "prepare"));
+  // The ranks of a tp or cp group drop alike only with alike generators
+  // (accel/parallel/split_dropout.h), whatever seed each was given.
+  if (state_->mesh != nullptr) {
+    AlignModelParallelGenerators(*state_->mesh, "prepare");
+  }
   std::vector<ShardedUnit> units;
   if (options_.zero_stage == 3) {
     units = WrapUnits(*module, options_.fsdp_layer_to_wrap);

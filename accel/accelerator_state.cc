@@ -14,6 +14,7 @@
 #include "accel/core/tensor_split.h"
 #include "accel/optim/param_state_codec.h"
 #include "accel/parallel/parallel_linear.h"
+#include "accel/parallel/split_dropout.h"
 #include "accel/parallel/tensor_parallel.h"
 #include "accel/parallel/zero.h"
 #include "accel/runtime/base/logging.h"
@@ -209,13 +210,24 @@ void Accelerator::load_state(const std::string& dir) {
   CheckpointContents contents = Contents();
   checkpoints_->Load(dir, contents, Hooks(load_hooks_), CallSite::Here());
   step_ = contents.step;
+  // Random states are restored by rank number, and at another process
+  // count the extra ranks find none: a tp or cp group takes its first
+  // rank's, which SplitDropout needs alike.
+  if (state_->mesh != nullptr) {
+    AlignModelParallelGenerators(*state_->mesh, "load_state");
+  }
 }
 
 std::string Accelerator::load_state(CallSite site) {
   CheckpointContents contents = Contents();
   const std::string dir =
       checkpoints_->LoadNewest(contents, Hooks(load_hooks_), site);
-  if (!dir.empty()) step_ = contents.step;
+  if (!dir.empty()) {
+    step_ = contents.step;
+    if (state_->mesh != nullptr) {  // As load_state(dir) above.
+      AlignModelParallelGenerators(*state_->mesh, "load_state");
+    }
+  }
   return dir;
 }
 

@@ -321,6 +321,8 @@ struct GptTraining {
   std::string save_to, load_from;
   bool sequence_parallel = false;
   double dropout = 0;
+  // Every rank but 0 reseeds its generator before prepare.
+  bool seed_per_rank = false;
 };
 
 GptRun TrainSplit(const GptTraining& training) {
@@ -341,6 +343,9 @@ GptRun TrainSplit(const GptTraining& training) {
               2);
   }
   torch::optim::SGD sgd = Sgd(*gpt);
+  if (training.seed_per_rank && accelerator.process_index() != 0) {
+    torch::manual_seed(1000 + accelerator.process_index());
+  }
   auto [model, optimizer] = accelerator.prepare(gpt, sgd);
   if (!training.load_from.empty()) accelerator.load_state(training.load_from);
   const torch::Tensor mask = examples::CausalMask(8);
@@ -774,6 +779,37 @@ TEST_F(NdParallelTest, SplitLayersCheckpointAtAnotherMesh) {
                           "program splits it as dim 0, 2 shares: the "
                           "tensor-parallel plan changed since the save"));
   }
+}
+
+// SplitDropout needs the ranks of a tp or cp group to draw alike: prepare
+// gives each group its first rank's generator state (here the other ranks
+// were seeded apart), and so does load_state after a checkpoint whose
+// other ranks' random states are gone (as at another process count, where
+// the extra ranks find none). Both train as the run without either.
+TEST_F(NdParallelTest, SplitGroupsDrawAlikeAfterPrepareAndLoadState) {
+  Accelerator& job = SharedAccelerator();
+  const ParallelismConfig mesh = Mesh(1, 1, 2, 2);
+  const GptRun plain = TrainSplit({.mesh = mesh, .dropout = 0.1});
+  const GptRun seeded =
+      TrainSplit({.mesh = mesh, .dropout = 0.1, .seed_per_rank = true});
+  const std::string folder = Folder("nd_dropout_checkpoint");
+  TrainSplit({.mesh = mesh, .steps = 10, .save_to = folder, .dropout = 0.1});
+  job.wait_for_everyone();
+  if (job.is_main_process()) {
+    for (int rank = 1; rank < 4; ++rank) {
+      EXPECT_EQ(std::remove((folder + "/" + RandomStatesFile(rank)).c_str()),
+                0);
+    }
+  }
+  job.wait_for_everyone();
+  const GptRun resumed = TrainSplit({.mesh = mesh,
+                                     .steps = 10,
+                                     .first_step = 10,
+                                     .load_from = folder,
+                                     .dropout = 0.1});
+  if (!job.is_main_process()) return;
+  EXPECT_LE(WorstDifference(seeded.whole_weights, plain.whole_weights), 1e-6);
+  EXPECT_LE(WorstDifference(resumed.whole_weights, plain.whole_weights), 1e-6);
 }
 
 // maybe_context_parallel names the buffer at fault, at any mesh.
