@@ -202,8 +202,9 @@ torch::Tensor GptImpl::forward(torch::Tensor tokens, torch::Tensor mask,
           std::to_string(split_.tp->size()) +
           " tensor-parallel ranks splits each sequence, but this rank's are " +
           std::to_string(x.size(1)) +
-          " tokens long; make the sequence length (over cp_size) a multiple "
-          "of tp_size");
+          " token(s) long; make the sequence length (over cp_size) a "
+          "multiple of tp_size (a sequence-parallel model cannot take the "
+          "growing sequences of examples::Generate)");
     }
     x = accel::tp::ScatterToRegion(x, *split_.tp, 1);
   }

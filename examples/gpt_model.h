@@ -155,10 +155,11 @@ TORCH_MODULE(Gpt);
 // reduce-scatter it (in place of an all-reduce), and the final LayerNorm's
 // output is gathered before the head; each sequence's length (this rank's
 // part of it under context parallelism) must then be a multiple of tp's
-// size. Every dropout of a split tensor keeps its share of what one
-// process's dropout would draw (accel::SplitDropout), so that tp and cp
-// train as one process does. UsageError when n_head does not split over
-// tp's ranks. Returns the layers split (4 per block).
+// size (so examples::Generate, whose sequences grow a token at a time, needs
+// a model parallelized without it). Every dropout of a split tensor keeps its
+// share of what one process's dropout would draw (accel::SplitDropout), so that
+// tp and cp train as one process does. UsageError when n_head does not split
+// over tp's ranks. Returns the layers split (4 per block).
 int ParallelizeGpt(GptImpl& gpt, accel::Communicator& tp,
                    bool sequence_parallel = false);
 

@@ -13,7 +13,7 @@
 //   bazel run //examples:nd_parallel -- --num_processes=8
 //       --dp_replicate_size=2 --dp_shard_size=2 --tp_size=2
 //   bazel run //examples:nd_parallel -- --num_processes=1
-//       --resume_from=nd_parallel_model/checkpoints/checkpoint_0
+//       --resume_from=nd_parallel_model/checkpoints/checkpoint_1
 // (each command on one line). A launch configuration's parallelism_config
 // section (Accelerate's tp_hsdp.yaml) or --parallelism_config_*_size does
 // the same when these flags are left at 1.
@@ -101,6 +101,14 @@ int Main(int, char**) {
   accel::Accelerator accelerator(options);
   const accel::ParallelismConfig mesh =
       accelerator.parallelism_config().value_or(accel::ParallelismConfig{});
+  if (FLAGS_sequence_parallel && mesh.tp_size < 2) {
+    throw accel::UsageError(
+        "--sequence_parallel splits each sequence over the tensor-parallel "
+        "ranks, but tp_size is " +
+        std::to_string(mesh.tp_size) +
+        "; give --tp_size=2 or more (or parallelism_config's tp_size), or "
+        "leave --sequence_parallel out");
+  }
   if (FLAGS_batch_size % accelerator.data_parallel_size() != 0) {
     throw accel::UsageError(
         "--batch_size (" + std::to_string(FLAGS_batch_size) +
@@ -148,9 +156,12 @@ int Main(int, char**) {
   }
   auto [model, optimizer, loader] = accelerator.prepare(gpt, adamw, data);
   accelerator.print(text.description);
-  accelerator.print("GPT:", parameters, "parameters on",
-                    accelerator.num_processes(), "process(es),",
-                    mesh.ToString(), "zero_stage", options.zero_stage);
+  accelerator.print(
+      "GPT:", parameters, "parameters on", accelerator.num_processes(),
+      "process(es),",
+      mesh.ToString() +
+          (FLAGS_sequence_parallel ? " (sequence parallel)," : ""),
+      "zero_stage", options.zero_stage);
   if (!FLAGS_resume_from.empty()) {
     accelerator.load_state(FLAGS_resume_from);
     accelerator.print("Resumed from", FLAGS_resume_from, "at step",

@@ -106,7 +106,11 @@ TEST(NdParallelExampleTest, RefusesBadMeshesByName) {
            {4, {"--tp_size=4", "--n_head=2"}, "n_head is 2"},
            {2,
             {"--tp_size=2", "--sequence_parallel", "--block_size=31"},
-            "this rank's are 31 tokens long"},
+            "this rank's are 31 token(s) long"},
+           {2,
+            {"--dp_shard_size=2", "--sequence_parallel"},
+            "--sequence_parallel splits each sequence over the "
+            "tensor-parallel ranks, but tp_size is 1"},
            {2,
             {"--dp_shard_size=2", "--batch_size=3"},
             "multiple of the data-parallel ranks (2)"}}) {
