@@ -609,6 +609,12 @@ int Main(int, char**) {
     for (int ranks : accel::bench::ParseList(FLAGS_ranks)) {
       std::map<int, Cell> cells, recomputed, split;
       const int tp = FLAGS_tp_size;
+      if (tp < 1) {
+        throw accel::UsageError(
+            "--tp_size must be at least 1 (1: no tensor "
+            "parallelism), found " +
+            std::to_string(tp));
+      }
       if (tp > 1 && ranks % tp != 0) {
         throw accel::UsageError("--tp_size " + std::to_string(tp) +
                                 " does not divide " + std::to_string(ranks) +
