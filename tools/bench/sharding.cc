@@ -583,22 +583,24 @@ void PrintTensorParallelTable(int ranks, int tp, std::map<int, Cell>& ddp,
   }
 }
 
-int Main(int, char**) {
-  if (FLAGS_with_activation_checkpointing &&
-      accel::bench::ParseNames(FLAGS_models) !=
-          std::vector<std::string>{"gpt"}) {
-    throw accel::UsageError(
-        "--with_activation_checkpointing needs --models=gpt (its blocks go "
-        "through accel::forward at every stage); found --models=" +
-        FLAGS_models);
+// UsageError naming `flag` unless --models is gpt alone (`why`).
+void RequireGptOnly(const char* flag, const char* why) {
+  if (accel::bench::ParseNames(FLAGS_models) ==
+      std::vector<std::string>{"gpt"}) {
+    return;
   }
-  if (FLAGS_tp_size > 1 && !FLAGS_worker &&
-      accel::bench::ParseNames(FLAGS_models) !=
-          std::vector<std::string>{"gpt"}) {
-    throw accel::UsageError(
-        "--tp_size needs --models=gpt (its blocks are what "
-        "examples::ParallelizeGpt splits); found --models=" +
-        FLAGS_models);
+  throw accel::UsageError(std::string(flag) + " needs --models=gpt (" + why +
+                          "); found --models=" + FLAGS_models);
+}
+
+int Main(int, char**) {
+  if (FLAGS_with_activation_checkpointing) {
+    RequireGptOnly("--with_activation_checkpointing",
+                   "its blocks go through accel::forward at every stage");
+  }
+  if (FLAGS_tp_size > 1 && !FLAGS_worker) {
+    RequireGptOnly("--tp_size",
+                   "its blocks are what examples::ParallelizeGpt splits");
   }
   if (FLAGS_worker) {
     MeasureRank(accel::HostMemoryTracker::Install());
