@@ -117,6 +117,22 @@ TEST(TcpStoreTest, DeparturesNameCrashedAndExitedRanks) {
   EXPECT_EQ(departed[2].kind, Departure::Kind::kCrashed);
 }
 
+// A process that takes over a departed rank (a fault-tolerant job's
+// replacement) is that rank again: the old departure is forgotten.
+TEST(TcpStoreTest, AReplacementClearsItsRanksDeparture) {
+  TcpStoreServer server(ServerOptions(""));
+  TcpStore observer("127.0.0.1", server.port(), ClientOptions("", 0));
+  { TcpStore first("127.0.0.1", server.port(), ClientOptions("", 1)); }
+  std::map<int, Departure> departed;
+  for (int i = 0; i < 100 && departed.empty(); ++i) {
+    departed = observer.departures();
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  ASSERT_EQ(departed.count(1), 1u);
+  TcpStore replacement("127.0.0.1", server.port(), ClientOptions("", 1));
+  EXPECT_EQ(observer.departures().count(1), 0u);
+}
+
 // Another accel's client (an older protocol) is refused and named, rather
 // than misread.
 TEST(TcpStoreTest, AnotherProtocolVersionIsRefusedAndSaid) {

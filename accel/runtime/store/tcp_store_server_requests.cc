@@ -167,6 +167,10 @@ void TcpStoreServer::State::Hello(int fd, uint64_t id, Reader& reader) {
   conn.rank = rank;
   if (rank >= 0) {
     rank_fds[rank] = fd;
+    // A process that takes over a departed rank (a replacement that a
+    // fault-tolerant job restarted, see accel/runtime/ft) is that rank
+    // now: the old process's departure no longer describes it.
+    departures.erase(rank);
     std::lock_guard<std::mutex> lock(shared_mutex);
     rank_addresses[rank] = conn.address;
   }
