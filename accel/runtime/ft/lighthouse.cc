@@ -1,0 +1,260 @@
+#include "accel/runtime/ft/lighthouse.h"
+
+#include <algorithm>
+
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/base/logging.h"
+
+namespace accel::ft {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string Tag(const QuorumRequest& request) {
+  return request.incarnation + "/" + std::to_string(request.serial);
+}
+
+std::vector<int> RanksOf(const std::vector<Member>& members) {
+  std::vector<int> ranks;
+  for (const Member& member : members) ranks.push_back(member.rank);
+  return ranks;
+}
+
+}  // namespace
+
+Lighthouse::Lighthouse(std::shared_ptr<Store> store, LighthouseOptions options)
+    : store_(std::move(store)), options_(options) {
+  if (options_.world_size < 1) {
+    throw UsageError(
+        "fault tolerance: the world size must be at least 1, "
+        "found " +
+        std::to_string(options_.world_size));
+  }
+  if (options_.min_replicas < 0 ||
+      options_.min_replicas > options_.world_size) {
+    throw UsageError(
+        "fault tolerance: min_replicas must be between 1 and the "
+        "world size (" +
+        std::to_string(options_.world_size) + "), found " +
+        std::to_string(options_.min_replicas));
+  }
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Lighthouse::~Lighthouse() {
+  stopping_ = true;
+  thread_.join();
+}
+
+std::vector<std::vector<int>> Lighthouse::history() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return history_;
+}
+
+std::string Lighthouse::stopped() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stop_;
+}
+
+int Lighthouse::MinReplicas() const {
+  return options_.min_replicas > 0 ? options_.min_replicas
+                                   : (options_.world_size + 1) / 2;
+}
+
+void Lighthouse::Loop() {
+  while (!stopping_) {
+    try {
+      try {
+        store_->wait({BellKey(next_bell_)}, options_.poll);
+      } catch (const TimeoutError&) {
+        // Look at the members anyway: one may have gone quiet.
+      }
+      next_bell_ = store_->add(kBellCounter, 0) + 1;
+      liveness_read_ = false;
+      Scan();
+      Decide();
+    } catch (const Error& e) {
+      // The store is going away with its process: nobody is left to answer.
+      if (!stopping_) ACCEL_LOG(ERROR) << "fault tolerance: " << e.what();
+      return;
+    }
+  }
+}
+
+void Lighthouse::Scan() {
+  for (int rank = 0; rank < options_.world_size; ++rank) {
+    const std::optional<std::string> text = store_->try_get(RequestKey(rank));
+    if (!text) continue;
+    QuorumRequest request = QuorumRequest::Decode(*text);
+    if (answered_[rank] == Tag(request)) continue;
+    pending_[rank] = {std::move(request), rank};
+    if (!first_request_) first_request_ = Clock::now();
+  }
+}
+
+void Lighthouse::ReadLiveness() {
+  if (liveness_read_) return;
+  liveness_read_ = true;
+  departed_ = store_->departures();
+  const auto now = Clock::now();
+  for (int rank = 0; rank < options_.world_size; ++rank) {
+    const std::string beat = store_->try_get(HeartbeatKey(rank)).value_or("");
+    Beat& known = beats_[rank];
+    if (beat != known.value) known = {beat, now};
+  }
+}
+
+bool Lighthouse::Alive(const Member& member) {
+  ReadLiveness();
+  if (departed_.count(member.rank) != 0) return false;
+  const Beat& beat = beats_[member.rank];
+  // Another process took the rank: this one is gone.
+  if (beat.value.rfind(member.incarnation + ":", 0) != 0) {
+    // Not beating yet (it just started): alive while its request is fresh.
+    return beat.value.empty();
+  }
+  return Clock::now() - beat.changed < options_.heartbeat_timeout;
+}
+
+void Lighthouse::Decide() {
+  if (!stop_.empty()) {
+    for (const auto& [rank, pending] : pending_) {
+      Answer(rank, pending.request, Quorum{.stop = stop_});
+    }
+    pending_.clear();
+    return;
+  }
+  if (quorum_.members.empty()) {
+    FormFirst();
+    return;
+  }
+  std::vector<Member> ready;
+  std::vector<Member> stale;
+  std::vector<Member> lost;
+  bool running = false;
+  for (const Member& member : quorum_.members) {
+    auto it = pending_.find(member.rank);
+    if (it != pending_.end() &&
+        it->second.request.incarnation == member.incarnation) {
+      // A member whose state transfer failed is sent the state again.
+      (it->second.request.in_sync ? ready : stale).push_back(member);
+    } else if (!Alive(member)) {
+      lost.push_back(member);
+    } else {
+      running = true;  // Still running its step.
+    }
+  }
+  if (!lost.empty() && aborted_ != quorum_.id) {
+    // The others may wait on the lost ones in a collective that cannot
+    // fail by itself (a stopped process keeps its connections open).
+    aborted_ = quorum_.id;
+    store_->set(AbortKey(quorum_.id),
+                "rank" + std::string(lost.size() > 1 ? "s " : " ") +
+                    RankList(RanksOf(lost)) + " left or stopped responding");
+  }
+  if (running) return;
+  std::vector<Member> joiners = stale;
+  for (const auto& [rank, pending] : pending_) {
+    const Member member{rank, pending.request.incarnation};
+    if (std::find(ready.begin(), ready.end(), member) != ready.end()) continue;
+    if (std::find(stale.begin(), stale.end(), member) != stale.end()) continue;
+    if (Alive(member)) joiners.push_back(member);
+  }
+  EndRound(ready, joiners);
+}
+
+void Lighthouse::FormFirst() {
+  const int arrived = static_cast<int>(pending_.size());
+  const bool everyone = arrived == options_.world_size;
+  const bool waited =
+      first_request_ && Clock::now() - *first_request_ >= options_.join_timeout;
+  if (!everyone && !(waited && arrived >= MinReplicas())) {
+    if (waited && arrived < MinReplicas()) {
+      Stop(std::to_string(arrived) + " of " +
+           std::to_string(options_.world_size) + " replicas arrived within " +
+           std::to_string(options_.join_timeout.count() / 1000) +
+           " s, fewer than the " + std::to_string(MinReplicas()) +
+           " needed to start");
+    }
+    return;
+  }
+  // The lowest rank's state (and step) becomes everyone's, as DDP
+  // broadcasts rank 0's parameters at the start.
+  std::vector<Member> joiners;
+  for (const auto& [rank, pending] : pending_) {
+    joiners.push_back({rank, pending.request.incarnation});
+  }
+  quorum_.step = pending_.begin()->second.request.step;
+  EndRound({}, joiners);
+}
+
+void Lighthouse::EndRound(const std::vector<Member>& ready,
+                          const std::vector<Member>& joiners) {
+  const Quorum previous = quorum_;
+  const bool first = previous.members.empty();
+  bool commit = !ready.empty();
+  for (const Member& member : ready) {
+    const QuorumRequest& request = pending_[member.rank].request;
+    if (request.vote != Vote::kOk || request.step != previous.step) {
+      commit = false;
+    }
+  }
+  if (ready.empty() && !first) {
+    Stop("every replica that held the model's state was lost (" +
+         RankList(previous.Ranks()) + ")");
+    Decide();
+    return;
+  }
+  Quorum next;
+  next.members = ready;
+  next.members.insert(next.members.end(), joiners.begin(), joiners.end());
+  std::sort(next.members.begin(), next.members.end(),
+            [](const Member& a, const Member& b) { return a.rank < b.rank; });
+  const int count = static_cast<int>(next.members.size());
+  if (count < MinReplicas()) {
+    Stop("only " + std::to_string(count) + " of " +
+         std::to_string(options_.world_size) + " replicas are left (" +
+         RankList(RanksOf(next.members)) + "), fewer than " +
+         std::to_string(MinReplicas()) +
+         ": stopping rather than risk two halves of the job going on apart");
+    Decide();
+    return;
+  }
+  next.source = first ? next.members.front().rank : ready.front().rank;
+  for (const Member& member : first ? next.members : joiners) {
+    if (member.rank != next.source) next.recovering.push_back(member.rank);
+  }
+  next.step = commit ? previous.step + 1 : previous.step;
+  next.id = (next.members == previous.members && commit) ? previous.id
+                                                         : previous.id + 1;
+  if (commit) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    history_.push_back(previous.Ranks());
+  }
+  if (next.members != previous.members) {
+    ACCEL_VLOG(1) << "fault tolerance: quorum " << next.id << " at step "
+                  << next.step << ": " << RankList(next.Ranks());
+  }
+  quorum_ = next;
+  for (const Member& member : next.members) {
+    Quorum answer = next;
+    answer.committed =
+        commit && std::find(ready.begin(), ready.end(), member) != ready.end();
+    Answer(member.rank, pending_[member.rank].request, answer);
+    pending_.erase(member.rank);
+  }
+}
+
+void Lighthouse::Answer(int rank, const QuorumRequest& request,
+                        const Quorum& quorum) {
+  store_->set(AnswerKey(rank, request), quorum.Encode());
+  answered_[rank] = Tag(request);
+}
+
+void Lighthouse::Stop(const std::string& reason) {
+  ACCEL_LOG(ERROR) << "fault tolerance: " << reason;
+  std::lock_guard<std::mutex> lock(mutex_);
+  stop_ = reason;
+}
+
+}  // namespace accel::ft

@@ -1,0 +1,369 @@
+#include "accel/runtime/ft/replica.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+
+#include "accel/runtime/base/errors.h"
+#include "accel/runtime/base/logging.h"
+#include "accel/runtime/base/random_hex.h"
+#include "accel/runtime/comm/registry.h"
+
+namespace accel::ft {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr char kFinishedKey[] = "finished";
+constexpr std::chrono::milliseconds kAnswerSlice(500);
+
+// Ranks in `a` and not in `b` (both sorted).
+std::vector<int> Minus(const std::vector<int>& a, const std::vector<int>& b) {
+  std::vector<int> out;
+  std::set_difference(a.begin(), a.end(), b.begin(), b.end(),
+                      std::back_inserter(out));
+  return out;
+}
+
+double SecondsSince(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+}  // namespace
+
+const char* PointName(Point point) {
+  switch (point) {
+    case Point::kBeforeAllreduce:
+      return "before the allreduce";
+    case Point::kDuringAllreduce:
+      return "during the allreduce";
+    case Point::kAfterAllreduce:
+      return "after the allreduce";
+    case Point::kDuringRecovery:
+      return "during recovery";
+  }
+  return "?";
+}
+
+Replica::Replica(ReplicaOptions options)
+    : options_(std::move(options)),
+      store_(options_.store
+                 ? std::make_shared<PrefixStore>("ft", options_.store)
+                 : nullptr),
+      incarnation_(RandomHex(8)),
+      step_(options_.start_step),
+      started_(Clock::now()) {
+  if (!store_) throw UsageError("fault tolerance: the replica has no store");
+  if (options_.world_size < 1 || options_.rank < 0 ||
+      options_.rank >= options_.world_size) {
+    throw UsageError("fault tolerance: rank " + std::to_string(options_.rank) +
+                     " is not one of the " +
+                     std::to_string(options_.world_size) + " ranks");
+  }
+  if (!options_.save_state || !options_.load_state) {
+    throw UsageError(
+        "fault tolerance: save_state and load_state are needed: a joining "
+        "replica takes the state from a live one");
+  }
+  if (options_.lighthouse) {
+    LighthouseOptions lighthouse = *options_.lighthouse;
+    lighthouse.world_size = options_.world_size;
+    lighthouse_ = std::make_unique<Lighthouse>(store_, lighthouse);
+  }
+  Beat();  // Before the first request: the lighthouse knows this process.
+  heartbeat_ = std::thread([this] { Heartbeat(); });
+}
+
+Replica::~Replica() {
+  // Leaving at the end of training, not in an exception: a replacement
+  // that comes after this is told the job has finished.
+  if (std::uncaught_exceptions() == 0 && in_sync_) {
+    try {
+      store_->set(kFinishedKey, std::to_string(step_));
+    } catch (const Error&) {
+      // The store's host already left: nobody is there to join.
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(comm_mutex_);
+    stopping_ = true;
+  }
+  stop_beating_.notify_all();
+  heartbeat_.join();
+  // A replica destroyed in a collective (an exception went through it)
+  // must not hold the others there until the timeout.
+  if (comm_) comm_->transport().RequestAbort();
+  comm_.reset();
+}
+
+std::string Replica::Where() const {
+  return "fault tolerance: rank " + std::to_string(options_.rank) + ": ";
+}
+
+void Replica::Beat() {
+  store_->set(HeartbeatKey(options_.rank),
+              incarnation_ + ":" + std::to_string(++beats_));
+}
+
+void Replica::Heartbeat() {
+  std::unique_lock<std::mutex> lock(comm_mutex_);
+  while (!stopping_) {
+    const int64_t id = comm_quorum_;
+    lock.unlock();
+    try {
+      Beat();
+      const std::optional<std::string> why =
+          id >= 0 ? store_->try_get(AbortKey(id)) : std::nullopt;
+      lock.lock();
+      if (why && comm_ && comm_quorum_ == id && interrupted_ != id) {
+        interrupted_ = id;
+        comm_->Interrupt("the lighthouse dropped a member: " + *why);
+      }
+    } catch (const Error&) {
+      // The store's host went: the training thread will say so.
+      if (!lock.owns_lock()) lock.lock();
+      return;
+    }
+    stop_beating_.wait_for(lock, options_.heartbeat_interval,
+                           [this] { return stopping_; });
+  }
+}
+
+void Replica::Request(Vote vote) {
+  last_request_ = {incarnation_, last_request_.serial + 1, step_, vote,
+                   in_sync_};
+  try {
+    store_->set(RequestKey(options_.rank), last_request_.Encode());
+    store_->set(BellKey(store_->add(kBellCounter, 1)), "");
+  } catch (const PeerError&) {
+    RethrowWithPrefix(Where() +
+                      "the store's host (rank 0) is gone, and the "
+                      "quorum with it: the job cannot go on: ");
+  }
+  answer_pending_ = true;
+}
+
+std::optional<Quorum> Replica::AwaitAnswer() {
+  const std::string key = AnswerKey(options_.rank, last_request_);
+  const auto deadline = Clock::now() + options_.quorum_timeout;
+  std::string text;
+  try {
+    for (;;) {
+      // In slices: a replica that arrives after the others finished is
+      // told so rather than waiting out the timeout.
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - Clock::now());
+      try {
+        text = store_->get(key, std::max(std::chrono::milliseconds(1),
+                                         std::min(left, kAnswerSlice)));
+        break;
+      } catch (const TimeoutError&) {
+        if (store_->try_get(kFinishedKey)) return std::nullopt;
+        if (Clock::now() >= deadline) throw;
+      }
+    }
+  } catch (const PeerError&) {
+    RethrowWithPrefix(Where() +
+                      "the store's host (rank 0) is gone, and the "
+                      "quorum with it: the job cannot go on: ");
+  } catch (const TimeoutError&) {
+    RethrowWithPrefix(Where() + "no quorum for step " + std::to_string(step_) +
+                      ": ");
+  }
+  answer_pending_ = false;
+  Quorum quorum = Quorum::Decode(text);
+  if (!quorum.stop.empty()) {
+    throw PeerError(Where() + "the lighthouse stopped the job at step " +
+                    std::to_string(step_) + ": " + quorum.stop);
+  }
+  return quorum;
+}
+
+bool Replica::StartStep() {
+  for (;;) {
+    if (!next_) {
+      if (!answer_pending_) Request(Vote::kNone);
+      next_ = AwaitAnswer();
+      if (!next_) return false;  // The others finished.
+    }
+    const Quorum quorum = *next_;
+    next_.reset();
+    try {
+      Enter(quorum);
+      return true;
+    } catch (const UsageError&) {
+      throw;
+    } catch (const Error& e) {
+      // A member was lost while the quorum connected or sent the state:
+      // ask again; the lighthouse leaves it out.
+      ACCEL_LOG(WARNING) << Where() << "quorum " << quorum.id << " at step "
+                         << quorum.step << " failed: " << e.what();
+      if (failed_at_ == Clock::time_point{}) failed_at_ = Clock::now();
+      DropCommunicator();
+    }
+  }
+}
+
+void Replica::DropCommunicator() {
+  std::unique_ptr<Communicator> old;
+  {
+    std::lock_guard<std::mutex> lock(comm_mutex_);
+    old = std::move(comm_);
+    comm_quorum_ = -1;
+  }
+  if (old) old->transport().RequestAbort();
+}
+
+void Replica::Connect(const Quorum& quorum) {
+  DropCommunicator();
+  BackendContext context;
+  context.rank = quorum.IndexOf(options_.rank);
+  context.size = static_cast<int>(quorum.members.size());
+  context.store =
+      std::make_shared<PrefixStore>("q" + std::to_string(quorum.id), store_);
+  context.host = options_.host;
+  context.local_rank = options_.local_rank;
+  context.local_size = options_.local_size;
+  context.options = options_.communicator;
+  context.group = "replicas";
+  context.job_ranks = quorum.Ranks();
+  std::unique_ptr<Communicator> comm =
+      CreateCommunicator(options_.backend, context);
+  std::lock_guard<std::mutex> lock(comm_mutex_);
+  comm_ = std::move(comm);
+  comm_quorum_ = quorum.id;
+}
+
+void Replica::Enter(const Quorum& quorum) {
+  if (quorum.IndexOf(options_.rank) < 0) {
+    throw UsageError(Where() + "the lighthouse answered with quorum " +
+                     std::to_string(quorum.id) + " of " +
+                     RankList(quorum.Ranks()) + ", without this rank");
+  }
+  quorum_ = quorum;
+  // The source's state is the run's from here on, whoever else fails.
+  if (quorum.source == options_.rank) in_sync_ = true;
+  if (quorum.id != comm_quorum_) Connect(quorum);
+  if (!quorum.recovering.empty()) Recover();
+  step_ = quorum.step;
+  Report();
+}
+
+void Replica::Recover() {
+  const int root = quorum_.IndexOf(quorum_.source);
+  const bool receiving = quorum_.Recovering(options_.rank);
+  const auto started = Clock::now();
+  std::string state;
+  if (options_.rank == quorum_.source) state = options_.save_state();
+  int64_t size = static_cast<int64_t>(state.size());
+  comm_->broadcast(&size, 1, DType::kInt64, root);
+  if (options_.inject) options_.inject(Point::kDuringRecovery, quorum_.step);
+  state.resize(static_cast<size_t>(size));
+  comm_->broadcast(state.data(), state.size(), DType::kUInt8, root);
+  if (receiving) {
+    options_.load_state(state);
+    in_sync_ = true;
+  }
+  state_bytes_ = size;
+  state_seconds_ = SecondsSince(started);
+}
+
+void Replica::Report() {
+  const std::vector<int> members = quorum_.Ranks();
+  if (members == previous_members_) return;
+  Change change;
+  change.step = quorum_.step;
+  change.quorum = quorum_.id;
+  change.members = members;
+  change.lost = Minus(previous_members_, members);
+  change.joined = previous_members_.empty() ? std::vector<int>{}
+                                            : Minus(members, previous_members_);
+  const bool first = previous_members_.empty();
+  previous_members_ = members;
+  change.seconds = SecondsSince(
+      !change.lost.empty() && failed_at_ != Clock::time_point{} ? failed_at_
+                                                                : started_);
+  changes_.push_back(change);
+  if (first || quorum_.IndexOf(options_.rank) != 0) return;
+  // One line per change, from the lowest-ranked member.
+  std::string line =
+      "fault tolerance: step " + std::to_string(change.step) + ": ";
+  if (!change.lost.empty()) line += "lost " + RankList(change.lost) + "; ";
+  if (!change.joined.empty()) {
+    char sent[96];
+    std::snprintf(sent, sizeof(sent), " (state %.2f MB from rank %d, %.3f s)",
+                  state_bytes_ / 1e6, quorum_.source, state_seconds_);
+    line += "joined " + RankList(change.joined) + sent + "; ";
+  }
+  char tail[96];
+  std::snprintf(tail, sizeof(tail), "%d of %d replicas train on",
+                static_cast<int>(members.size()), options_.world_size);
+  line += tail;
+  if (!change.lost.empty()) {
+    char after[64];
+    std::snprintf(after, sizeof(after), ", %.3f s after the failure",
+                  change.seconds);
+    line += after;
+  }
+  ACCEL_LOG(INFO) << line;
+}
+
+void Replica::Inject(Point point) {
+  if (options_.inject) options_.inject(point, step_);
+}
+
+bool Replica::AllreduceAndCommit(const std::vector<Buffer>& buffers) {
+  if (!comm_ || answer_pending_ || next_) {
+    throw UsageError(Where() +
+                     "AllreduceAndCommit without StartStep before it");
+  }
+  Inject(Point::kBeforeAllreduce);
+  Vote vote = Vote::kOk;
+  try {
+    std::vector<std::shared_ptr<Work>> works;
+    for (const Buffer& buffer : buffers) {
+      works.push_back(comm_->allreduce_async(buffer.data, buffer.count,
+                                             buffer.dtype, ReduceOp::kSum));
+    }
+    try {
+      Inject(Point::kDuringAllreduce);
+    } catch (...) {
+      // The sums write into the caller's buffers: they end before the
+      // exception leaves (and the buffers with it).
+      comm_->transport().RequestAbort();
+      for (const auto& work : works) {
+        try {
+          work->wait();
+        } catch (const Error&) {
+        }
+      }
+      throw;
+    }
+    for (const auto& work : works) work->wait();
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    vote = Vote::kFailed;
+    ACCEL_VLOG(1) << Where() << "step " << step_ << " failed: " << e.what();
+    if (failed_at_ == Clock::time_point{}) failed_at_ = Clock::now();
+  }
+  if (vote == Vote::kOk) Inject(Point::kAfterAllreduce);
+  const int64_t ran = step_;
+  Request(vote);
+  next_ = AwaitAnswer();
+  if (!next_) {
+    throw PeerError(Where() + "the other replicas finished while step " +
+                    std::to_string(ran) + " ran here");
+  }
+  if (!next_->committed) {
+    ++steps_retried_;
+    return false;
+  }
+  history_.push_back(quorum_.Ranks());
+  if (quorum_size() < options_.world_size) ++steps_with_fewer_;
+  step_ = ran + 1;
+  failed_at_ = Clock::time_point{};
+  return true;
+}
+
+}  // namespace accel::ft
