@@ -234,6 +234,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::Join(
   } catch (const PeerError& e) {
     throw PeerError(where + "rendezvous failed: " + e.what(), e.failed_rank());
   }
+  group->data_address_ = context.host;
   context.rank = env.rank;
   context.size = env.world_size;
   context.local_rank = env.local_rank;
@@ -246,25 +247,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::Join(
   ACCEL_VLOG(1) << backend << " connected " << env.world_size
                 << " ranks (data on " << context.host << ") after "
                 << ElapsedMs(started) << " ms";
-  if (env.world_size > 1) {
-    // An error that ends the process through std::terminate tells the
-    // others what it was.
-    std::weak_ptr<Store> store = group->store_;
-    const bool hosts = group->hosts_store_;
-    const int others = env.world_size - 1;
-    group->fatal_hook_ =
-        AddFatalErrorHook([store, hosts, others](const std::string& message) {
-          auto alive = store.lock();
-          if (!alive) return;
-          alive->WithRequestTimeout(kLeavingTimeout)
-              ->leave({Departure::Kind::kFailed, message});
-          // The store dies with this process: let the others read the job's
-          // state first (what each rank called), so that they report the cause
-          // rather than only that rank 0 is gone. Bounded; they leave once they
-          // have failed too.
-          if (hosts) AwaitDepartures(*alive, others, kFatalGrace);
-        });
-  }
+  group->WatchFatalErrors();
   TraceStartup("rendezvous");
   return group;
 }
@@ -273,6 +256,61 @@ std::unique_ptr<ProcessGroup> ProcessGroup::Join(const std::string& backend) {
   ProcessGroupOptions options;
   options.backend = backend;
   return Join(DistributedEnvironment::FromProcess(), options);
+}
+
+void ProcessGroup::WatchFatalErrors() {
+  if (env_.world_size <= 1) return;
+  // An error that ends the process through std::terminate tells the
+  // others what it was.
+  std::weak_ptr<Store> store = store_;
+  const bool hosts = hosts_store_;
+  const int others = env_.world_size - 1;
+  fatal_hook_ =
+      AddFatalErrorHook([store, hosts, others](const std::string& message) {
+        auto alive = store.lock();
+        if (!alive) return;
+        alive->WithRequestTimeout(kLeavingTimeout)
+            ->leave({Departure::Kind::kFailed, message});
+        // The store dies with this process: let the others read the job's
+        // state first (what each rank called), so that they report the cause
+        // rather than only that rank 0 is gone. Bounded; they leave once they
+        // have failed too.
+        if (hosts) AwaitDepartures(*alive, others, kFatalGrace);
+      });
+}
+
+std::unique_ptr<ProcessGroup> ProcessGroup::JoinStore(
+    const DistributedEnvironment& env, const ProcessGroupOptions& options) {
+  std::unique_ptr<ProcessGroup> group(new ProcessGroup());
+  group->env_ = env;
+  const std::string where = "rank " + std::to_string(env.rank) + "/" +
+                            std::to_string(env.world_size) + ": ";
+  SetLogRank(env.rank, env.world_size);
+  if (env.use_agent_store) {
+    throw UsageError(where +
+                     "fault tolerance needs accel's launcher (or its store "
+                     "on rank 0): torchrun's agent restarts every rank");
+  }
+  const auto deadline = Clock::now() + options.rendezvous_timeout;
+  try {
+    group->store_ = ConnectStore(env, options, deadline);
+  } catch (const Error&) {
+    RethrowWithPrefix(where + "connecting to the job's store failed: ");
+  }
+  auto* tcp = dynamic_cast<TcpStore*>(group->store_.get());
+  group->hosts_store_ = tcp != nullptr && tcp->server() != nullptr;
+  group->data_address_ = DataAddress(env);
+  group->WatchFatalErrors();
+  return group;
+}
+
+Communicator& ProcessGroup::communicator() {
+  if (!communicator_) {
+    throw UsageError(
+        "this process joined its job's store only "
+        "(ProcessGroup::JoinStore): it has no communicator");
+  }
+  return *communicator_;
 }
 
 ProcessGroup::~ProcessGroup() {

@@ -48,17 +48,29 @@ class ProcessGroup {
   static std::unique_ptr<ProcessGroup> Join(const DistributedEnvironment& env,
                                             const ProcessGroupOptions& options);
   static std::unique_ptr<ProcessGroup> Join(const std::string& backend);
+  // Connects this process to its job's store (rank 0 hosts it, as in Join)
+  // without waiting for the other ranks and without a communicator: the
+  // replicas of a fault-tolerant job (accel/runtime/ft/replica.h) connect
+  // per quorum, and a replacement joins while the others train.
+  static std::unique_ptr<ProcessGroup> JoinStore(
+      const DistributedEnvironment& env, const ProcessGroupOptions& options);
   ~ProcessGroup();
 
   const DistributedEnvironment& environment() const { return env_; }
-  Communicator& communicator() { return *communicator_; }
+  // Not after JoinStore (UsageError).
+  Communicator& communicator();
+  // The address this rank's data connections listen on.
+  const std::string& data_address() const { return data_address_; }
   Store& store() { return *store_; }
   std::shared_ptr<Store> shared_store() { return store_; }
 
  private:
   ProcessGroup() = default;
+  // Tells the others how this process ends when an error ends it.
+  void WatchFatalErrors();
   DistributedEnvironment env_;
   std::shared_ptr<Store> store_;
+  std::string data_address_;
   bool hosts_store_ = false;
   int fatal_hook_ = -1;  // AddFatalErrorHook's id.
   std::unique_ptr<Communicator> communicator_;
