@@ -117,7 +117,11 @@ void Replica::Heartbeat() {
       lock.lock();
       if (why && comm_ && comm_quorum_ == id && interrupted_ != id) {
         interrupted_ = id;
-        comm_->Interrupt("the lighthouse dropped a member: " + *why);
+        // At once: a collective waiting on a killed process over shared
+        // memory would only notice it after the watchdog's check_after,
+        // and the replacement's arrival erases the departure it looks for.
+        ACCEL_VLOG(1) << Where() << "quorum " << id << " aborted: " << *why;
+        comm_->transport().RequestAbort();
       }
     } catch (const Error&) {
       // The store's host went: the training thread will say so.
