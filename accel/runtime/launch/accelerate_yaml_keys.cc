@@ -192,6 +192,9 @@ class YamlReader : private YamlValueReader {
     } else if (key == "use_cpu") {
       use_cpu_ = Boolean(key, value);
       use_cpu_line_ = Line(value);
+    } else if (key == "fault_tolerance") {
+      // accel's own key (Accelerate has none): as --fault_tolerance.
+      if (Boolean(key, value)) Set(key, "true", value);
     } else if (key == "debug") {
       // debug: false (what accelerate config writes) leaves accel's
       // checks on, as they are by default.

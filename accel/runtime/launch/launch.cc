@@ -190,6 +190,21 @@ pid_t StartOneRank(const std::vector<std::string>& argv,
   return StartRank(argv, setup, rank, world);
 }
 
+// Whether a fault-tolerant job replaces the rank that ended with `status`
+// alone: not rank 0 (the store and the quorum live there), not a rank that
+// ended because another failed (the cause decides), not a preempted one,
+// and not past max_restarts.
+bool Replaceable(const LaunchOptions& options, const RankProcess& failed,
+                 int status, int replacements) {
+  if (!options.fault_tolerance || failed.rank <= 0) return false;
+  if (replacements >= options.max_restarts) return false;
+  if (WIFEXITED(status) && (WEXITSTATUS(status) == kPeerFailedExitCode ||
+                            WEXITSTATUS(status) == kPreemptedExitCode)) {
+    return false;
+  }
+  return g_forwarded_signal == 0;
+}
+
 // Starts this machine's ranks once and watches them until all have exited,
 // one has failed, or the launcher got a signal.
 Attempt RunRanks(const LaunchOptions& options,
@@ -218,7 +233,9 @@ Attempt RunRanks(const LaunchOptions& options,
       {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count)},
       {"OMP_NUM_THREADS",
        omp ? omp : std::to_string(options.threads_per_process)},
+      {"ACCEL_FAULT_TOLERANCE", options.fault_tolerance ? "1" : "0"},
   };
+  std::map<int, ChildSetup> setups;  // Each rank's, for its replacements.
   try {
     if (options.backend == "mpi") {
       // mpirun starts and numbers the ranks (the backend learns them from
@@ -262,6 +279,7 @@ Attempt RunRanks(const LaunchOptions& options,
         setup.keep_fd = held.fd;
         setup.keep_fd_variable = "ACCEL_STORE_LISTEN_FD";
       }
+      if (options.fault_tolerance) setups[rank] = setup;
       if (output) setup.pipes = output->Add(rank);
       const pid_t pid =
           StartOneRank(argv, setup, rank, options.num_processes, zygote);
@@ -294,6 +312,7 @@ Attempt RunRanks(const LaunchOptions& options,
   }
 
   Attempt attempt;
+  int replacements = 0;
   while (ranks.running() > 0) {
     if (auto stopped = ranks.CheckSignal()) {
       attempt = *stopped;
@@ -302,6 +321,25 @@ Attempt RunRanks(const LaunchOptions& options,
     const RankProcess* failed = nullptr;
     int status = 0;
     if (ranks.ReapExited(&failed, &status)) {
+      if (Replaceable(options, *failed, status, replacements)) {
+        ++replacements;
+        const int rank = failed->rank;
+        ChildSetup setup = setups.at(rank);
+        setup.env["ACCEL_FT_REPLACEMENT"] = std::to_string(replacements);
+        report(RankSet::Name(*failed) + " (pid " + std::to_string(failed->pid) +
+               ") " + DescribeStatus(status) +
+               "; the others train on; starting a replacement (" +
+               std::to_string(replacements) + " of " +
+               std::to_string(options.max_restarts) + ")");
+        const pid_t pid =
+            StartOneRank(argv, setup, rank, options.num_processes, zygote);
+        if (pid == 0) {
+          attempt = ranks.CheckSignal().value_or(Attempt{1, true});
+          break;
+        }
+        ranks.Add(rank, pid);
+        continue;
+      }
       attempt = ranks.FailWith(*failed, status, "");
       break;
     }

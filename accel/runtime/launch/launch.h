@@ -50,6 +50,12 @@ struct LaunchOptions {
   // TORCHELASTIC_RESTART_COUNT set to the try); a program that resumes from
   // its last checkpoint then carries on (see train_demo --resume).
   int max_restarts = 0;
+  // Fault tolerance without restarts (accel/fault_tolerance.h): a rank
+  // other than 0 that fails is replaced alone, up to max_restarts times,
+  // while the others train on (ACCEL_FAULT_TOLERANCE=1 tells the ranks;
+  // ACCEL_FT_REPLACEMENT=n which replacement a process is). Rank 0 hosts
+  // the store and the quorum: its loss ends the attempt as usual.
+  bool fault_tolerance = false;
   // After a rank fails, how long the others get to notice and report it
   // themselves (naming the failed rank) before they are stopped.
   std::chrono::milliseconds report_grace = std::chrono::seconds(4);

@@ -100,6 +100,7 @@ const std::vector<std::string>& ConfigurableFlags() {
       "use_fsdp",
       "fsdp_sharding_strategy",
       "use_parallelism_config",
+      "fault_tolerance",
       "parallelism_config_dp_replicate_size",
       "parallelism_config_dp_shard_size",
       "parallelism_config_tp_size",

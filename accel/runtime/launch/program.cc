@@ -42,6 +42,7 @@ LaunchOptions LaunchOptionsFromFlags() {
   options.main_process_port = flags::main_process_port.value();
   options.threads_per_process = flags::num_cpu_threads_per_process.value();
   options.max_restarts = flags::max_restarts.value();
+  options.fault_tolerance = flags::fault_tolerance.value();
   options.signal_grace = std::chrono::seconds(flags::signal_grace_s.value());
   // MPI's ranks must be started by mpirun (the ranks get --backend from
   // their command line either way).

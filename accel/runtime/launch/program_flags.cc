@@ -312,6 +312,11 @@ ProgramFlag<std::string> fsdp_sharding_strategy(
     "fsdp_sharding_strategy", "FULL_SHARD",
     "With --use_fsdp: FULL_SHARD (--zero_stage=3), SHARD_GRAD_OP (2) or "
     "NO_SHARD (0), or Accelerate's numbers 1-3 for them.");
+ProgramFlag<bool> fault_tolerance(
+    "fault_tolerance", false,
+    "Train through lost ranks (accel/fault_tolerance.h): a rank other than "
+    "0 that fails is replaced alone, up to --max_restarts times, while the "
+    "others go on.");
 ProgramFlag<bool> use_parallelism_config(
     "use_parallelism_config", false,
     "Lay the processes out on a device mesh (Accelerate's ParallelismConfig) "
@@ -365,9 +370,9 @@ void ForEachFlag(Fn&& fn) {
         &flags::fsdp_sharding_strategy}) {
     fn(*flag);
   }
-  for (auto* flag :
-       {&flags::collective_checks, &flags::reuse_host_memory, &flags::cpu,
-        &flags::use_fsdp, &flags::use_parallelism_config}) {
+  for (auto* flag : {&flags::collective_checks, &flags::reuse_host_memory,
+                     &flags::cpu, &flags::use_fsdp,
+                     &flags::use_parallelism_config, &flags::fault_tolerance}) {
     fn(*flag);
   }
   fn(flags::gradient_clipping);

@@ -120,6 +120,8 @@ extern ProgramFlag<std::string> fsdp_sharding_strategy;
 // Accelerate's ParallelismConfig (a device mesh; AcceleratorOptions::
 // parallelism_config and accel/runtime/comm/device_mesh.h).
 extern ProgramFlag<bool> use_parallelism_config;
+// The launcher's fault-tolerant mode (LaunchOptions::fault_tolerance).
+extern ProgramFlag<bool> fault_tolerance;
 extern ProgramFlag<int32_t> parallelism_config_dp_replicate_size;
 extern ProgramFlag<int32_t> parallelism_config_dp_shard_size;
 extern ProgramFlag<int32_t> parallelism_config_tp_size;

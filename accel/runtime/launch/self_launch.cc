@@ -36,7 +36,7 @@ std::vector<std::string> LauncherFlags() {
   for (const char* name :
        {"num_processes", "num_machines", "machine_rank", "main_process_ip",
         "main_process_port", "num_cpu_threads_per_process", "max_restarts",
-        "signal_grace_s", "log_dir", "config_file",
+        "fault_tolerance", "signal_grace_s", "log_dir", "config_file",
         // Not the launcher's own, but it decides how to start the ranks
         // (--backend=mpi: through mpirun).
         "backend"}) {
