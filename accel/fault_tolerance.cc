@@ -23,12 +23,16 @@ DType FlatDType(const torch::Tensor& flat) {
 
 }  // namespace
 
-torch::Tensor FlatGradients(const std::vector<torch::Tensor>& parameters) {
+torch::Tensor FlatGradients(const std::vector<torch::Tensor>& parameters,
+                            int64_t spare) {
   std::vector<torch::Tensor> parts;
   for (const torch::Tensor& p : parameters) {
     parts.push_back(p.grad().defined()
                         ? p.grad().reshape({-1})
                         : torch::zeros({p.numel()}, p.options()));
+  }
+  if (spare > 0 && !parameters.empty()) {
+    parts.push_back(torch::zeros({spare}, parameters.front().options()));
   }
   return torch::cat(parts).contiguous();
 }
@@ -105,9 +109,11 @@ std::pair<int64_t, int64_t> FaultTolerance::Share(int64_t global_batch) const {
 
 bool FaultTolerance::Commit() {
   const std::vector<torch::Tensor> parameters = model_.parameters();
-  torch::Tensor flat = FlatGradients(parameters);
+  // One spare element at the end, for the replica's own number.
+  torch::Tensor flat = FlatGradients(parameters, /*spare=*/1);
   const bool committed = replica_->AllreduceAndCommit(
-      {{flat.data_ptr(), static_cast<size_t>(flat.numel()), FlatDType(flat)}});
+      {{flat.data_ptr(), static_cast<size_t>(flat.numel()), FlatDType(flat),
+        /*spare_last=*/true}});
   if (committed) {
     SetFlatGradients(parameters, flat);
     optimizer_.step();

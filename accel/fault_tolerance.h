@@ -44,8 +44,11 @@ class ProcessGroup;
 // The gradients of `parameters`, flattened in order (zeros where one has
 // none): what Commit sums over the replicas, and what a replay of a run
 // (sum the members' in rank order, as one host's collectives do) sums.
-torch::Tensor FlatGradients(const std::vector<torch::Tensor>& parameters);
-// Sets each parameter's gradient from `flat` (FlatGradients' layout).
+// `spare` zeros more at the end (Commit's one, for the replica).
+torch::Tensor FlatGradients(const std::vector<torch::Tensor>& parameters,
+                            int64_t spare = 0);
+// Sets each parameter's gradient from `flat` (FlatGradients' layout; what
+// follows the last parameter is ignored).
 void SetFlatGradients(const std::vector<torch::Tensor>& parameters,
                       const torch::Tensor& flat);
 

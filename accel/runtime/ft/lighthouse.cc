@@ -46,11 +46,6 @@ Lighthouse::~Lighthouse() {
   thread_.join();
 }
 
-std::vector<std::vector<int>> Lighthouse::history() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return history_;
-}
-
 std::string Lighthouse::stopped() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return stop_;
@@ -132,27 +127,20 @@ void Lighthouse::Decide() {
   std::vector<Member> stale;
   std::vector<Member> lost;
   bool running = false;
+  bool failed = false;  // A member's sum failed while others' may not have.
   for (const Member& member : quorum_.members) {
     auto it = pending_.find(member.rank);
     if (it != pending_.end() &&
         it->second.request.incarnation == member.incarnation) {
       // A member whose state transfer failed is sent the state again.
       (it->second.request.in_sync ? ready : stale).push_back(member);
+      failed = failed || it->second.request.vote != Vote::kOk;
     } else if (!Alive(member)) {
       lost.push_back(member);
     } else {
-      running = true;  // Still running its step.
+      running = true;  // Still training.
     }
   }
-  if (!lost.empty() && aborted_ != quorum_.id) {
-    // The others may wait on the lost ones in a collective that cannot
-    // fail by itself (a stopped process keeps its connections open).
-    aborted_ = quorum_.id;
-    store_->set(AbortKey(quorum_.id),
-                "rank" + std::string(lost.size() > 1 ? "s " : " ") +
-                    RankList(RanksOf(lost)) + " left or stopped responding");
-  }
-  if (running) return;
   std::vector<Member> joiners = stale;
   for (const auto& [rank, pending] : pending_) {
     const Member member{rank, pending.request.incarnation};
@@ -160,7 +148,30 @@ void Lighthouse::Decide() {
     if (std::find(stale.begin(), stale.end(), member) != stale.end()) continue;
     if (Alive(member)) joiners.push_back(member);
   }
+  if (running) {
+    // Call the others to a round. They may wait on the lost ones, or on a
+    // member whose sum failed, in a collective that cannot fail by itself
+    // (a stopped process keeps its connections open; shared memory has
+    // none): then their collectives are aborted too.
+    if (!lost.empty()) {
+      Call(2, "rank" + std::string(lost.size() > 1 ? "s " : " ") +
+                  RankList(RanksOf(lost)) + " left or stopped responding");
+    } else if (failed || !stale.empty()) {
+      Call(2, "a member's step failed");
+    } else if (!joiners.empty() || !ready.empty()) {
+      Call(1, joiners.empty() ? std::string("members asked for a round")
+                              : RankList(RanksOf(joiners)) + " asked to join");
+    }
+    return;
+  }
   EndRound(ready, joiners);
+}
+
+void Lighthouse::Call(int level, const std::string& why) {
+  if (called_id_ == quorum_.id && called_level_ >= level) return;
+  called_id_ = quorum_.id;
+  called_level_ = level;
+  store_->set(ChangeKey(quorum_.id), (level >= 2 ? "abort " : "join ") + why);
 }
 
 void Lighthouse::FormFirst() {
@@ -192,13 +203,6 @@ void Lighthouse::EndRound(const std::vector<Member>& ready,
                           const std::vector<Member>& joiners) {
   const Quorum previous = quorum_;
   const bool first = previous.members.empty();
-  bool commit = !ready.empty();
-  for (const Member& member : ready) {
-    const QuorumRequest& request = pending_[member.rank].request;
-    if (request.vote != Vote::kOk || request.step != previous.step) {
-      commit = false;
-    }
-  }
   if (ready.empty() && !first) {
     Stop("every replica that held the model's state was lost (" +
          RankList(previous.Ranks()) + ")");
@@ -220,27 +224,41 @@ void Lighthouse::EndRound(const std::vector<Member>& ready,
     Decide();
     return;
   }
-  next.source = first ? next.members.front().rank : ready.front().rank;
-  for (const Member& member : first ? next.members : joiners) {
-    if (member.rank != next.source) next.recovering.push_back(member.rank);
+  // Each member applied the steps whose sums completed on it: those that
+  // applied the most hold the run's state (every completed sum is the same
+  // sum), and the others take it from the lowest-ranked of them.
+  if (first) {
+    next.source = next.members.front().rank;
+    next.step = pending_[next.source].request.step;
+  } else {
+    next.step = -1;
+    for (const Member& member : ready) {
+      const int64_t step = pending_[member.rank].request.step;
+      if (step > next.step) {
+        next.step = step;
+        next.source = member.rank;
+      }
+    }
   }
-  next.step = commit ? previous.step + 1 : previous.step;
-  next.id = (next.members == previous.members && commit) ? previous.id
-                                                         : previous.id + 1;
-  if (commit) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    history_.push_back(previous.Ranks());
+  for (const Member& member : next.members) {
+    const bool holds =
+        !first && pending_[member.rank].request.in_sync &&
+        pending_[member.rank].request.step == next.step &&
+        std::find(joiners.begin(), joiners.end(), member) == joiners.end();
+    if (member.rank != next.source && !holds) {
+      next.recovering.push_back(member.rank);
+    }
   }
-  if (next.members != previous.members) {
-    ACCEL_VLOG(1) << "fault tolerance: quorum " << next.id << " at step "
-                  << next.step << ": " << RankList(next.Ranks());
-  }
+  next.id = previous.id + 1;
+  ACCEL_VLOG(1) << "fault tolerance: quorum " << next.id << " at step "
+                << next.step << ": " << RankList(next.Ranks())
+                << (next.recovering.empty()
+                        ? ""
+                        : ", sending rank " + std::to_string(next.source) +
+                              "'s state to " + RankList(next.recovering));
   quorum_ = next;
   for (const Member& member : next.members) {
-    Quorum answer = next;
-    answer.committed =
-        commit && std::find(ready.begin(), ready.end(), member) != ready.end();
-    Answer(member.rank, pending_[member.rank].request, answer);
+    Answer(member.rank, pending_[member.rank].request, next);
     pending_.erase(member.rank);
   }
 }

@@ -6,20 +6,21 @@
 //   accel::ft::Lighthouse lighthouse(store, {.world_size = 4});
 //   ... the replicas (replica.h) train; the lighthouse answers them ...
 //
-// A round ends when every member of the current quorum that is still alive
-// has asked for the next step. Then:
-//   - the step committed when every live member's vote was kOk (each one's
-//     sum completed, so all hold the same sum and apply the same update);
-//     otherwise the members run the same step again;
-//   - the next quorum is the live members plus the replicas that asked to
-//     join meanwhile (new processes, or members dropped earlier that came
-//     back), who load the state from the lowest-ranked member;
-//   - the quorum id changes when the members change or the step failed, so
-//     that each id names one set of connections.
-// A member is lost when the store saw its process go (its connection
-// dropped), when another process took its rank, or when its heartbeat
-// stopped for heartbeat_timeout (a stopped or hung process): then the
-// collectives of its quorum are interrupted (AbortKey).
+// The members train without asking it anything while nothing changes: each
+// step's sum carries one more number, the count of members whose
+// heartbeat thread saw the lighthouse call a round (ChangeKey), so that
+// every member learns it at the same step and comes. It calls one when a
+// replacement asks to join, when a member is lost, or when a member's sum
+// failed (a member is lost when the store saw its process go, when
+// another process took its rank, or when its heartbeat stopped for
+// heartbeat_timeout: a stopped or hung process); then it also aborts the
+// others' collectives, which may wait on the lost one. A round ends when
+// every member still alive has come:
+//   - the members that applied the most steps hold the run's state (each
+//     applies a step when its own sum completed, and every completed sum
+//     is the same), and the lowest-ranked of them sends it to the others
+//     and to the replicas that asked to join;
+//   - the new quorum gets a new id, and new connections.
 // The job stops (every member's request is answered with the reason) when
 // fewer than min_replicas would remain, so that a partitioned job never
 // goes on as two.
@@ -64,9 +65,6 @@ class Lighthouse {
   Lighthouse(const Lighthouse&) = delete;
   Lighthouse& operator=(const Lighthouse&) = delete;
 
-  // The members of each committed step, from the first: what a replay of
-  // the run needs (see ft_test's reference).
-  std::vector<std::vector<int>> history() const;
   // Why it stopped the job ("" while it runs).
   std::string stopped() const;
 
@@ -83,6 +81,9 @@ class Lighthouse {
   void EndRound(const std::vector<Member>& ready,
                 const std::vector<Member>& joiners);
   void Answer(int rank, const QuorumRequest& request, const Quorum& quorum);
+  // Calls the members of the current quorum to a round (ChangeKey): level
+  // 1 at their next step, 2 at once (their collectives are aborted).
+  void Call(int level, const std::string& why);
   void Stop(const std::string& reason);
   bool Alive(const Member& member);
   void ReadLiveness();
@@ -93,8 +94,7 @@ class Lighthouse {
   std::thread thread_;
   std::atomic<bool> stopping_{false};
 
-  mutable std::mutex mutex_;  // history_ and stop_.
-  std::vector<std::vector<int>> history_;
+  mutable std::mutex mutex_;  // stop_.
   std::string stop_;
 
   // The loop's own (one thread).
@@ -110,7 +110,8 @@ class Lighthouse {
   std::map<int, Beat> beats_;
   std::map<int, Departure> departed_;
   bool liveness_read_ = false;
-  int64_t aborted_ = -1;  // The last quorum whose collectives it aborted.
+  int64_t called_id_ = -1;  // The last quorum Call()ed, and how.
+  int called_level_ = 0;
 };
 
 }  // namespace accel::ft

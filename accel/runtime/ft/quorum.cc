@@ -111,7 +111,6 @@ std::string Quorum::Encode() const {
     recovering_text += std::to_string(rank);
   }
   return "id=" + std::to_string(id) + " step=" + std::to_string(step) +
-         " committed=" + (committed ? "1" : "0") +
          " source=" + std::to_string(source) + " members=" + members_text +
          " recovering=" + recovering_text + " stop=" + stop;
 }
@@ -121,7 +120,6 @@ Quorum Quorum::Decode(const std::string& text) {
   Quorum quorum;
   quorum.id = Int(fields, "id", text);
   quorum.step = Int(fields, "step", text);
-  quorum.committed = Int(fields, "committed", text) != 0;
   quorum.source = static_cast<int>(Int(fields, "source", text));
   for (const std::string& part : Split(Field(fields, "members", text), ',')) {
     const size_t colon = part.find(':');
@@ -179,6 +177,6 @@ std::string HeartbeatKey(int rank) { return "hb/" + std::to_string(rank); }
 
 std::string BellKey(int64_t ring) { return "bell/" + std::to_string(ring); }
 
-std::string AbortKey(int64_t id) { return "abort/" + std::to_string(id); }
+std::string ChangeKey(int64_t id) { return "change/" + std::to_string(id); }
 
 }  // namespace accel::ft

@@ -8,7 +8,7 @@
 //                         .vote = Vote::kOk};
 //   store.set(RequestKey(rank), request.Encode());
 //   Quorum quorum = Quorum::Decode(store.get(AnswerKey(rank, request), t));
-//   if (quorum.committed) optimizer_step();  // Every member's sum held.
+//   if (quorum.Recovering(rank)) ...  // Take the state from quorum.source.
 //
 // Keys live under the store prefix the Replica and the Lighthouse share
 // ("ft/"); see replica.h for the protocol.
@@ -23,8 +23,8 @@ namespace accel::ft {
 // What a replica says about the step it ran.
 enum class Vote {
   kNone,    // It ran no step since its last request (it is joining).
-  kOk,      // Its sum over the quorum completed.
-  kFailed,  // A collective failed (a peer was lost): discard the step.
+  kOk,      // Its sums completed (it was called to the round).
+  kFailed,  // A collective failed (a peer was lost): it discarded the step.
 };
 const char* VoteName(Vote vote);
 
@@ -41,7 +41,7 @@ struct Member {
 struct QuorumRequest {
   std::string incarnation;
   int64_t serial = 0;  // 1, 2, ... per incarnation: which answer it awaits.
-  int64_t step = 0;    // The step it ran (kOk, kFailed), or is at (kNone).
+  int64_t step = 0;    // The next step it would run (its steps applied).
   Vote vote = Vote::kNone;
   // Whether it holds the run's state (else it is sent the state).
   bool in_sync = false;
@@ -53,12 +53,8 @@ struct QuorumRequest {
 
 // The lighthouse's answer to one member's request.
 struct Quorum {
-  int64_t id = 0;  // Increases when the members change or a step fails.
-  // The step the members run next: the voted step + 1 when it committed.
-  int64_t step = 0;
-  // Whether the step this member voted on committed: every member's sum
-  // completed, so every member applies the same update.
-  bool committed = false;
+  int64_t id = 0;               // Increases with each round.
+  int64_t step = 0;             // The step the members run next.
   std::vector<Member> members;  // By rank.
   std::vector<int> recovering;  // Ranks that load the state from `source`.
   int source = -1;              // The rank whose state the others take.
@@ -85,8 +81,9 @@ std::string HeartbeatKey(int rank);  // "<incarnation>:<beat>"
 inline constexpr char kBellCounter[] = "bell";
 std::string BellKey(
     int64_t ring);  // Set after each request: wakes the lighthouse.
-// Set by the lighthouse when it drops a member that stopped responding:
-// the others' collectives of quorum `id` are interrupted.
-std::string AbortKey(int64_t id);
+// Set by the lighthouse to call the members of quorum `id` to a round:
+// "join <why>" (at their next step) or "abort <why>" (their collectives
+// are aborted: a member was lost or its sum failed).
+std::string ChangeKey(int64_t id);
 
 }  // namespace accel::ft

@@ -20,14 +20,12 @@ TEST(QuorumTest, RequestsAndAnswersReadBack) {
   Quorum quorum;
   quorum.id = 3;
   quorum.step = 42;
-  quorum.committed = true;
   quorum.members = {{0, "aa"}, {2, "cc"}, {3, "dd"}};
   quorum.recovering = {3};
   quorum.source = 0;
   const Quorum read = Quorum::Decode(quorum.Encode());
   EXPECT_EQ(read.id, 3);
   EXPECT_EQ(read.step, 42);
-  EXPECT_TRUE(read.committed);
   EXPECT_EQ(read.Ranks(), (std::vector<int>{0, 2, 3}));
   EXPECT_EQ(read.members[2].incarnation, "dd");
   EXPECT_EQ(read.IndexOf(2), 1);

@@ -1,6 +1,7 @@
 #include "accel/runtime/ft/replica.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <exception>
 
@@ -27,6 +28,21 @@ std::vector<int> Minus(const std::vector<int>& a, const std::vector<int>& b) {
 
 double SecondsSince(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+void SetLast(const Buffer& buffer, double value) {
+  if (buffer.dtype == DType::kFloat32) {
+    static_cast<float*>(buffer.data)[buffer.count - 1] =
+        static_cast<float>(value);
+  } else {
+    static_cast<double*>(buffer.data)[buffer.count - 1] = value;
+  }
+}
+
+double GetLast(const Buffer& buffer) {
+  return buffer.dtype == DType::kFloat32
+             ? static_cast<const float*>(buffer.data)[buffer.count - 1]
+             : static_cast<const double*>(buffer.data)[buffer.count - 1];
 }
 
 }  // namespace
@@ -106,30 +122,43 @@ void Replica::Beat() {
 }
 
 void Replica::Heartbeat() {
+  int64_t heard = -1;  // The quorum whose call it has passed on.
   std::unique_lock<std::mutex> lock(comm_mutex_);
   while (!stopping_) {
     const int64_t id = comm_quorum_;
     lock.unlock();
     try {
       Beat();
-      const std::optional<std::string> why =
-          id >= 0 ? store_->try_get(AbortKey(id)) : std::nullopt;
+      std::optional<std::string> call;
+      if (id >= 0 && heard != id) {
+        // Waiting on the key rather than polling it: a call reaches the
+        // training thread within milliseconds.
+        try {
+          call = store_->get(ChangeKey(id), options_.heartbeat_interval);
+        } catch (const TimeoutError&) {
+        }
+      }
       lock.lock();
-      if (why && comm_ && comm_quorum_ == id && interrupted_ != id) {
-        interrupted_ = id;
+      if (call && comm_quorum_ == id) {
+        heard = id;
+        called_ = true;
         // At once: a collective waiting on a killed process over shared
         // memory would only notice it after the watchdog's check_after,
         // and the replacement's arrival erases the departure it looks for.
-        ACCEL_VLOG(1) << Where() << "quorum " << id << " aborted: " << *why;
-        comm_->transport().RequestAbort();
+        if (call->rfind("abort", 0) == 0 && comm_) {
+          ACCEL_VLOG(1) << Where() << "quorum " << id << " aborted: " << *call;
+          comm_->transport().RequestAbort();
+        }
+      }
+      if (call || heard == id || id < 0) {
+        stop_beating_.wait_for(lock, options_.heartbeat_interval,
+                               [this] { return stopping_; });
       }
     } catch (const Error&) {
       // The store's host went: the training thread will say so.
       if (!lock.owns_lock()) lock.lock();
       return;
     }
-    stop_beating_.wait_for(lock, options_.heartbeat_interval,
-                           [this] { return stopping_; });
   }
 }
 
@@ -185,25 +214,24 @@ std::optional<Quorum> Replica::AwaitAnswer() {
 
 bool Replica::StartStep() {
   for (;;) {
-    if (!next_) {
-      if (!answer_pending_) Request(Vote::kNone);
-      next_ = AwaitAnswer();
-      if (!next_) return false;  // The others finished.
-    }
-    const Quorum quorum = *next_;
-    next_.reset();
+    if (!round_) return true;  // The same quorum, nobody called a round.
+    if (!answer_pending_) Request(*round_);
+    std::optional<Quorum> quorum = AwaitAnswer();
+    if (!quorum) return false;  // The others finished.
     try {
-      Enter(quorum);
+      Enter(*quorum);
+      round_.reset();
       return true;
     } catch (const UsageError&) {
       throw;
     } catch (const Error& e) {
       // A member was lost while the quorum connected or sent the state:
       // ask again; the lighthouse leaves it out.
-      ACCEL_LOG(WARNING) << Where() << "quorum " << quorum.id << " at step "
-                         << quorum.step << " failed: " << e.what();
+      ACCEL_LOG(WARNING) << Where() << "quorum " << quorum->id << " at step "
+                         << quorum->step << " failed: " << e.what();
       if (failed_at_ == Clock::time_point{}) failed_at_ = Clock::now();
       DropCommunicator();
+      round_ = Vote::kNone;
     }
   }
 }
@@ -236,6 +264,7 @@ void Replica::Connect(const Quorum& quorum) {
   std::lock_guard<std::mutex> lock(comm_mutex_);
   comm_ = std::move(comm);
   comm_quorum_ = quorum.id;
+  called_ = false;
 }
 
 void Replica::Enter(const Quorum& quorum) {
@@ -247,7 +276,7 @@ void Replica::Enter(const Quorum& quorum) {
   quorum_ = quorum;
   // The source's state is the run's from here on, whoever else fails.
   if (quorum.source == options_.rank) in_sync_ = true;
-  if (quorum.id != comm_quorum_) Connect(quorum);
+  Connect(quorum);
   if (!quorum.recovering.empty()) Recover();
   step_ = quorum.step;
   Report();
@@ -257,18 +286,28 @@ void Replica::Recover() {
   const int root = quorum_.IndexOf(quorum_.source);
   const bool receiving = quorum_.Recovering(options_.rank);
   const auto started = Clock::now();
+  // The program's state, then the members of every step applied (the
+  // job's history, which a replay needs whoever keeps it).
   std::string state;
-  if (options_.rank == quorum_.source) state = options_.save_state();
-  int64_t size = static_cast<int64_t>(state.size());
-  comm_->broadcast(&size, 1, DType::kInt64, root);
+  int64_t sizes[2] = {0, 0};
+  if (options_.rank == quorum_.source) {
+    state = options_.save_state();
+    sizes[0] = static_cast<int64_t>(state.size());
+    const std::string history = EncodeHistory(history_);
+    sizes[1] = static_cast<int64_t>(history.size());
+    state += history;
+  }
+  comm_->broadcast(sizes, 2, DType::kInt64, root);
   if (options_.inject) options_.inject(Point::kDuringRecovery, quorum_.step);
-  state.resize(static_cast<size_t>(size));
+  state.resize(static_cast<size_t>(sizes[0] + sizes[1]));
   comm_->broadcast(state.data(), state.size(), DType::kUInt8, root);
   if (receiving) {
+    history_ = DecodeHistory(state.substr(static_cast<size_t>(sizes[0])));
+    state.resize(static_cast<size_t>(sizes[0]));
     options_.load_state(state);
     in_sync_ = true;
   }
-  state_bytes_ = size;
+  state_bytes_ = sizes[0];
   state_seconds_ = SecondsSince(started);
 }
 
@@ -317,57 +356,121 @@ void Replica::Inject(Point point) {
 }
 
 bool Replica::AllreduceAndCommit(const std::vector<Buffer>& buffers) {
-  if (!comm_ || answer_pending_ || next_) {
+  for (const Buffer& buffer : buffers) {
+    if (buffer.spare_last &&
+        (buffer.count == 0 || (buffer.dtype != DType::kFloat32 &&
+                               buffer.dtype != DType::kFloat64))) {
+      throw UsageError(Where() +
+                       "a buffer with a spare last element must be float32 "
+                       "or float64 and not empty");
+    }
+  }
+  if (!comm_ || round_) {
     throw UsageError(Where() +
                      "AllreduceAndCommit without StartStep before it");
   }
   Inject(Point::kBeforeAllreduce);
-  Vote vote = Vote::kOk;
+  // How many members were called to a round: the same sum everywhere, so
+  // every member goes to it after the same step. In a buffer's spare last
+  // element when there is one, else in a collective of its own.
+  {
+    std::lock_guard<std::mutex> lock(comm_mutex_);
+    calls_ = called_ ? 1 : 0;
+  }
+  const Buffer* carrier = nullptr;
+  for (const Buffer& buffer : buffers) {
+    if (buffer.spare_last) carrier = &buffer;
+  }
+  if (carrier != nullptr) SetLast(*carrier, static_cast<double>(calls_));
   try {
-    std::vector<std::shared_ptr<Work>> works;
-    for (const Buffer& buffer : buffers) {
-      works.push_back(comm_->allreduce_async(buffer.data, buffer.count,
-                                             buffer.dtype, ReduceOp::kSum));
-    }
-    try {
-      Inject(Point::kDuringAllreduce);
-    } catch (...) {
-      // The sums write into the caller's buffers: they end before the
-      // exception leaves (and the buffers with it).
-      comm_->transport().RequestAbort();
-      for (const auto& work : works) {
-        try {
-          work->wait();
-        } catch (const Error&) {
-        }
+    if (!options_.inject) {
+      // Blocking calls run on this thread: no hand-off to the worker.
+      for (const Buffer& buffer : buffers) {
+        comm_->allreduce(buffer.data, buffer.count, buffer.dtype,
+                         ReduceOp::kSum);
       }
-      throw;
+      if (carrier == nullptr) {
+        comm_->allreduce(&calls_, 1, DType::kInt64, ReduceOp::kSum);
+      }
+    } else {
+      std::vector<std::shared_ptr<Work>> works;
+      for (const Buffer& buffer : buffers) {
+        works.push_back(comm_->allreduce_async(buffer.data, buffer.count,
+                                               buffer.dtype, ReduceOp::kSum));
+      }
+      if (carrier == nullptr) {
+        works.push_back(
+            comm_->allreduce_async(&calls_, 1, DType::kInt64, ReduceOp::kSum));
+      }
+      try {
+        Inject(Point::kDuringAllreduce);
+      } catch (...) {
+        // The sums write into the caller's buffers: they end before the
+        // exception leaves (and the buffers with it).
+        comm_->transport().RequestAbort();
+        for (const auto& work : works) {
+          try {
+            work->wait();
+          } catch (const Error&) {
+          }
+        }
+        throw;
+      }
+      for (const auto& work : works) work->wait();
     }
-    for (const auto& work : works) work->wait();
+    if (carrier != nullptr) {
+      calls_ = static_cast<int64_t>(std::llround(GetLast(*carrier)));
+    }
   } catch (const UsageError&) {
     throw;
   } catch (const Error& e) {
-    vote = Vote::kFailed;
+    // Another member may have completed the same sums and applied the
+    // step: the round finds out who holds the state.
     ACCEL_VLOG(1) << Where() << "step " << step_ << " failed: " << e.what();
     if (failed_at_ == Clock::time_point{}) failed_at_ = Clock::now();
-  }
-  if (vote == Vote::kOk) Inject(Point::kAfterAllreduce);
-  const int64_t ran = step_;
-  Request(vote);
-  next_ = AwaitAnswer();
-  if (!next_) {
-    throw PeerError(Where() + "the other replicas finished while step " +
-                    std::to_string(ran) + " ran here");
-  }
-  if (!next_->committed) {
     ++steps_retried_;
+    round_ = Vote::kFailed;
     return false;
   }
+  Inject(Point::kAfterAllreduce);
+  // A completed sum holds every member's gradients: apply it.
   history_.push_back(quorum_.Ranks());
   if (quorum_size() < options_.world_size) ++steps_with_fewer_;
-  step_ = ran + 1;
+  ++step_;
   failed_at_ = Clock::time_point{};
+  if (calls_ > 0) round_ = Vote::kOk;
   return true;
+}
+
+std::string EncodeHistory(const std::vector<std::vector<int>>& history) {
+  std::string text;
+  for (const std::vector<int>& members : history) {
+    for (size_t i = 0; i < members.size(); ++i) {
+      text += (i > 0 ? "," : "") + std::to_string(members[i]);
+    }
+    text += "\n";
+  }
+  return text;
+}
+
+std::vector<std::vector<int>> DecodeHistory(const std::string& text) {
+  std::vector<std::vector<int>> history;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    std::vector<int> members;
+    size_t from = at;
+    while (from < end) {
+      size_t comma = text.find(',', from);
+      if (comma == std::string::npos || comma > end) comma = end;
+      members.push_back(std::stoi(text.substr(from, comma - from)));
+      from = comma + 1;
+    }
+    history.push_back(members);
+    at = end + 1;
+  }
+  return history;
 }
 
 }  // namespace accel::ft

@@ -21,14 +21,18 @@
 //     zero_grad();
 //   }
 //
-// Exactness: a step commits only when every member's sum completed, and a
-// failed step runs again with the members left, on the same data (it is
-// the caller's function of the step; the members split each step's global
-// batch among themselves), so no sample is lost or counted twice. The
-// members of each committed step (history()) replay the run bit for bit.
+// Exactness: a step is applied only with a completed sum over its members,
+// and a failed step runs again with the members left, on the same data (it
+// is the caller's function of the step; the members split each step's
+// global batch among themselves), so no sample is lost or counted twice.
+// The members of each applied step (history()) replay the run bit for bit.
 //
-// Each step costs one request to the lighthouse and its answer (which also
-// says whether the step before committed), over the store.
+// While nothing changes a step costs one more number in the sum (whether
+// the lighthouse called a round), and nothing over the store: the
+// heartbeat thread waits for the lighthouse's call. A member applies a
+// step when its own sum completed (every completed sum is the same); one
+// whose sum failed goes to the round, where the members that applied the
+// most steps send their state to those behind.
 #pragma once
 
 #include <chrono>
@@ -96,6 +100,10 @@ struct Buffer {
   void* data;
   size_t count;
   DType dtype;
+  // Its last element is the replica's to use (float32 or float64): the
+  // number of members called to a round travels in it, which saves a
+  // collective per step.
+  bool spare_last = false;
 };
 
 // One membership change, as the member with the lowest rank reports it.
@@ -121,9 +129,10 @@ class Replica {
   // the loop. Error when the job cannot go on (the lighthouse stopped it,
   // or the store's host went).
   bool StartStep();
-  // Sums `buffers` over the quorum (in place), then asks the lighthouse
-  // whether every member's sum completed. True: the step committed (apply
-  // it; step() moved on). False: discard the sums and run step() again.
+  // Sums `buffers` over the quorum (in place). True: the sums completed
+  // (apply them; step() moved on). False: discard them; the next
+  // StartStep goes to a round and step() runs again with the members left
+  // (or this replica takes the state of those that applied it).
   bool AllreduceAndCommit(const std::vector<Buffer>& buffers);
 
   int64_t step() const { return step_; }
@@ -134,7 +143,8 @@ class Replica {
   int64_t steps_with_fewer() const { return steps_with_fewer_; }
   // Steps run again after a failure.
   int64_t steps_retried() const { return steps_retried_; }
-  // The members of every step this replica committed, from its first.
+  // The members of every step applied, from the job's first (a joiner
+  // receives it with the state).
   const std::vector<std::vector<int>>& history() const { return history_; }
   // Membership changes this replica saw (with the lost and joined ranks).
   const std::vector<Change>& changes() const { return changes_; }
@@ -162,8 +172,11 @@ class Replica {
   // Whether this replica holds the run's state (it was a quorum's source,
   // or loaded the state); a replica that is not is sent it again.
   bool in_sync_ = false;
-  std::optional<Quorum> next_;  // An answer not yet entered.
-  Quorum quorum_;               // The one entered (no members before).
+  // Set when this replica must go to a round before its next step: its
+  // vote (kNone: it is joining, or its last round failed).
+  std::optional<Vote> round_ = Vote::kNone;
+  Quorum quorum_;      // The one entered (no members before).
+  int64_t calls_ = 0;  // Summed with the gradients (see AllreduceAndCommit).
   std::vector<int> previous_members_;
   int64_t step_ = 0;
   int64_t steps_with_fewer_ = 0;
@@ -175,16 +188,21 @@ class Replica {
   int64_t state_bytes_ = 0;  // The last state sent or received.
   double state_seconds_ = 0;
 
-  // comm_, comm_quorum_, interrupted_ and stopping_: the heartbeat thread
-  // interrupts the quorum's collectives when the lighthouse says so.
+  // comm_, comm_quorum_, called_ and stopping_: the heartbeat thread
+  // passes the lighthouse's calls on (and aborts the collectives).
   std::mutex comm_mutex_;
   std::unique_ptr<Communicator> comm_;
   int64_t comm_quorum_ = -1;
-  int64_t interrupted_ = -1;
+  bool called_ = false;  // The lighthouse called comm_quorum_ to a round.
   bool stopping_ = false;
   int64_t beats_ = 0;  // The heartbeat thread's (the first before it).
   std::condition_variable stop_beating_;
   std::thread heartbeat_;
 };
+
+// The members of each step, one line each ("0,1,3"), as a joiner receives
+// them with the state.
+std::string EncodeHistory(const std::vector<std::vector<int>>& history);
+std::vector<std::vector<int>> DecodeHistory(const std::string& text);
 
 }  // namespace accel::ft
