@@ -2,6 +2,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <mutex>
 #include <sstream>
@@ -79,10 +80,39 @@ FaultTolerance::FaultTolerance(torch::nn::Module& model,
     replica.lighthouse = lighthouse;
   }
   replica_ = std::make_unique<ft::Replica>(std::move(replica));
+  if (!options.log_with.empty()) {
+    trackers_ =
+        std::make_unique<TrackerSet>(options.log_with, options.logging_dir);
+    trackers_->Init("fault_tolerance",
+                    {{"world_size", env.world_size},
+                     {"min_replicas", options.min_replicas}},
+                    env.rank == 0);
+  }
 }
 
 FaultTolerance::~FaultTolerance() {
+  if (trackers_) {
+    LogChanges();
+    trackers_->Finish();  // An error here has nowhere to go but the log.
+  }
   replica_.reset();  // Before the store it uses.
+}
+
+void FaultTolerance::LogChanges() {
+  if (!trackers_ || rank() != 0) return;
+  const std::vector<ft::Change>& changes = replica_->changes();
+  // The first quorum is the start, not a change.
+  for (size_t i = std::max<size_t>(changes_logged_, 1); i < changes.size();
+       ++i) {
+    const ft::Change& change = changes[i];
+    trackers_->Log(
+        {{"ft/replicas", static_cast<int64_t>(change.members.size())},
+         {"ft/lost", static_cast<int64_t>(change.lost.size())},
+         {"ft/joined", static_cast<int64_t>(change.joined.size())},
+         {"ft/recovery_s", change.seconds}},
+        change.step);
+  }
+  changes_logged_ = changes.size();
 }
 
 int FaultTolerance::rank() const { return group_->environment().rank; }
@@ -91,7 +121,11 @@ int FaultTolerance::world_size() const {
   return group_->environment().world_size;
 }
 
-bool FaultTolerance::StartStep() { return replica_->StartStep(); }
+bool FaultTolerance::StartStep() {
+  const bool started = replica_->StartStep();
+  if (trackers_ && replica_->changes().size() != changes_logged_) LogChanges();
+  return started;
+}
 
 std::pair<int64_t, int64_t> FaultTolerance::Share(int64_t global_batch) const {
   const int64_t k = replica_->quorum_size();

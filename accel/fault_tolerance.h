@@ -34,8 +34,10 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "accel/runtime/ft/replica.h"
+#include "accel/tracking/tracker_set.h"
 
 namespace accel {
 
@@ -60,6 +62,12 @@ struct FaultToleranceOptions {
   int min_replicas = 0;
   std::chrono::milliseconds join_timeout = std::chrono::seconds(60);
   std::chrono::milliseconds heartbeat_timeout = std::chrono::seconds(3);
+  // Trackers (as --report_to: "jsonl", "tensorboard") for rank 0's record
+  // of every membership change, at its step: ft/replicas, ft/lost,
+  // ft/joined and ft/recovery_s (a loss: from the failed step to the new
+  // quorum; a join: sending the state); under logging_dir/fault_tolerance.
+  std::vector<std::string> log_with;
+  std::string logging_dir;
 };
 
 class FaultTolerance {
@@ -93,8 +101,13 @@ class FaultTolerance {
  private:
   torch::nn::Module& model_;
   torch::optim::Optimizer& optimizer_;
+  // Logs the changes the replica saw since the last call.
+  void LogChanges();
+
   std::unique_ptr<ProcessGroup> group_;
   std::unique_ptr<ft::Replica> replica_;
+  std::unique_ptr<TrackerSet> trackers_;
+  size_t changes_logged_ = 0;
 };
 
 }  // namespace accel

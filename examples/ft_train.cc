@@ -39,6 +39,9 @@ DEFINE_string(params_out, "", "Rank 0 writes the final parameters here.");
 DEFINE_string(replay, "",
               "A --history_out file: train in this process along it.");
 DEFINE_string(backend, "gloo", "The replicas' backend.");
+DEFINE_string(report_to, "",
+              "Trackers for the membership changes (jsonl, tensorboard).");
+DEFINE_string(logging_dir, "ft_logs", "Where the trackers write.");
 DEFINE_bool(fault_tolerance, true,
             "false: plain data parallelism over one communicator (the "
             "baseline of tools/ft/overhead.py), which stops at a failure.");
@@ -226,6 +229,12 @@ int Train() {
                               torch::optim::SGDOptions(FLAGS_lr).momentum(0.9));
   accel::FaultToleranceOptions options;
   options.backend = FLAGS_backend;
+  if (!FLAGS_report_to.empty()) {
+    std::stringstream names(FLAGS_report_to);
+    std::string name;
+    while (std::getline(names, name, ',')) options.log_with.push_back(name);
+    options.logging_dir = FLAGS_logging_dir;
+  }
   accel::FaultTolerance ft(*model.module, optimizer, options);
   const auto started = std::chrono::steady_clock::now();
   double last_loss = 0;

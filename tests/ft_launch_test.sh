@@ -1,13 +1,15 @@
 #!/bin/bash
 # Fault tolerance end to end (tools/ft/soak.py): accel launch
 # --fault_tolerance with 4 ranks of examples/ft_train, 3 of them killed with
-# SIGKILL at random times; the job must exit 0 and its final parameters
-# equal a one-process replay of its membership history bit for bit. Then
-# rank 0 killed ends the attempt, named, with no replacement started.
+# SIGKILL at random times and one stopped (SIGSTOP) for 5 s, longer than the
+# lighthouse's heartbeat timeout, then continued (it is dropped and joins
+# again); the job must exit 0 and its final parameters equal a one-process
+# replay of its membership history bit for bit. Then rank 0 killed ends the
+# attempt, named, with no replacement started.
 set -euo pipefail
 cd "${TEST_SRCDIR}/${TEST_WORKSPACE}"
-python3 tools/ft/soak.py --bin=. --kills=3 --seed=7 \
-    -- --model=mlp --steps=500 --sleep_per_step_ms=20
+python3 tools/ft/soak.py --bin=. --kills=3 --stops=1 --seed=7 \
+    -- --model=mlp --steps=800 --sleep_per_step_ms=20
 
 # Rank 0 hosts the store and the quorum: losing it ends the attempt, named.
 out="${TEST_TMPDIR}/rank0.log"

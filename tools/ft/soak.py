@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Kills random ranks of a fault-tolerant job and checks it never stops.
 
-    tools/ft/soak.py --kills=20 --processes=4 -- --model=mlp --steps=3000 \
-        --sleep_per_step_ms=20
+    tools/ft/soak.py --kills=20 --stops=2 --processes=4 -- --model=mlp \
+        --steps=3000 --sleep_per_step_ms=20
 
 Starts `launch --fault_tolerance` with examples/ft_train, then, each time
 the job is back at full strength, waits a random while and kills (SIGKILL)
-a random rank other than 0 (rank 0 hosts the store and the quorum). At the
+a random rank other than 0 (rank 0 hosts the store and the quorum); then
+stops (SIGSTOP) one for --stop_seconds and continues it. At the
 end: the job's exit code, the time from each kill to the survivors' next
 completed step and from each replacement's start to its first step
 (min/median/max), and a replay of the run's membership history in one
@@ -61,6 +62,9 @@ def main():
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--min_wait", type=float, default=0.5)
     parser.add_argument("--max_wait", type=float, default=2.5)
+    parser.add_argument("--stops", type=int, default=0,
+                        help="then this many SIGSTOPs of --stop_seconds each")
+    parser.add_argument("--stop_seconds", type=float, default=5.0)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--bin", default="bazel-bin")
     parser.add_argument("--log", default="")
@@ -94,7 +98,8 @@ def main():
     reader = threading.Thread(target=read)
     reader.start()
     kills = []  # (time, rank)
-    for _ in range(args.kills):
+    stops = []  # (time, rank)
+    for action in ["kill"] * args.kills + ["stop"] * args.stops:
         full.clear()
         if not full.wait(60) or job.poll() is not None:
             break
@@ -105,10 +110,18 @@ def main():
             break
         rank = random.choice(candidates)
         try:
-            os.kill(pids[rank], signal.SIGKILL)
+            if action == "kill":
+                os.kill(pids[rank], signal.SIGKILL)
+                kills.append((time.monotonic(), rank))
+            else:
+                # Stopped longer than the lighthouse's heartbeat timeout: it
+                # is dropped, and comes back as a joiner when continued.
+                os.kill(pids[rank], signal.SIGSTOP)
+                stops.append((time.monotonic(), rank))
+                time.sleep(args.stop_seconds)
+                os.kill(pids[rank], signal.SIGCONT)
         except ProcessLookupError:
             continue
-        kills.append((time.monotonic(), rank))
     code = job.wait()
     reader.join()
 
@@ -118,6 +131,11 @@ def main():
         after = [t for t, replicas in steps if t > killed_at and replicas < args.processes]
         if after:
             to_next_step.append(after[0] - killed_at)
+    stop_to_next_step = []
+    for stopped_at, _ in stops:
+        after = [t for t, replicas in steps if t > stopped_at and replicas < args.processes]
+        if after:
+            stop_to_next_step.append(after[0] - stopped_at)
     to_first_step = []
     for t, text in lines:
         if REPLACEMENT.search(text):
@@ -135,6 +153,9 @@ def main():
           f"{len(steps)} steps printed")
     print("kill -> survivors' next completed step (s): " + summary(to_next_step))
     print("replacement start -> its first step (s):    " + summary(to_first_step))
+    if stops:
+        print(f"{len(stops)} stops of {args.stop_seconds} s (ranks {[r for _, r in stops]}); "
+              "stop -> survivors' next completed step (s): " + summary(stop_to_next_step))
     replay = subprocess.run([f"{args.bin}/examples/ft_train", f"--replay={history}",
                              f"--params_out={replayed}"] + args.train_flags,
                             capture_output=True, text=True,
@@ -144,7 +165,8 @@ def main():
     same = (replay.returncode == 0 and open(params, "rb").read() == open(replayed, "rb").read())
     print("replay of the membership history: " + replay.stdout.strip() +
           ("; final parameters equal bit for bit" if same else "; PARAMETERS DIFFER"))
-    return 0 if code == 0 and same and len(kills) == args.kills else 1
+    done = len(kills) == args.kills and len(stops) == args.stops
+    return 0 if code == 0 and same and done else 1
 
 
 if __name__ == "__main__":

@@ -130,13 +130,19 @@ void Lighthouse::Decide() {
   bool failed = false;  // A member's sum failed while others' may not have.
   for (const Member& member : quorum_.members) {
     auto it = pending_.find(member.rank);
-    if (it != pending_.end() &&
+    const bool was_dropped =
+        std::find(dropped_.begin(), dropped_.end(), member) != dropped_.end();
+    if (!was_dropped && it != pending_.end() &&
         it->second.request.incarnation == member.incarnation) {
       // A member whose state transfer failed is sent the state again.
       (it->second.request.in_sync ? ready : stale).push_back(member);
       failed = failed || it->second.request.vote != Vote::kOk;
-    } else if (!Alive(member)) {
+    } else if (was_dropped || !Alive(member)) {
+      // Lost for the rest of this quorum: one that was stopped and comes
+      // back before the round ends joins again and takes the state, rather
+      // than holding the others to its pace.
       lost.push_back(member);
+      if (!was_dropped) dropped_.push_back(member);
     } else {
       running = true;  // Still training.
     }
@@ -147,6 +153,15 @@ void Lighthouse::Decide() {
     if (std::find(ready.begin(), ready.end(), member) != ready.end()) continue;
     if (std::find(stale.begin(), stale.end(), member) != stale.end()) continue;
     if (Alive(member)) joiners.push_back(member);
+  }
+  // A dropped member that asked meanwhile is a joiner (it takes the state).
+  for (const Member& member : dropped_) {
+    auto it = pending_.find(member.rank);
+    if (it != pending_.end() &&
+        it->second.request.incarnation == member.incarnation &&
+        std::find(joiners.begin(), joiners.end(), member) == joiners.end()) {
+      joiners.push_back(member);
+    }
   }
   if (running) {
     // Call the others to a round. They may wait on the lost ones, or on a
@@ -257,6 +272,7 @@ void Lighthouse::EndRound(const std::vector<Member>& ready,
                         : ", sending rank " + std::to_string(next.source) +
                               "'s state to " + RankList(next.recovering));
   quorum_ = next;
+  dropped_.clear();
   for (const Member& member : next.members) {
     Answer(member.rank, pending_[member.rank].request, next);
     pending_.erase(member.rank);

@@ -110,7 +110,8 @@ class Lighthouse {
   std::map<int, Beat> beats_;
   std::map<int, Departure> departed_;
   bool liveness_read_ = false;
-  int64_t called_id_ = -1;  // The last quorum Call()ed, and how.
+  std::vector<Member> dropped_;  // Lost members of the current quorum.
+  int64_t called_id_ = -1;       // The last quorum Call()ed, and how.
   int called_level_ = 0;
 };
 

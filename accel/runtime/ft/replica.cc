@@ -147,6 +147,9 @@ void Replica::Heartbeat() {
         // and the replacement's arrival erases the departure it looks for.
         if (call->rfind("abort", 0) == 0 && comm_) {
           ACCEL_VLOG(1) << Where() << "quorum " << id << " aborted: " << *call;
+          // The interruption is what the failed collective reports (rather
+          // than waiting 2 s for a departure to blame); the abort ends it.
+          comm_->Interrupt("the lighthouse called a round: " + call->substr(6));
           comm_->transport().RequestAbort();
         }
       }
@@ -323,9 +326,13 @@ void Replica::Report() {
                                             : Minus(members, previous_members_);
   const bool first = previous_members_.empty();
   previous_members_ = members;
-  change.seconds = SecondsSince(
-      !change.lost.empty() && failed_at_ != Clock::time_point{} ? failed_at_
-                                                                : started_);
+  if (!change.lost.empty() && failed_at_ != Clock::time_point{}) {
+    change.seconds = SecondsSince(failed_at_);
+  } else if (first) {
+    change.seconds = SecondsSince(started_);  // This replica's start.
+  } else {
+    change.seconds = state_seconds_;  // Sending the joiners the state.
+  }
   changes_.push_back(change);
   if (first || quorum_.IndexOf(options_.rank) != 0) return;
   // One line per change, from the lowest-ranked member.

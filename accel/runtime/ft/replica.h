@@ -112,7 +112,8 @@ struct Change {
   int64_t quorum = 0;  // Its id.
   std::vector<int> members, lost, joined;
   // Lost: from the failed step to the new quorum ready (state sent).
-  // Joined, on the joiner: from its start to its first step's start.
+  // Joined: sending the state; on the joiner itself (its first change):
+  // from its start to its first step's start.
   double seconds = 0;
 };
 
