@@ -60,7 +60,13 @@ FaultTolerance::FaultTolerance(torch::nn::Module& model,
   const DistributedEnvironment env = DistributedEnvironment::FromProcess();
   ProcessGroupOptions group_options;
   group_options.backend = options.backend;
-  group_ = ProcessGroup::JoinStore(env, group_options);
+  try {
+    group_ = ProcessGroup::JoinStore(env, group_options);
+  } catch (const TimeoutError& e) {
+    // Rank 0 hosts the store: a replacement that cannot reach it is not
+    // the failure (the launcher must not replace it again).
+    throw PeerError(e.what(), 0);
+  }
   ft::ReplicaOptions replica;
   replica.backend = options.backend;
   replica.rank = env.rank;
@@ -130,11 +136,11 @@ bool FaultTolerance::StartStep() {
 std::pair<int64_t, int64_t> FaultTolerance::Share(int64_t global_batch) const {
   const int64_t k = replica_->quorum_size();
   const int64_t i = replica_->quorum_index();
-  if (k <= 0 || i < 0) {
-    throw UsageError("fault tolerance: Share before StartStep");
-  }
+  const std::string where = "fault tolerance: rank " + std::to_string(rank()) +
+                            ": step " + std::to_string(step()) + ": ";
+  if (k <= 0 || i < 0) throw UsageError(where + "Share before StartStep");
   if (global_batch < k) {
-    throw UsageError("fault tolerance: a global batch of " +
+    throw UsageError(where + "a global batch of " +
                      std::to_string(global_batch) + " cannot be split among " +
                      std::to_string(k) + " replicas");
   }
@@ -211,7 +217,7 @@ std::string FaultTolerance::Summary() const {
   char text[256];
   std::snprintf(text, sizeof(text),
                 "fault tolerance: %lld steps here, %lld with fewer than %d "
-                "replicas, %lld run again; %lld replicas lost, %lld joined",
+                "replicas, %lld run again; replicas lost: %lld, joined: %lld",
                 static_cast<long long>(r.history().size()),
                 static_cast<long long>(r.steps_with_fewer()), world_size(),
                 static_cast<long long>(r.steps_retried()),

@@ -7,14 +7,16 @@
 //
 //   torch::nn::Sequential model(...);
 //   torch::optim::SGD optimizer(model->parameters(), 0.1);
-//   accel::FaultTolerance ft(*model, optimizer, {.backend = "gloo"});
+//   accel::FaultToleranceOptions options;
+//   options.backend = "gloo";  // Link it: deps += "//backends/gloo".
+//   accel::FaultTolerance ft(*model, optimizer, options);
 //   while (ft.step() < steps && ft.StartStep()) {
 //     auto [begin, end] = ft.Share(global_batch);  // This replica's samples.
 //     torch::Tensor loss = LossSum(ft.step(), begin, end) / global_batch;
 //     loss.backward();
 //     ft.Commit();  // Sums the gradients; steps the optimizer if it held.
 //   }
-//   std::cout << ft.Summary();  // Steps run with fewer replicas, ...
+//   if (ft.rank() == 0) std::cout << ft.Summary() << "\n";
 //
 // The data of a step is the caller's function of ft.step(), split among the
 // replicas present (Share): a step that fails (a replica was lost during it)
@@ -91,7 +93,8 @@ class FaultTolerance {
   int world_size() const;
   int replicas() const { return replica_->quorum_size(); }
   const ft::Replica& replica() const { return *replica_; }
-  // "30 steps, 4 with fewer than 4 replicas, 1 run again; changes: ..."
+  // "fault tolerance: 4000 steps here, 458 with fewer than 4 replicas, 20
+  // run again; replicas lost: 20, joined: 20" (no newline).
   std::string Summary() const;
 
   // The state a joiner receives, as bytes (model, optimizer, generator).

@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -22,7 +23,9 @@
 #include <vector>
 
 #include "accel/fault_tolerance.h"
+#include "accel/runtime/base/error_report.h"
 #include "accel/runtime/base/errors.h"
+#include "accel/runtime/base/excerpt.h"
 #include "accel/runtime/comm/process_group.h"
 #include "examples/gpt_model.h"
 
@@ -130,27 +133,44 @@ void WriteParams(torch::nn::Module& module, const std::string& path) {
   if (!out) throw accel::Error("cannot write " + path);
 }
 
+// A --history_out file: "<step> <rank>,<rank>,..." per step, from 0, the
+// ranks increasing. Anything else is refused with its line.
 std::vector<std::vector<int>> ReadHistory(const std::string& path) {
   std::ifstream in(path);
-  if (!in) throw accel::UsageError("cannot read --replay=" + path);
-  std::vector<std::vector<int>> history;
   std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream fields(line);
-    int64_t step = 0;
-    std::string members;
-    fields >> step >> members;
-    if (step != static_cast<int64_t>(history.size())) {
-      throw accel::UsageError(path + ": expected step " +
-                              std::to_string(history.size()) + ", found \"" +
-                              line + "\"");
+  if (!in || !std::getline(in, line).good() && line.empty()) {
+    throw accel::UsageError("--replay=" + path +
+                            ": cannot read it, or it is empty");
+  }
+  std::vector<std::vector<int>> history;
+  do {
+    const std::string where = path + ":" + std::to_string(history.size() + 1) +
+                              ": expected \"" + std::to_string(history.size()) +
+                              " <rank>,<rank>,...\" (ranks increasing), found ";
+    auto refuse = [&] {
+      throw accel::UsageError(where + accel::Excerpt(line));
+    };
+    const size_t space = line.find(' ');
+    if (space == std::string::npos ||
+        line.substr(0, space) != std::to_string(history.size())) {
+      refuse();
     }
     std::vector<int> ranks;
-    std::stringstream list(members);
+    std::stringstream list(line.substr(space + 1));
     std::string rank;
-    while (std::getline(list, rank, ',')) ranks.push_back(std::stoi(rank));
+    while (std::getline(list, rank, ',')) {
+      if (rank.empty() || rank.size() > 6 ||
+          rank.find_first_not_of("0123456789") != std::string::npos) {
+        refuse();
+      }
+      ranks.push_back(std::stoi(rank));
+      if (ranks.size() > 1 && ranks.back() <= ranks[ranks.size() - 2]) {
+        refuse();
+      }
+    }
+    if (ranks.empty()) refuse();
     history.push_back(ranks);
-  }
+  } while (std::getline(in, line));
   return history;
 }
 
@@ -162,6 +182,12 @@ int Replay() {
                               torch::optim::SGDOptions(FLAGS_lr).momentum(0.9));
   const auto parameters = model.module->parameters();
   const auto history = ReadHistory(FLAGS_replay);
+  if (static_cast<int64_t>(history.size()) != FLAGS_steps) {
+    throw accel::UsageError(
+        "--replay=" + FLAGS_replay + " has " + std::to_string(history.size()) +
+        " steps, --steps=" + std::to_string(FLAGS_steps) +
+        ": give the job's --steps (a job that stopped early has no replay)");
+  }
   for (size_t step = 0; step < history.size(); ++step) {
     const int64_t k = static_cast<int64_t>(history[step].size());
     torch::Tensor sum;
@@ -223,7 +249,22 @@ int TrainPlain() {
   return 0;
 }
 
+// Fails now, not after the training, when rank 0 could not write `path`.
+void CheckWritable(const std::string& path, const char* flag) {
+  if (path.empty()) return;
+  std::ofstream out(path, std::ios::binary | std::ios::app);
+  if (!out) {
+    throw accel::UsageError(std::string("--") + flag + "=" + path +
+                            ": cannot write it");
+  }
+}
+
 int Train() {
+  if (std::getenv("RANK") == nullptr ||
+      std::string(std::getenv("RANK")) == "0") {
+    CheckWritable(FLAGS_history_out, "history_out");
+    CheckWritable(FLAGS_params_out, "params_out");
+  }
   Model model = MakeModel();
   torch::optim::SGD optimizer(model.module->parameters(),
                               torch::optim::SGDOptions(FLAGS_lr).momentum(0.9));
@@ -264,7 +305,7 @@ int Train() {
               static_cast<long long>(ft.step()), seconds,
               static_cast<double>(ft.step()) / seconds, last_loss);
   if (!FLAGS_history_out.empty()) {
-    std::ofstream out(FLAGS_history_out);
+    std::ofstream out(FLAGS_history_out, std::ios::trunc);
     const auto& history = ft.replica().history();
     for (size_t step = 0; step < history.size(); ++step) {
       out << step << " ";
@@ -273,6 +314,7 @@ int Train() {
       }
       out << "\n";
     }
+    if (!out) throw accel::Error("cannot write " + FLAGS_history_out);
   }
   if (!FLAGS_params_out.empty()) WriteParams(*model.module, FLAGS_params_out);
   return 0;
@@ -280,17 +322,40 @@ int Train() {
 
 }  // namespace
 
+// Flags that every rank would refuse alike, before any joins the job.
+void CheckFlags() {
+  auto require = [](bool ok, const std::string& message) {
+    if (!ok) throw accel::UsageError(message);
+  };
+  require(FLAGS_steps >= 1, "--steps must be at least 1");
+  require(FLAGS_global_batch >= 1, "--global_batch must be at least 1");
+  require(FLAGS_hidden >= 1, "--hidden must be at least 1");
+  require(FLAGS_sleep_per_step_ms >= 0, "--sleep_per_step_ms must be >= 0");
+  const char* world = std::getenv("WORLD_SIZE");
+  if (world != nullptr && FLAGS_replay.empty()) {
+    require(FLAGS_global_batch >= std::atoll(world),
+            "--global_batch=" + std::to_string(FLAGS_global_batch) +
+                " cannot be split among " + world + " processes");
+  }
+}
+
 int main(int argc, char** argv) {
+  gflags::SetUsageMessage(
+      "trains through lost ranks under `launch --fault_tolerance`, or "
+      "replays a run (--replay)");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   torch::set_num_threads(1);
   try {
+    CheckFlags();
     if (!FLAGS_replay.empty()) return Replay();
     return FLAGS_fault_tolerance ? Train() : TrainPlain();
-  } catch (const accel::UsageError& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+  } catch (const accel::UsageError&) {
+    accel::ReportException(std::current_exception());  // With the rank.
     return 2;
-  } catch (const accel::Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
+  } catch (const std::exception&) {
+    accel::ReportException(std::current_exception());
+    // kPeerFailedExitCode when another rank's failure ended this one: the
+    // launcher replaces a lost replica, not those that lost it.
+    return accel::ExitCodeFor(std::current_exception());
   }
 }

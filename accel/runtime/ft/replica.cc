@@ -175,6 +175,10 @@ void Replica::Request(Vote vote) {
     RethrowWithPrefix(Where() +
                       "the store's host (rank 0) is gone, and the "
                       "quorum with it: the job cannot go on: ");
+  } catch (const TimeoutError& e) {
+    throw PeerError(
+        Where() + "the store's host (rank 0) stopped answering: " + e.what(),
+        0);
   }
   answer_pending_ = true;
 }
@@ -202,9 +206,15 @@ std::optional<Quorum> Replica::AwaitAnswer() {
     RethrowWithPrefix(Where() +
                       "the store's host (rank 0) is gone, and the "
                       "quorum with it: the job cannot go on: ");
-  } catch (const TimeoutError&) {
-    RethrowWithPrefix(Where() + "no quorum for step " + std::to_string(step_) +
-                      ": ");
+  } catch (const TimeoutError& e) {
+    // The lighthouse answers within a step of the others: rank 0, which
+    // runs it, is stopped or overloaded (a PeerError, so that the launcher
+    // blames rank 0 rather than replacing this one).
+    throw PeerError(Where() + "no quorum for step " + std::to_string(step_) +
+                        " from the lighthouse on rank 0 within " +
+                        std::to_string(options_.quorum_timeout.count() / 1000) +
+                        " s: " + e.what(),
+                    0);
   }
   answer_pending_ = false;
   Quorum quorum = Quorum::Decode(text);
@@ -377,6 +387,7 @@ bool Replica::AllreduceAndCommit(const std::vector<Buffer>& buffers) {
                      "AllreduceAndCommit without StartStep before it");
   }
   Inject(Point::kBeforeAllreduce);
+  const auto started = Clock::now();
   // How many members were called to a round: the same sum everywhere, so
   // every member goes to it after the same step. In a buffer's spare last
   // element when there is one, else in a collective of its own.
@@ -434,7 +445,9 @@ bool Replica::AllreduceAndCommit(const std::vector<Buffer>& buffers) {
     // Another member may have completed the same sums and applied the
     // step: the round finds out who holds the state.
     ACCEL_VLOG(1) << Where() << "step " << step_ << " failed: " << e.what();
-    if (failed_at_ == Clock::time_point{}) failed_at_ = Clock::now();
+    // From the start of the sums: a stopped member held them until the
+    // lighthouse dropped it.
+    if (failed_at_ == Clock::time_point{}) failed_at_ = started;
     ++steps_retried_;
     round_ = Vote::kFailed;
     return false;

@@ -190,16 +190,21 @@ pid_t StartOneRank(const std::vector<std::string>& argv,
   return StartRank(argv, setup, rank, world);
 }
 
-// Whether a fault-tolerant job replaces the rank that ended with `status`
-// alone: not rank 0 (the store and the quorum live there), not a rank that
-// ended because another failed (the cause decides), not a preempted one,
-// and not past max_restarts.
-bool Replaceable(const LaunchOptions& options, const RankProcess& failed,
-                 int status, int replacements) {
+// The exit code of a program refusing its flags (gflags', accel's
+// InitProgram): every process of the rank would refuse them again.
+constexpr int kUsageExitCode = 2;
+
+// Whether a fault-tolerant job goes on without the rank that ended with
+// `status` (replacing it while --max_restarts allows): not rank 0 (the
+// store and the quorum live there), not a rank that ended because another
+// failed (the cause decides), not a usage error (exit code 2: every rank
+// would hit it again), not a preempted one, and not after a stop signal.
+bool LostReplica(const LaunchOptions& options, const RankProcess& failed,
+                 int status) {
   if (!options.fault_tolerance || failed.rank <= 0) return false;
-  if (replacements >= options.max_restarts) return false;
   if (WIFEXITED(status) && (WEXITSTATUS(status) == kPeerFailedExitCode ||
-                            WEXITSTATUS(status) == kPreemptedExitCode)) {
+                            WEXITSTATUS(status) == kPreemptedExitCode ||
+                            WEXITSTATUS(status) == kUsageExitCode)) {
     return false;
   }
   return g_forwarded_signal == 0;
@@ -313,6 +318,7 @@ Attempt RunRanks(const LaunchOptions& options,
 
   Attempt attempt;
   int replacements = 0;
+  std::optional<std::chrono::steady_clock::time_point> finished_at;
   while (ranks.running() > 0) {
     if (auto stopped = ranks.CheckSignal()) {
       attempt = *stopped;
@@ -321,14 +327,20 @@ Attempt RunRanks(const LaunchOptions& options,
     const RankProcess* failed = nullptr;
     int status = 0;
     if (ranks.ReapExited(&failed, &status)) {
-      if (Replaceable(options, *failed, status, replacements)) {
+      if (LostReplica(options, *failed, status)) {
+        const std::string lost =
+            RankSet::Name(*failed) + " (pid " + std::to_string(failed->pid) +
+            ") " + DescribeStatus(status) + "; the others train on";
+        if (replacements >= options.max_restarts) {
+          report(lost + " without it (no replacements left: --max_restarts=" +
+                 std::to_string(options.max_restarts) + ")");
+          continue;
+        }
         ++replacements;
         const int rank = failed->rank;
         ChildSetup setup = setups.at(rank);
         setup.env["ACCEL_FT_REPLACEMENT"] = std::to_string(replacements);
-        report(RankSet::Name(*failed) + " (pid " + std::to_string(failed->pid) +
-               ") " + DescribeStatus(status) +
-               "; the others train on; starting a replacement (" +
+        report(lost + "; starting a replacement (" +
                std::to_string(replacements) + " of " +
                std::to_string(options.max_restarts) + ")");
         const pid_t pid =
@@ -342,6 +354,21 @@ Attempt RunRanks(const LaunchOptions& options,
       }
       attempt = ranks.FailWith(*failed, status, "");
       break;
+    }
+    // Once rank 0 has finished, the others get the grace period to finish
+    // too: a member the quorum dropped and that never came back (a stopped
+    // process) would hold the launcher forever.
+    if (options.fault_tolerance && ranks.FinishedCleanly(0)) {
+      const auto now = std::chrono::steady_clock::now();
+      if (!finished_at) finished_at = now;
+      if (now - *finished_at > options.grace) {
+        report("rank 0 finished the training " +
+               std::to_string(options.grace.count() / 1000) +
+               " s ago; stopping the ranks still running: " +
+               ranks.StillRunning());
+        ranks.StopAllNow();
+        break;
+      }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }

@@ -120,6 +120,23 @@ std::string RankSet::Name(const RankProcess& r) {
                            : "rank " + std::to_string(r.rank);
 }
 
+bool RankSet::FinishedCleanly(int rank) const {
+  for (auto it = ranks_.rbegin(); it != ranks_.rend(); ++it) {
+    if (it->rank == rank) return !it->running && ExitCodeOf(it->status) == 0;
+  }
+  return false;
+}
+
+std::string RankSet::StillRunning() const {
+  std::string text;
+  for (const RankProcess& r : ranks_) {
+    if (!r.running) continue;
+    text += (text.empty() ? "" : ", ") + Name(r) + " (pid " +
+            std::to_string(r.pid) + ")";
+  }
+  return text;
+}
+
 const RankProcess* RankSet::Cause() const {
   for (const RankProcess& r : ranks_) {
     if (!r.running && ExitCodeOf(r.status) != 0 && !IsConsequence(r.status)) {

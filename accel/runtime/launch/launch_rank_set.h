@@ -96,6 +96,10 @@ class RankSet {
     ++running_;
   }
   void StopAllNow() { StopAll(ranks_, options_.grace, SIGTERM); }
+  // Whether the last process started for `rank` exited with code 0.
+  bool FinishedCleanly(int rank) const;
+  // The ranks whose last process is still running ("1, 3").
+  std::string StillRunning() const;
   size_t running() const { return running_; }
   size_t started() const { return ranks_.size(); }
 
