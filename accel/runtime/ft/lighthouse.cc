@@ -10,6 +10,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+constexpr auto kBeatReadInterval = std::chrono::milliseconds(500);
+
 std::string Tag(const QuorumRequest& request) {
   return request.incarnation + "/" + std::to_string(request.serial);
 }
@@ -64,9 +66,14 @@ void Lighthouse::Loop() {
       } catch (const TimeoutError&) {
         // Look at the members anyway: one may have gone quiet.
       }
-      next_bell_ = store_->add(kBellCounter, 0) + 1;
+      // A requester that died between its request and its bell leaves
+      // that bell unrung: the counter says whether any came.
+      const int64_t rung = store_->add(kBellCounter, 0);
+      if (rung >= next_bell_) {
+        next_bell_ = rung + 1;
+        Scan();
+      }
       liveness_read_ = false;
-      Scan();
       Decide();
     } catch (const Error& e) {
       // The store is going away with its process: nobody is left to answer.
@@ -91,7 +98,11 @@ void Lighthouse::ReadLiveness() {
   if (liveness_read_) return;
   liveness_read_ = true;
   departed_ = store_->departures();
+  // Heartbeats less often than departures: they only tell a silence of
+  // heartbeat_timeout, and each read costs the training processes CPU.
   const auto now = Clock::now();
+  if (now - beats_read_ < kBeatReadInterval) return;
+  beats_read_ = now;
   for (int rank = 0; rank < options_.world_size; ++rank) {
     const std::string beat = store_->try_get(HeartbeatKey(rank)).value_or("");
     Beat& known = beats_[rank];
@@ -102,9 +113,16 @@ void Lighthouse::ReadLiveness() {
 bool Lighthouse::Alive(const Member& member) {
   ReadLiveness();
   if (departed_.count(member.rank) != 0) return false;
-  const Beat& beat = beats_[member.rank];
+  Beat& beat = beats_[member.rank];
+  const std::string mine = member.incarnation + ":";
+  if (beat.value.rfind(mine, 0) != 0) {
+    // Read it again: a new process's beats may be newer than the last read.
+    const std::string value =
+        store_->try_get(HeartbeatKey(member.rank)).value_or("");
+    if (value != beat.value) beat = {value, Clock::now()};
+  }
   // Another process took the rank: this one is gone.
-  if (beat.value.rfind(member.incarnation + ":", 0) != 0) {
+  if (beat.value.rfind(mine, 0) != 0) {
     // Not beating yet (it just started): alive while its request is fresh.
     return beat.value.empty();
   }

@@ -54,7 +54,7 @@ struct LighthouseOptions {
   std::chrono::milliseconds join_timeout = std::chrono::seconds(60);
   std::chrono::milliseconds heartbeat_timeout = std::chrono::seconds(3);
   // How often it looks at the members without a request (their liveness).
-  std::chrono::milliseconds poll = std::chrono::milliseconds(50);
+  std::chrono::milliseconds poll = std::chrono::milliseconds(100);
 };
 
 class Lighthouse {
@@ -108,6 +108,7 @@ class Lighthouse {
     std::chrono::steady_clock::time_point changed;
   };
   std::map<int, Beat> beats_;
+  std::chrono::steady_clock::time_point beats_read_{};
   std::map<int, Departure> departed_;
   bool liveness_read_ = false;
   std::vector<Member> dropped_;  // Lost members of the current quorum.

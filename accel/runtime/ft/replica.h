@@ -78,7 +78,7 @@ struct ReplicaOptions {
   // Bound on one round with the lighthouse (a joiner waits for the step
   // the others run, the first quorum for every rank to arrive).
   std::chrono::milliseconds quorum_timeout = std::chrono::minutes(5);
-  std::chrono::milliseconds heartbeat_interval = std::chrono::milliseconds(100);
+  std::chrono::milliseconds heartbeat_interval = std::chrono::milliseconds(250);
   // The step this process starts at (a resumed checkpoint's); the first
   // quorum takes the lowest rank's.
   int64_t start_step = 0;
