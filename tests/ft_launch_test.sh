@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "${TEST_SRCDIR}/${TEST_WORKSPACE}"
 python3 tools/ft/soak.py --bin=. --kills=3 --stops=1 --seed=7 \
-    -- --model=mlp --steps=800 --sleep_per_step_ms=20
+    -- --model=mlp --steps=1500 --sleep_per_step_ms=20
 
 # Signals `signal` to the process of RANK=`rank` among the children of
 # launcher `pid`.

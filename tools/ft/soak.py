@@ -83,6 +83,9 @@ def main():
                            text=True, bufsize=1)
     lines = []  # (time, text)
     full = threading.Event()
+    # Full again only after a step without the lost rank: a step it had
+    # finished can still commit with every replica after the kill.
+    degraded = threading.Event()
     log = open(args.log, "w") if args.log else None
 
     def read():
@@ -92,17 +95,21 @@ def main():
             if log:
                 log.write("%.3f %s" % (now, line))
             m = STEP.search(line)
-            if m and int(m.group(2)) == args.processes:
+            if m and int(m.group(2)) < args.processes:
+                degraded.set()
+            if m and int(m.group(2)) == args.processes and degraded.is_set():
                 full.set()
 
     reader = threading.Thread(target=read)
     reader.start()
     kills = []  # (time, rank)
     stops = []  # (time, rank)
+    degraded.set()  # The start counts as a recovery.
     for action in ["kill"] * args.kills + ["stop"] * args.stops:
-        full.clear()
         if not full.wait(60) or job.poll() is not None:
             break
+        full.clear()
+        degraded.clear()
         time.sleep(random.uniform(args.min_wait, args.max_wait))
         pids = rank_pids(job.pid)
         candidates = sorted(r for r in pids if r != 0)

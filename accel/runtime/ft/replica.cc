@@ -18,14 +18,6 @@ using Clock = std::chrono::steady_clock;
 constexpr char kFinishedKey[] = "finished";
 constexpr std::chrono::milliseconds kAnswerSlice(500);
 
-// Ranks in `a` and not in `b` (both sorted).
-std::vector<int> Minus(const std::vector<int>& a, const std::vector<int>& b) {
-  std::vector<int> out;
-  std::set_difference(a.begin(), a.end(), b.begin(), b.end(),
-                      std::back_inserter(out));
-  return out;
-}
-
 double SecondsSince(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
 }
@@ -325,17 +317,25 @@ void Replica::Recover() {
 }
 
 void Replica::Report() {
-  const std::vector<int> members = quorum_.Ranks();
-  if (members == previous_members_) return;
+  // By process: a rank lost and replaced within one round is both.
+  const std::vector<Member>& now = quorum_.members;
+  if (now == previous_members_) return;
+  auto ranks_not_in = [](const std::vector<Member>& a,
+                         const std::vector<Member>& b) {
+    std::vector<int> ranks;
+    for (const Member& m : a) {
+      if (std::find(b.begin(), b.end(), m) == b.end()) ranks.push_back(m.rank);
+    }
+    return ranks;
+  };
   Change change;
   change.step = quorum_.step;
   change.quorum = quorum_.id;
-  change.members = members;
-  change.lost = Minus(previous_members_, members);
-  change.joined = previous_members_.empty() ? std::vector<int>{}
-                                            : Minus(members, previous_members_);
+  change.members = quorum_.Ranks();
+  change.lost = ranks_not_in(previous_members_, now);
   const bool first = previous_members_.empty();
-  previous_members_ = members;
+  if (!first) change.joined = ranks_not_in(now, previous_members_);
+  previous_members_ = now;
   if (!change.lost.empty() && failed_at_ != Clock::time_point{}) {
     change.seconds = SecondsSince(failed_at_);
   } else if (first) {
@@ -357,7 +357,7 @@ void Replica::Report() {
   }
   char tail[96];
   std::snprintf(tail, sizeof(tail), "%d of %d replicas train on",
-                static_cast<int>(members.size()), options_.world_size);
+                static_cast<int>(now.size()), options_.world_size);
   line += tail;
   if (!change.lost.empty()) {
     char after[64];

@@ -178,7 +178,7 @@ class Replica {
   std::optional<Vote> round_ = Vote::kNone;
   Quorum quorum_;      // The one entered (no members before).
   int64_t calls_ = 0;  // Summed with the gradients (see AllreduceAndCommit).
-  std::vector<int> previous_members_;
+  std::vector<Member> previous_members_;
   int64_t step_ = 0;
   int64_t steps_with_fewer_ = 0;
   int64_t steps_retried_ = 0;
