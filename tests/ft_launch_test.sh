@@ -23,6 +23,15 @@ signal_rank() {
   done
 }
 
+# Waits up to `tenths` tenths of a second for `pattern` in file `log`.
+await_line() {
+  local log=$1 pattern=$2 tenths=$3
+  for _ in $(seq "${tenths}"); do
+    grep -q "${pattern}" "${log}" 2>/dev/null && return 0
+    sleep 0.1
+  done
+}
+
 # Without replacements left (--max_restarts=0) the others train on without
 # the lost rank; a rank stopped for good (SIGSTOP) is dropped, and once rank
 # 0 has finished the launcher stops it rather than wait forever.
@@ -32,10 +41,7 @@ for case in kill stop; do
       -- examples/ft_train --steps=300 --print_steps \
       --sleep_per_step_ms=20 > "${out}" 2>&1 &
   launcher=$!
-  for _ in $(seq 100); do
-    grep -q "step 20 done" "${out}" 2>/dev/null && break
-    sleep 0.1
-  done
+  await_line "${out}" "step 20 done" 100
   if [[ "${case}" == kill ]]; then
     signal_rank "${launcher}" 3 KILL
   else
@@ -58,17 +64,11 @@ tools/launch --num_processes=3 --fault_tolerance --max_restarts=5 \
     --main_process_port=0 -- examples/ft_train --steps=100000 --print_steps \
     --sleep_per_step_ms=20 > "${out}" 2>&1 &
 launcher=$!
-for _ in $(seq 100); do
-  grep -q "step .* done" "${out}" 2>/dev/null && break
-  sleep 0.1
-done
+await_line "${out}" "step .* done" 100
 sleep 1
 signal_rank "${launcher}" 0 KILL
 # The attempt ends (plain --max_restarts then restarts every rank).
-for _ in $(seq 200); do
-  grep -q "restarting all ranks" "${out}" && break
-  sleep 0.1
-done
+await_line "${out}" "restarting all ranks" 200
 # Its children first: once it is gone they would belong to init.
 pkill -9 -P "${launcher}" 2>/dev/null || true
 kill -9 "${launcher}" 2>/dev/null || true
